@@ -1,0 +1,289 @@
+// CPU operators: OpenBLAS for matrix products, AVX2 for the element-wise work, OpenMP across
+// attention tiles. The *_ref functions are the plain loops the tests hold the fast ones to.
+#include "backend/cpu/ops.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/vec.h"
+#include "core/error.h"
+
+namespace ct::cpu {
+
+void matmul_wt(const float* x, int m, int k, const float* w, int n, float* y, const float* bias) {
+  if (m == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, 0.0f, y, 1);
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+  }
+  if (bias) {
+    for (int i = 0; i < m; ++i) {
+      float* row = y + (size_t)i * n;
+      for (int j = 0; j < n; ++j) row[j] += bias[j];
+    }
+  }
+}
+
+void matmul_wt_ref(const float* x, int m, int k, const float* w, int n, float* y,
+                   const float* bias) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double acc = bias ? bias[j] : 0.0;
+      for (int t = 0; t < k; ++t) acc += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
+      y[(size_t)i * n + j] = (float)acc;
+    }
+  }
+}
+
+void rms_norm(const float* x, const float* w, float* y, int m, int d, float eps) {
+#pragma omp parallel for if (m > 64)
+  for (int i = 0; i < m; ++i) {
+    const float* xi = x + (size_t)i * d;
+    float* yi = y + (size_t)i * d;
+    const float ss = vec_dot(xi, xi, d);
+    const float s = 1.0f / std::sqrt(ss / (float)d + eps);
+    for (int j = 0; j < d; ++j) yi[j] = xi[j] * s * w[j];
+  }
+}
+
+void rms_norm_ref(const float* x, const float* w, float* y, int m, int d, float eps) {
+  for (int i = 0; i < m; ++i) {
+    double ss = 0;
+    for (int j = 0; j < d; ++j) ss += (double)x[(size_t)i * d + j] * x[(size_t)i * d + j];
+    const double s = 1.0 / std::sqrt(ss / d + eps);
+    for (int j = 0; j < d; ++j) y[(size_t)i * d + j] = (float)(x[(size_t)i * d + j] * s * w[j]);
+  }
+}
+
+Rope::Rope(int head_dim, int n_rot, float theta, RopeStyle style)
+    : head_dim_(head_dim), n_rot_(n_rot), theta_(theta), style_(style) {
+  CT_ASSERT(n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0, "n_rot={} head_dim={}", n_rot,
+            head_dim);
+  inv_freq_.resize(n_rot / 2);
+  for (int i = 0; i < n_rot / 2; ++i) {
+    inv_freq_[i] = (float)std::pow((double)theta, -2.0 * i / n_rot);
+  }
+}
+
+namespace {
+
+// Rotates one head given per-pair cos/sin; pair (i0, i1) indices depend on the style.
+inline void rope_head(float* h, const float* cs, const float* sn, int half, int head_dim,
+                      RopeStyle style) {
+  if (style == RopeStyle::kNorm) {
+    for (int i = 0; i < half; ++i) {
+      const float x0 = h[2 * i], x1 = h[2 * i + 1];
+      h[2 * i] = x0 * cs[i] - x1 * sn[i];
+      h[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+    }
+  } else {
+    const int off = half;  // n_rot/2: rotated dims are [0, n_rot); pairs (i, i + n_rot/2)
+    for (int i = 0; i < half; ++i) {
+      const float x0 = h[i], x1 = h[i + off];
+      h[i] = x0 * cs[i] - x1 * sn[i];
+      h[i + off] = x0 * sn[i] + x1 * cs[i];
+    }
+  }
+  (void)head_dim;
+}
+
+}  // namespace
+
+void Rope::apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const {
+  const int half = n_rot_ / 2;
+#pragma omp parallel if (n > 16)
+  {
+    std::vector<float> cs(half), sn(half);
+#pragma omp for
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < half; ++i) {
+        const double ang = (double)pos[r] * inv_freq_[i];
+        cs[i] = (float)std::cos(ang);
+        sn[i] = (float)std::sin(ang);
+      }
+      float* row = x + (size_t)r * stride;
+      for (int h = 0; h < n_heads; ++h) {
+        rope_head(row + (size_t)h * head_dim_, cs.data(), sn.data(), half, head_dim_, style_);
+      }
+    }
+  }
+}
+
+void Rope::apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const {
+  const int half = n_rot_ / 2;
+  for (int r = 0; r < n; ++r) {
+    for (int h = 0; h < n_heads; ++h) {
+      float* hd = x + (size_t)r * stride + (size_t)h * head_dim_;
+      for (int i = 0; i < half; ++i) {
+        const double ang = (double)pos[r] * std::pow((double)theta_, -2.0 * i / n_rot_);
+        const int i0 = style_ == RopeStyle::kNorm ? 2 * i : i;
+        const int i1 = style_ == RopeStyle::kNorm ? 2 * i + 1 : i + half;
+        const double x0 = hd[i0], x1 = hd[i1];
+        hd[i0] = (float)(x0 * std::cos(ang) - x1 * std::sin(ang));
+        hd[i1] = (float)(x0 * std::sin(ang) + x1 * std::cos(ang));
+      }
+    }
+  }
+}
+
+void silu_mul(float* gate, const float* up, size_t n) {
+  size_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp256_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void silu_mul_ref(float* gate, const float* up, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const double g = gate[i];
+    gate[i] = (float)(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+namespace {
+
+constexpr int kTileQ = 32;    // query rows per tile (times n_rep heads sharing a KV head)
+constexpr int kTileK = 256;   // keys per tile
+constexpr float kNegBig = -1e30f;
+
+// Adds the attention probabilities of the selected rows (averaged over heads) into probs_accum.
+// Plain loops: only a few query rows are ever tapped.
+void accumulate_probs(const AttnArgs& a) {
+  const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
+  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qs = a.q_stride ? a.q_stride : qd;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  std::vector<double> s;
+  for (int r = std::max(0, a.probs_from_row); r < a.n_q; ++r) {
+    const int p = a.q_pos[r];
+    s.resize(p + 1);
+    for (int h = 0; h < a.n_head; ++h) {
+      const int g = h / n_rep;
+      const float* q = a.q + (size_t)r * qs + (size_t)h * hd;
+      double mx = -1e300;
+      for (int j = 0; j <= p; ++j) {
+        s[j] = scale * vec_dot(q, a.k + (size_t)j * kvd + (size_t)g * hd, hd);
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j <= p; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      for (int j = 0; j <= p; ++j) a.probs_accum[j] += (float)(s[j] / sum / a.n_head);
+    }
+  }
+}
+
+}  // namespace
+
+void attention(const AttnArgs& a) {
+  const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
+  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qs = a.q_stride ? a.q_stride : qd;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int n_qb = (a.n_q + kTileQ - 1) / kTileQ;
+  const int n_task = n_qb * a.n_kv_head;
+  const int max_rows = kTileQ * n_rep;
+#pragma omp parallel if (n_task > 1)
+  {
+    std::vector<float> qt((size_t)max_rows * hd), st((size_t)max_rows * kTileK);
+    std::vector<float> ot((size_t)max_rows * hd), mt(max_rows), lt(max_rows);
+#pragma omp for schedule(dynamic)
+    for (int task = 0; task < n_task; ++task) {
+      const int g = task % a.n_kv_head, qb = task / a.n_kv_head;
+      const int r0 = qb * kTileQ, nr = std::min(kTileQ, a.n_q - r0), m = nr * n_rep;
+      for (int hl = 0; hl < n_rep; ++hl) {
+        const int h = g * n_rep + hl;
+        for (int i = 0; i < nr; ++i) {
+          const float* src = a.q + (size_t)(r0 + i) * qs + (size_t)h * hd;
+          float* dst = qt.data() + (size_t)(hl * nr + i) * hd;
+          for (int d = 0; d < hd; ++d) dst[d] = src[d] * scale;
+        }
+      }
+      std::fill(ot.begin(), ot.begin() + (size_t)m * hd, 0.0f);
+      std::fill(mt.begin(), mt.begin() + m, kNegBig);
+      std::fill(lt.begin(), lt.begin() + m, 0.0f);
+      const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
+      for (int k0 = 0; k0 < kend; k0 += kTileK) {
+        const int nk = std::min(kTileK, kend - k0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hd, 1.0f, qt.data(), hd,
+                    a.k + (size_t)k0 * kvd + (size_t)g * hd, kvd, 0.0f, st.data(), kTileK);
+        for (int row = 0; row < m; ++row) {
+          float* s = st.data() + (size_t)row * kTileK;
+          const int lim = a.q_pos[r0 + row % nr] - k0 + 1;  // visible keys in this tile
+          const int nv = std::clamp(lim, 0, nk);
+          if (nv == 0) {
+            std::fill(s, s + nk, 0.0f);
+            continue;
+          }
+          float mx = mt[row];
+          for (int j = 0; j < nv; ++j) mx = std::max(mx, s[j]);
+          const float corr = std::exp(mt[row] - mx);
+          const float sum = vec_exp_sub_sum(s, nv, mx);
+          std::fill(s + nv, s + nk, 0.0f);
+          lt[row] = lt[row] * corr + sum;
+          mt[row] = mx;
+          if (corr != 1.0f) vec_scale(ot.data() + (size_t)row * hd, hd, corr);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, nk, 1.0f, st.data(), kTileK,
+                    a.v + (size_t)k0 * kvd + (size_t)g * hd, kvd, 1.0f, ot.data(), hd);
+      }
+      for (int hl = 0; hl < n_rep; ++hl) {
+        const int h = g * n_rep + hl;
+        for (int i = 0; i < nr; ++i) {
+          const int row = hl * nr + i;
+          const float inv = 1.0f / lt[row];
+          const float* src = ot.data() + (size_t)row * hd;
+          float* dst = a.out + (size_t)(r0 + i) * qd + (size_t)h * hd;
+          for (int d = 0; d < hd; ++d) dst[d] = src[d] * inv;
+        }
+      }
+    }
+  }
+  if (a.probs_accum) accumulate_probs(a);
+}
+
+void attention_ref(const AttnArgs& a) {
+  const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
+  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qs = a.q_stride ? a.q_stride : qd;
+  const double scale = 1.0 / std::sqrt((double)hd);
+  std::vector<double> s, o(hd);
+  for (int r = 0; r < a.n_q; ++r) {
+    const int p = a.q_pos[r];
+    s.resize(p + 1);
+    for (int h = 0; h < a.n_head; ++h) {
+      const int g = h / n_rep;
+      const float* q = a.q + (size_t)r * qs + (size_t)h * hd;
+      double mx = -1e300;
+      for (int j = 0; j <= p; ++j) {
+        double acc = 0;
+        const float* k = a.k + (size_t)j * kvd + (size_t)g * hd;
+        for (int d = 0; d < hd; ++d) acc += (double)q[d] * k[d];
+        s[j] = acc * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (int j = 0; j <= p; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = 0; j <= p; ++j) {
+        const float* v = a.v + (size_t)j * kvd + (size_t)g * hd;
+        for (int d = 0; d < hd; ++d) o[d] += s[j] / sum * v[d];
+      }
+      for (int d = 0; d < hd; ++d) a.out[(size_t)r * qd + (size_t)h * hd + d] = (float)o[d];
+      if (a.probs_accum && r >= a.probs_from_row) {
+        for (int j = 0; j <= p; ++j) a.probs_accum[j] += (float)(s[j] / sum / a.n_head);
+      }
+    }
+  }
+}
+
+}  // namespace ct::cpu

@@ -1,0 +1,68 @@
+// CPU reference backend: the dense operators of a Llama-family decoder on F32 row-major data.
+// Each fast operator has a plain-loop reference (`*_ref`) that tests compare against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ct::cpu {
+
+// Y[m][n] = X[m][k] * W[n][k]^T (+ bias[n]). OpenBLAS SGEMM; W is the GGUF row layout.
+void matmul_wt(const float* x, int m, int k, const float* w, int n, float* y,
+               const float* bias = nullptr);
+void matmul_wt_ref(const float* x, int m, int k, const float* w, int n, float* y,
+                   const float* bias = nullptr);
+
+// y[i] = x[i] / rms(x[i]) * w, rows of length d.
+void rms_norm(const float* x, const float* w, float* y, int m, int d, float eps);
+void rms_norm_ref(const float* x, const float* w, float* y, int m, int d, float eps);
+
+// Rotary embedding. kNorm rotates adjacent pairs (x[2i], x[2i+1]) as llama.cpp does for LLaMA
+// GGUFs (whose Q/K weights the converter permuted); kNeox rotates halves (x[i], x[i+d/2]) as Qwen2.
+enum class RopeStyle { kNorm, kNeox };
+
+// Precomputed inverse frequencies for one model; rotation angles are pos * inv_freq[i].
+class Rope {
+ public:
+  Rope() = default;
+  Rope(int head_dim, int n_rot, float theta, RopeStyle style);
+  // Rotates rows x[n][n_heads*head_dim] (row stride `stride` floats) in place to positions pos[n].
+  void apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
+  void apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
+  int head_dim() const { return head_dim_; }
+
+ private:
+  int head_dim_ = 0, n_rot_ = 0;
+  float theta_ = 10000.0f;
+  RopeStyle style_ = RopeStyle::kNorm;
+  std::vector<float> inv_freq_;  // F32 [n_rot/2]
+};
+
+// gate[i] = silu(gate[i]) * up[i]
+void silu_mul(float* gate, const float* up, size_t n);
+void silu_mul_ref(float* gate, const float* up, size_t n);
+
+// Causal grouped-query attention of n_q query rows against a KV cache indexed by global position.
+// Query row i sits at position q_pos[i] (strictly increasing) and attends to cache rows
+// [0, q_pos[i]]; every such row must hold valid post-RoPE keys and values for this layer.
+struct AttnArgs {
+  const float* q = nullptr;      // F32 [n_q][q_stride], head h at q + h*head_dim, post-RoPE
+  int q_stride = 0;              // floats between query rows; 0 means n_head*head_dim
+  const int32_t* q_pos = nullptr;  // [n_q]
+  int n_q = 0;
+  const float* k = nullptr;      // F32 [n_ctx][n_kv_head*head_dim], post-RoPE
+  const float* v = nullptr;      // F32 [n_ctx][n_kv_head*head_dim]
+  int n_head = 0, n_kv_head = 0, head_dim = 0;
+  float* out = nullptr;          // F32 [n_q][n_head*head_dim]
+  // Optional: for query rows >= probs_from_row, add each row's attention probabilities (averaged
+  // over heads) into probs_accum[key position]. Used by ProphetKV and the attention-fidelity eval.
+  float* probs_accum = nullptr;  // F32 [n_ctx]
+  int probs_from_row = 0;
+};
+
+// Tiled (flash-style online softmax) attention: memory per thread is one tile, never n x n.
+void attention(const AttnArgs& a);
+void attention_ref(const AttnArgs& a);
+
+}  // namespace ct::cpu

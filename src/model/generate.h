@@ -1,0 +1,33 @@
+// Autoregressive decoding on top of a prefilled KV cache, shared by plain generation and by
+// every reuse policy (which only differ in how the prompt's cache was filled).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace ct {
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int max_tokens = 128;
+  bool stop_at_eog = true;
+};
+
+struct DecodeResult {
+  std::vector<int32_t> tokens;  // generated ids (without the stop token)
+  std::string text;
+  double decode_s = 0;  // time after the first token
+  bool stopped_at_eog = false;
+};
+
+// kv holds the prompt at [0, kv.n_pos); first_logits are the logits of its last position.
+// Calls on_piece with each new token's text as it is produced (may be empty).
+DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<float> first_logits,
+                    const GenerateOptions& opt,
+                    const std::function<void(const std::string&)>& on_piece = nullptr);
+
+}  // namespace ct

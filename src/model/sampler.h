@@ -1,0 +1,30 @@
+// Next-token sampling: greedy, or temperature with top-k and top-p (nucleus), seeded.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace ct {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy (argmax, lowest id on ties)
+  int top_k = 40;            // 0 = no limit
+  float top_p = 0.95f;       // 1 = no limit
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  int32_t sample(const float* logits, int n_vocab);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> cand_;
+};
+
+int32_t argmax(const float* logits, int n);
+
+}  // namespace ct
