@@ -239,7 +239,8 @@ void Model::logits(const float* x, int n, float* out, Workspace& ws) const {
 }
 
 std::vector<float> Model::prefill(const int32_t* tokens, int n, int pos0, KVCache& kv,
-                                  Workspace& ws, bool all_rows) const {
+                                  Workspace& ws, bool all_rows,
+                                  const std::function<void(int, int)>& progress) const {
   CT_THROW_IF_NOT(n > 0, "prefill needs at least one token");
   CT_THROW_IF_NOT(pos0 + n <= kv.n_ctx(), "prompt of {} tokens at position {} exceeds the {}-token cache",
                   n, pos0, kv.n_ctx());
@@ -248,7 +249,10 @@ std::vector<float> Model::prefill(const int32_t* tokens, int n, int pos0, KVCach
   std::vector<int32_t> pos(n);
   for (int i = 0; i < n; ++i) pos[i] = pos0 + i;
   embed(tokens, n, x.data());
-  for (int l = 0; l < cfg_.n_layer; ++l) forward_layer(l, x.data(), pos.data(), n, kv, ws);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    forward_layer(l, x.data(), pos.data(), n, kv, ws);
+    if (progress) progress(l + 1, cfg_.n_layer);
+  }
   kv.n_pos = std::max(kv.n_pos, pos0 + n);
   std::vector<float> out((size_t)(all_rows ? n : 1) * cfg_.n_vocab);
   if (all_rows) {

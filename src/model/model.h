@@ -3,6 +3,7 @@
 // rows come from a chunk cache.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,8 +77,10 @@ class Model {
 
   // Plain prefill of tokens at positions [pos0, pos0+n) on top of kv (which must hold
   // [0, pos0)); all layers, all rows. Returns the last row's logits, or all rows' when all_rows.
+  // progress, when set, is called after each layer with (layers done, n_layer).
   std::vector<float> prefill(const int32_t* tokens, int n, int pos0, KVCache& kv, Workspace& ws,
-                             bool all_rows = false) const;
+                             bool all_rows = false,
+                             const std::function<void(int, int)>& progress = nullptr) const;
 
   KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
   const cpu::Rope& rope() const { return rope_; }

@@ -114,6 +114,27 @@ void Rope::apply(float* x, int n, int stride, int n_heads, const int32_t* pos) c
   }
 }
 
+void Rope::apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos,
+                              int n) const {
+  const int half = n_rot_ / 2;
+#pragma omp parallel if (n > 16)
+  {
+    std::vector<float> cs(half), sn(half);
+#pragma omp for
+    for (int r = 0; r < n; ++r) {
+      for (int i = 0; i < half; ++i) {
+        const double ang = (double)pos[r] * inv_freq_[i];
+        cs[i] = (float)std::cos(ang);
+        sn[i] = (float)std::sin(ang);
+      }
+      float* row = base + (size_t)pos[r] * stride;
+      for (int h = 0; h < n_heads; ++h) {
+        rope_head(row + (size_t)h * head_dim_, cs.data(), sn.data(), half, head_dim_, style_);
+      }
+    }
+  }
+}
+
 void Rope::apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const {
   const int half = n_rot_ / 2;
   for (int r = 0; r < n; ++r) {
@@ -157,27 +178,34 @@ constexpr int kTileK = 256;   // keys per tile
 constexpr float kNegBig = -1e30f;
 
 // Adds the attention probabilities of the selected rows (averaged over heads) into probs_accum.
-// Plain loops: only a few query rows are ever tapped.
+// One SGEMM per head group over all visible keys: only a few query rows are ever tapped, so the
+// [rows x n_ctx] score block stays small.
 void accumulate_probs(const AttnArgs& a) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
   const int qs = a.q_stride ? a.q_stride : qd;
+  const int r0 = std::max(0, a.probs_from_row), nr = a.n_q - r0;
+  if (nr <= 0) return;
+  const int n_keys = a.q_pos[a.n_q - 1] + 1;
   const float scale = 1.0f / std::sqrt((float)hd);
-  std::vector<double> s;
-  for (int r = std::max(0, a.probs_from_row); r < a.n_q; ++r) {
-    const int p = a.q_pos[r];
-    s.resize(p + 1);
-    for (int h = 0; h < a.n_head; ++h) {
-      const int g = h / n_rep;
-      const float* q = a.q + (size_t)r * qs + (size_t)h * hd;
-      double mx = -1e300;
-      for (int j = 0; j <= p; ++j) {
-        s[j] = scale * vec_dot(q, a.k + (size_t)j * kvd + (size_t)g * hd, hd);
-        mx = std::max(mx, s[j]);
+  std::vector<float> qt((size_t)nr * hd), s((size_t)nr * n_keys);
+  for (int h = 0; h < a.n_head; ++h) {
+    const int g = h / n_rep;
+    for (int i = 0; i < nr; ++i) {
+      for (int d = 0; d < hd; ++d) {
+        qt[(size_t)i * hd + d] = a.q[(size_t)(r0 + i) * qs + (size_t)h * hd + d] * scale;
       }
-      double sum = 0;
-      for (int j = 0; j <= p; ++j) sum += (s[j] = std::exp(s[j] - mx));
-      for (int j = 0; j <= p; ++j) a.probs_accum[j] += (float)(s[j] / sum / a.n_head);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, n_keys, hd, 1.0f, qt.data(), hd,
+                a.k + (size_t)g * hd, kvd, 0.0f, s.data(), n_keys);
+    for (int i = 0; i < nr; ++i) {
+      float* row = s.data() + (size_t)i * n_keys;
+      const int nv = a.q_pos[r0 + i] + 1;
+      float mx = row[0];
+      for (int j = 1; j < nv; ++j) mx = std::max(mx, row[j]);
+      const float sum = vec_exp_sub_sum(row, nv, mx);
+      const float w = 1.0f / (sum * a.n_head);
+      for (int j = 0; j < nv; ++j) a.probs_accum[j] += row[j] * w;
     }
   }
 }

@@ -30,6 +30,9 @@ class Rope {
   // Rotates rows x[n][n_heads*head_dim] (row stride `stride` floats) in place to positions pos[n].
   void apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
   void apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
+  // Rotates the rows of a position-indexed buffer: row pos[i] (at base + pos[i]*stride) to
+  // position pos[i]. Used for deferred RoPE of reused keys written into the KV cache.
+  void apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos, int n) const;
   int head_dim() const { return head_dim_; }
 
  private:

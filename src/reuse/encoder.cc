@@ -1,0 +1,129 @@
+// Isolated chunk prefill with K/V taps, ranking, and rank-order packing.
+#include "reuse/encoder.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "core/timer.h"
+
+namespace ct {
+
+const char* rank_mode_name(RankMode m) {
+  switch (m) {
+    case RankMode::kLowFreq:
+      return "lowfreq";
+    case RankMode::kHighFreq:
+      return "highfreq";
+    case RankMode::kL2:
+      return "l2";
+  }
+  return "unknown";
+}
+
+std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
+                     const EncodeOptions& opt) {
+  Sha256 h;
+  h.update("cachetune-chunk-v1");
+  h.update(model_fingerprint);
+  h.update_pod((uint64_t)tokens.size());
+  h.update(tokens.data(), tokens.size() * sizeof(int32_t));
+  h.update(kv_dtype_name(opt.dtype));
+  h.update_pod((uint8_t)opt.sink);
+  h.update(rank_mode_name(opt.rank.mode));
+  h.update_pod(opt.rank.alpha);
+  return h.hex_digest();
+}
+
+ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt) {
+  const ModelConfig& c = m.config();
+  const int n = (int)tokens.size();
+  CT_THROW_IF_NOT(n > 0, "cannot encode an empty chunk");
+  const int off = opt.sink ? 1 : 0;
+  CT_THROW_IF_NOT(n + off <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}", n,
+                  c.n_ctx_train);
+  const int KV = c.kv_dim(), L = c.n_layer, E = c.n_embd;
+  std::vector<int32_t> toks;
+  if (opt.sink) toks.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
+  toks.insert(toks.end(), tokens.begin(), tokens.end());
+  const int nt = (int)toks.size();
+  std::vector<int32_t> pos(nt);
+  for (int i = 0; i < nt; ++i) pos[i] = i;
+  KVCache kv = m.make_cache(nt);
+  Workspace ws;
+  std::vector<float> x((size_t)nt * E);
+  m.embed(toks.data(), nt, x.data());
+  // F32 [L][nt][KV] taps; the sink row (index 0 when present) is dropped below.
+  std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
+  for (int l = 0; l < L; ++l) {
+    LayerTap tap;
+    tap.k_pre_rope = k_all.data() + (size_t)l * nt * KV;
+    tap.v = v_all.data() + (size_t)l * nt * KV;
+    m.forward_layer(l, x.data(), pos.data(), nt, kv, ws, &tap);
+  }
+  std::vector<const float*> kl(L), vl(L);
+  for (int l = 0; l < L; ++l) {
+    kl[l] = k_all.data() + ((size_t)l * nt + off) * KV;
+    vl[l] = v_all.data() + ((size_t)l * nt + off) * KV;
+  }
+  Timer rt;
+  ChunkRanking rank = rank_chunk_tokens(kl, vl, n, KV, opt.rank);
+  ChunkKV out;
+  ChunkMeta& meta = out.meta;
+  meta.rank_ms = rt.ms();
+  meta.id = chunk_id(m.fingerprint(), tokens, opt);
+  meta.model_fingerprint = m.fingerprint();
+  meta.n_tok = n;
+  meta.n_layer = L;
+  meta.kv_dim = KV;
+  meta.dtype = opt.dtype;
+  meta.sink = opt.sink;
+  meta.rank_mode = rank_mode_name(opt.rank.mode);
+  meta.alpha = opt.rank.alpha;
+  meta.tokens = tokens;
+  meta.order = rank.order;
+  meta.scores = rank.scores;
+  const size_t row_bytes = (size_t)KV * kv_dtype_size(opt.dtype);
+  out.k.resize(L);
+  out.v.resize(L);
+  for (int l = 0; l < L; ++l) {
+    out.k[l].resize(row_bytes * n);
+    out.v[l].resize(row_bytes * n);
+    for (int j = 0; j < n; ++j) {
+      const int t = rank.order[j];
+      kv_pack(opt.dtype, kl[l] + (size_t)t * KV, out.k[l].data() + j * row_bytes, KV);
+      kv_pack(opt.dtype, vl[l] + (size_t)t * KV, out.v[l].data() + j * row_bytes, KV);
+    }
+  }
+  return out;
+}
+
+ChunkKVF32 unpack_text_order(const ChunkKV& c) {
+  const ChunkMeta& m = c.meta;
+  const int n = m.n_tok, KV = m.kv_dim;
+  const size_t row_bytes = (size_t)KV * kv_dtype_size(m.dtype);
+  ChunkKVF32 out;
+  out.k.resize((size_t)m.n_layer * n * KV);
+  out.v.resize((size_t)m.n_layer * n * KV);
+  for (int l = 0; l < m.n_layer; ++l) {
+    for (int j = 0; j < n; ++j) {
+      const int t = m.order[j];
+      kv_unpack(m.dtype, c.k[l].data() + j * row_bytes, out.k.data() + ((size_t)l * n + t) * KV, KV);
+      kv_unpack(m.dtype, c.v[l].data() + j * row_bytes, out.v.data() + ((size_t)l * n + t) * KV, KV);
+    }
+  }
+  return out;
+}
+
+ChunkRanking rank_stored_chunk(const ChunkKV& c, const RankOptions& opt) {
+  const ChunkMeta& m = c.meta;
+  ChunkKVF32 f = unpack_text_order(c);
+  std::vector<const float*> kl(m.n_layer), vl(m.n_layer);
+  for (int l = 0; l < m.n_layer; ++l) {
+    kl[l] = f.k_layer(l, m.n_tok, m.kv_dim);
+    vl[l] = f.v_layer(l, m.n_tok, m.kv_dim);
+  }
+  return rank_chunk_tokens(kl, vl, m.n_tok, m.kv_dim, opt);
+}
+
+}  // namespace ct

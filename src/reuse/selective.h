@@ -1,0 +1,86 @@
+// Online stage (paper Sec. 4.1-4.2, App. B.2-B.3): prefill of a composed request
+// [prefix][chunk ...][query] where, per layer, the selected tokens of each chunk and all
+// non-chunk tokens are recomputed in the new context, and every other chunk token's K/V is loaded
+// from the chunk record and rotated to its global position (deferred RoPE) before attention.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/model.h"
+#include "reuse/policy.h"
+#include "store/chunk.h"
+
+namespace ct {
+
+struct ComposedRequest {
+  std::vector<int32_t> prefix;          // recomputed (system prompt, template head)
+  std::vector<const ChunkKV*> chunks;   // reused, in prompt order; the same chunk may repeat
+  std::vector<int32_t> query;           // recomputed; must not be empty
+};
+
+// Where each piece landed: chunk b occupies global positions [chunk_offset[b], +n_tok).
+struct RequestLayout {
+  std::vector<int32_t> tokens;        // [n_total] global token ids
+  std::vector<int32_t> chunk_offset;  // [n_chunks]
+  std::vector<int8_t> is_chunk;       // [n_total]
+  int n_total = 0;
+  int query_begin = 0;
+};
+RequestLayout layout_request(const ComposedRequest& r);
+
+// TTFT breakdown of one prefill (milliseconds).
+struct PrefillBreakdown {
+  double select_ms = 0;     // choosing the recompute set (incl. online passes' extra work)
+  double load_ms = 0;       // complement K/V: unpack to F32 + deferred RoPE into the cache
+  double compute_ms = 0;    // decoder layers on the active rows (projections, attention, MLP)
+  double logits_ms = 0;
+  double total_ms = 0;
+  int n_total = 0;          // prompt length
+  int n_active = 0;         // rows recomputed in the layers after selection
+  int n_loaded = 0;         // chunk rows loaded per layer
+};
+
+// Remembers earlier requests' full KV to serve the `prefix` policy (longest exactly matching
+// token prefix). Keeps the `capacity` most recent requests.
+class PrefixCache {
+ public:
+  explicit PrefixCache(int capacity = 2) : capacity_(capacity) {}
+  // Longest common prefix length with a stored request, and that request's index (-1: none).
+  std::pair<int, int> longest_match(const std::vector<int32_t>& tokens) const;
+  void copy_rows(int entry, int n, KVCache& kv) const;
+  void remember(const std::vector<int32_t>& tokens, const KVCache& kv);
+
+ private:
+  struct Entry {
+    std::vector<int32_t> tokens;
+    KVCache kv;
+  };
+  int capacity_;
+  std::vector<Entry> entries_;  // most recent last
+};
+
+struct SelectiveOptions {
+  PolicyOptions policy;
+  // Optional observation for evaluation: attention of the query rows over all key positions,
+  // averaged over query rows, heads and layers. F32 [n_total] on return.
+  std::vector<float>* query_attention = nullptr;
+  PrefixCache* prefix_cache = nullptr;  // required for PolicyKind::kPrefix
+};
+
+// Runs the prefill into kv (reset by the caller to at least n_total positions; on return
+// kv.n_pos = n_total, or the compacted length for lfonly) and returns the last position's logits.
+std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
+                                     const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
+                                     PrefillBreakdown* breakdown = nullptr);
+
+// Per chunk, the tokens (text-order indices, ascending) the policy recomputed in the last call;
+// filled by selective_prefill when non-null. Exposed for tests and evaluation.
+struct SelectionReport {
+  std::vector<std::vector<int32_t>> selected;
+};
+std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
+                                     const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
+                                     PrefillBreakdown* breakdown, SelectionReport* report);
+
+}  // namespace ct

@@ -1,0 +1,10 @@
+// Sub-commands of the `cachetune` CLI; each registers its options on the app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace ct::cli {
+
+void register_generate(CLI::App& app);
+
+}  // namespace ct::cli

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on the default model: set up (packages, model, build), then answer a question.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$ROOT/tools/setup.sh"
+cd "$ROOT"
+BUILD="${CT_BUILD_DIR:-build}"
+"$BUILD/cachetune" generate --prompt "What are three good reasons to learn to cook at home? Answer briefly." --max-tokens 96

