@@ -32,4 +32,19 @@ DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<floa
   return r;
 }
 
+std::vector<float> forced_decode_logits(const Model& m, KVCache& kv, Workspace& ws,
+                                        const std::vector<float>& first_logits,
+                                        const std::vector<int32_t>& forced) {
+  const size_t V = m.config().n_vocab;
+  std::vector<float> out(forced.size() * V);
+  if (forced.empty()) return out;
+  std::copy(first_logits.begin(), first_logits.end(), out.begin());
+  for (size_t i = 0; i + 1 < forced.size(); ++i) {
+    CT_THROW_IF_NOT(kv.n_pos < kv.n_ctx(), "KV cache full at {} positions", kv.n_ctx());
+    const auto l = m.prefill(&forced[i], 1, kv.n_pos, kv, ws);
+    std::copy(l.begin(), l.end(), out.begin() + (i + 1) * V);
+  }
+  return out;
+}
+
 }  // namespace ct

@@ -30,4 +30,10 @@ DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<floa
                     const GenerateOptions& opt,
                     const std::function<void(const std::string&)>& on_piece = nullptr);
 
+// Teacher forcing: feeds `forced` one token at a time after the prompt and returns the logits
+// before each forced token (F32 [forced.size()][n_vocab]; row 0 is first_logits).
+std::vector<float> forced_decode_logits(const Model& m, KVCache& kv, Workspace& ws,
+                                        const std::vector<float>& first_logits,
+                                        const std::vector<int32_t>& forced);
+
 }  // namespace ct

@@ -1,0 +1,32 @@
+// Assembling a chunk-aware request from text: the chat template's head and an instruction form
+// the prefix, each document is tokenised on its own (so its tokens, and so its cache id, do not
+// depend on its neighbours), and the question plus the template's assistant header form the
+// query. Every policy, full recompute included, sees exactly this token sequence.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+
+namespace ct {
+
+struct RagPromptTokens {
+  std::vector<int32_t> prefix;
+  std::vector<std::vector<int32_t>> chunks;
+  std::vector<int32_t> query;
+};
+
+// Default instruction for question answering over the documents.
+inline constexpr const char* kQaInstruction =
+    "Answer the question using the documents below. Answer with a few words only.";
+
+// Chunk text as stored: the document followed by a blank line separating it from the next.
+std::vector<int32_t> tokenize_chunk(const Tokenizer& tok, const std::string& text);
+
+RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& question,
+                                 const std::string& instruction = kQaInstruction,
+                                 const std::string& system = "");
+
+}  // namespace ct

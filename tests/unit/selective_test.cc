@@ -1,0 +1,255 @@
+// Selective recomputation on a tiny random model: r = 1 equals full recompute in any chunk
+// order, r = 0 on a lone chunk at offset 0 equals plain prefill, deferred RoPE equals keys
+// computed in place, reordering leaves chunk records untouched, and every policy's budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "core/sha256.h"
+#include "reuse/encoder.h"
+#include "reuse/freq_rank.h"
+#include "reuse/selective.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+class SelectiveTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path =
+        (std::filesystem::temp_directory_path() / "ct_selective_tiny.gguf").string();
+    test::TinyModelOptions o;
+    o.n_layer = 4;
+    test::write_tiny_model(path, o);
+    model_ = Model::load(path).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+
+  static std::vector<int32_t> random_tokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> d(0, 255);  // byte tokens
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = d(rng);
+    return t;
+  }
+
+  static std::vector<float> full_logits(const std::vector<int32_t>& toks) {
+    KVCache kv = model_->make_cache((int)toks.size());
+    Workspace ws;
+    return model_->prefill(toks.data(), (int)toks.size(), 0, kv, ws);
+  }
+
+  static std::vector<float> run(const ComposedRequest& req, PolicyKind kind, double r,
+                                SelectionReport* rep = nullptr, PrefixCache* pc = nullptr) {
+    const RequestLayout lay = layout_request(req);
+    KVCache kv = model_->make_cache(lay.n_total);
+    Workspace ws;
+    SelectiveOptions opt;
+    opt.policy.kind = kind;
+    opt.policy.ratio = r;
+    opt.prefix_cache = pc;
+    return selective_prefill(*model_, req, opt, kv, ws, nullptr, rep);
+  }
+
+  static float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float m = 0;
+    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+    return m;
+  }
+
+  static std::string record_hash(const ChunkKV& c) {
+    Sha256 h;
+    for (int l = 0; l < c.meta.n_layer; ++l) {
+      h.update(c.k[l].data(), c.k[l].size());
+      h.update(c.v[l].data(), c.v[l].size());
+    }
+    h.update(c.meta.order.data(), c.meta.order.size() * 4);
+    return h.hex_digest();
+  }
+
+  static Model* model_;
+};
+Model* SelectiveTest::model_ = nullptr;
+
+TEST_F(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(37, 1), eo);
+  ChunkKV b = encode_chunk(*model_, random_tokens(50, 2), eo);
+  ChunkKV c = encode_chunk(*model_, random_tokens(21, 3), eo);
+  const auto prefix = random_tokens(5, 4), query = random_tokens(7, 5);
+  for (std::vector<const ChunkKV*> order : {std::vector<const ChunkKV*>{&a, &b, &c},
+                                            std::vector<const ChunkKV*>{&c, &a, &b},
+                                            std::vector<const ChunkKV*>{&b, &b, &a}}) {
+    ComposedRequest req{prefix, order, query};
+    const auto want = full_logits(layout_request(req).tokens);
+    EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 1.0), want), 1e-4f);
+    EXPECT_LT(max_abs_diff(run(req, PolicyKind::kFull, 0.15), want), 1e-4f);
+  }
+}
+
+TEST_F(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
+  EncodeOptions eo;
+  eo.dtype = KvDtype::F32;
+  eo.sink = false;  // encoded exactly as it sits in the request: position 0, no sink
+  const auto toks = random_tokens(64, 6), query = random_tokens(6, 7);
+  ChunkKV a = encode_chunk(*model_, toks, eo);
+  ComposedRequest req{{}, {&a}, query};
+  const auto want = full_logits(layout_request(req).tokens);
+  EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 0.0), want), 1e-4f);
+  EXPECT_LT(max_abs_diff(run(req, PolicyKind::kReuse, 0.0), want), 1e-4f);
+  // And with F16 storage the difference is only the storage rounding.
+  eo.dtype = KvDtype::F16;
+  ChunkKV a16 = encode_chunk(*model_, toks, eo);
+  ComposedRequest req16{{}, {&a16}, query};
+  EXPECT_LT(max_abs_diff(run(req16, PolicyKind::kReuse, 0.0), want), 2e-2f);
+}
+
+TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
+  // Layer-0 keys depend only on the token, so stored pre-RoPE keys rotated to global position p
+  // must equal the keys a full prefill computes at p.
+  EncodeOptions eo;
+  eo.dtype = KvDtype::F32;
+  const auto prefix = random_tokens(29, 8), toks = random_tokens(40, 9);
+  ChunkKV a = encode_chunk(*model_, toks, eo);
+  std::vector<int32_t> all = prefix;
+  all.insert(all.end(), toks.begin(), toks.end());
+  KVCache kv = model_->make_cache((int)all.size());
+  Workspace ws;
+  model_->prefill(all.data(), (int)all.size(), 0, kv, ws);
+  const int KV = model_->config().kv_dim(), off = (int)prefix.size();
+  const ChunkKVF32 f = unpack_text_order(a);
+  std::vector<float> rotated(f.k.begin(), f.k.begin() + (size_t)a.meta.n_tok * KV);
+  std::vector<float> buf((size_t)(off + a.meta.n_tok) * KV);
+  std::copy(rotated.begin(), rotated.end(), buf.begin() + (size_t)off * KV);
+  std::vector<int32_t> pos(a.meta.n_tok);
+  for (int t = 0; t < a.meta.n_tok; ++t) pos[t] = off + t;
+  model_->rope().apply_at_positions(buf.data(), KV, model_->config().n_head_kv, pos.data(),
+                                    a.meta.n_tok);
+  float worst = 0;
+  for (int t = 0; t < a.meta.n_tok; ++t) {
+    for (int i = 0; i < KV; ++i) {
+      worst = std::max(worst, std::fabs(buf[(size_t)(off + t) * KV + i] -
+                                        kv.k(0)[(size_t)(off + t) * KV + i]));
+    }
+  }
+  EXPECT_LT(worst, 1e-5f);
+}
+
+TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(45, 10), eo);
+  ChunkKV b = encode_chunk(*model_, random_tokens(33, 11), eo);
+  const std::string ha = record_hash(a), hb = record_hash(b);
+  const auto query = random_tokens(5, 12);
+  SelectionReport r1, r2;
+  run(ComposedRequest{random_tokens(3, 13), {&a, &b}, query}, PolicyKind::kCacheTune, 0.2, &r1);
+  run(ComposedRequest{random_tokens(300, 14), {&b, &a}, query}, PolicyKind::kCacheTune, 0.2, &r2);
+  EXPECT_EQ(record_hash(a), ha);
+  EXPECT_EQ(record_hash(b), hb);
+  EXPECT_EQ(r1.selected[0], r2.selected[1]);
+  EXPECT_EQ(r1.selected[1], r2.selected[0]);
+  // The same text gets the same id wherever it appears; a different setting, another id.
+  EXPECT_EQ(a.meta.id, encode_chunk(*model_, a.meta.tokens, eo).meta.id);
+  EncodeOptions other = eo;
+  other.rank.alpha = 0.3;
+  EXPECT_NE(a.meta.id, chunk_id(model_->fingerprint(), a.meta.tokens, other));
+}
+
+TEST_F(SelectiveTest, EncodingAndRankingAreDeterministic) {
+  EncodeOptions eo;
+  const auto toks = random_tokens(80, 15);
+  ChunkKV a = encode_chunk(*model_, toks, eo), b = encode_chunk(*model_, toks, eo);
+  EXPECT_EQ(record_hash(a), record_hash(b));
+  EXPECT_EQ(a.meta.scores, b.meta.scores);
+  // alpha = 1 keeps every frequency bin: the ranking is the L2 ranking.
+  RankOptions all_bins{RankMode::kLowFreq, 1.0}, l2{RankMode::kL2, 0.5};
+  const ChunkRanking r1 = rank_stored_chunk(a, all_bins), r2 = rank_stored_chunk(a, l2);
+  for (int t = 0; t < a.meta.n_tok; ++t) EXPECT_NEAR(r1.scores[t], r2.scores[t], 1e-4f);
+}
+
+TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(61, 16), eo);
+  ChunkKV b = encode_chunk(*model_, random_tokens(10, 17), eo);
+  const double r = 0.15;
+  ComposedRequest req{random_tokens(4, 18), {&a, &b}, random_tokens(6, 19)};
+  for (PolicyKind k : all_policies()) {
+    if (k == PolicyKind::kPrefix) continue;  // reuses whole prefixes, no per-chunk selection
+    SelectionReport rep;
+    run(req, k, r, &rep);
+    ASSERT_EQ(rep.selected.size(), 2u) << policy_name(k);
+    for (size_t i = 0; i < 2; ++i) {
+      const int n = req.chunks[i]->meta.n_tok;
+      int want = n_select(r, n);
+      if (k == PolicyKind::kFull) want = n;
+      if (k == PolicyKind::kReuse) want = 0;
+      if (k == PolicyKind::kEpic) want = std::min(16, n);  // EPIC: first k tokens, k = 16
+      EXPECT_EQ((int)rep.selected[i].size(), want) << policy_name(k) << " chunk " << i;
+      EXPECT_TRUE(std::is_sorted(rep.selected[i].begin(), rep.selected[i].end()));
+    }
+  }
+}
+
+TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(100, 20), eo);
+  SelectionReport rep;
+  run(ComposedRequest{{}, {&a}, random_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1, &rep);
+  std::vector<int32_t> top(a.meta.order.begin(), a.meta.order.begin() + 10);
+  std::sort(top.begin(), top.end());
+  EXPECT_EQ(rep.selected[0], top);
+}
+
+TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(30, 22), eo);
+  ChunkKV b = encode_chunk(*model_, random_tokens(30, 23), eo);
+  const auto prefix = random_tokens(8, 24);
+  PrefixCache pc(2);
+  ComposedRequest first{prefix, {&a, &b}, random_tokens(5, 25)};
+  ComposedRequest second{prefix, {&a, &b}, random_tokens(5, 26)};
+  run(first, PolicyKind::kPrefix, 0, nullptr, &pc);
+  const auto want = full_logits(layout_request(second).tokens);
+  const RequestLayout lay = layout_request(second);
+  KVCache kv = model_->make_cache(lay.n_total);
+  Workspace ws;
+  SelectiveOptions opt;
+  opt.policy.kind = PolicyKind::kPrefix;
+  opt.prefix_cache = &pc;
+  PrefillBreakdown bd;
+  const auto got = selective_prefill(*model_, second, opt, kv, ws, &bd);
+  EXPECT_EQ(bd.n_loaded, 8 + 60);  // system prefix and both chunks matched
+  EXPECT_LT(max_abs_diff(got, want), 1e-4f);
+}
+
+TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, random_tokens(10, 27), eo);
+  EXPECT_THROW(layout_request(ComposedRequest{{}, {&a}, {}}), Error);
+  ComposedRequest req{{}, {&a}, random_tokens(3, 28)};
+  KVCache small = model_->make_cache(5);
+  Workspace ws;
+  SelectiveOptions opt;
+  try {
+    selective_prefill(*model_, req, opt, small, ws);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("13 tokens"), std::string::npos) << e.what();
+  }
+  ChunkKV wrong = a;
+  wrong.meta.model_fingerprint = "0123456789abcdef";
+  ComposedRequest req2{{}, {&wrong}, random_tokens(3, 29)};
+  KVCache kv = model_->make_cache(20);
+  EXPECT_THROW(selective_prefill(*model_, req2, opt, kv, ws), Error);
+  EXPECT_THROW(parse_policy("magic"), Error);
+}
+
+}  // namespace
+}  // namespace ct
