@@ -1,0 +1,156 @@
+// The tokenizer on the real SmolLM2 GGUF against llama.cpp's ids in the committed fixture
+// (tools/make_tokenizer_fixture.py), plus round trips and the model's chat template.
+// Skipped when the model file is absent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace ct {
+namespace {
+
+std::string model_path() {
+  if (const char* env = std::getenv("CACHETUNE_MODEL")) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+// A case's input: "text", or "hex" for byte strings that are not valid UTF-8.
+std::string case_text(const nlohmann::json& c) {
+  if (!c.contains("hex")) return c.at("text").get<std::string>();
+  const std::string hex = c.at("hex").get<std::string>();
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    bytes.push_back((char)std::stoi(hex.substr(i, 2), nullptr, 16));
+  }
+  return bytes;
+}
+
+std::string ids_str(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s + "]";
+}
+
+class TokenizerRefTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = model_path();
+    if (!std::filesystem::exists(path)) return;
+    gguf_ = GgufFile::open(path).release();
+    tok_ = new Tokenizer(Tokenizer::from_gguf(*gguf_));
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete gguf_;
+    tok_ = nullptr;
+    gguf_ = nullptr;
+  }
+  void SetUp() override {
+    if (tok_ == nullptr) GTEST_SKIP() << "model file not found: " << model_path();
+  }
+
+  static nlohmann::json load_fixture() {
+    const std::string path = std::string(CT_FIXTURE_DIR) + "/tokenizer_smollm2.json";
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << "cannot open " << path;
+    nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j.at("version").get<int>(), 1) << path;
+    return j;
+  }
+
+  static GgufFile* gguf_;
+  static Tokenizer* tok_;
+};
+
+GgufFile* TokenizerRefTest::gguf_ = nullptr;
+Tokenizer* TokenizerRefTest::tok_ = nullptr;
+
+TEST_F(TokenizerRefTest, VocabularyMatchesSmolLM2) {
+  EXPECT_EQ(tok_->n_vocab(), 49152);
+  EXPECT_FALSE(tok_->add_bos());
+  EXPECT_EQ(tok_->find_token("<|im_start|>"), 1);
+  EXPECT_EQ(tok_->find_token("<|im_end|>"), 2);
+  EXPECT_TRUE(tok_->is_eog(tok_->eos()));
+  EXPECT_TRUE(tok_->is_eog(2));
+  EXPECT_TRUE(tok_->is_eog(0));  // <|endoftext|>
+  EXPECT_FALSE(tok_->is_eog(1));
+}
+
+TEST_F(TokenizerRefTest, IdsMatchLlamaCpp) {
+  const nlohmann::json fixture = load_fixture();
+  const auto& cases = fixture.at("cases");
+  ASSERT_GE(cases.size(), 1200u);
+  int n_bad = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string text = case_text(cases[i]);
+    const bool special = cases[i].at("special").get<bool>();
+    const auto expected = cases[i].at("ids").get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = tok_->encode(text, special);
+    if (got == expected) continue;
+    if (++n_bad <= 20) {
+      ADD_FAILURE() << "case " << i << " (special=" << special
+                    << ") text: " << nlohmann::json(text).dump() << "\n  expected "
+                    << ids_str(expected) << "\n  got      " << ids_str(got);
+    }
+  }
+  EXPECT_EQ(n_bad, 0) << "of " << cases.size() << " cases differ from llama.cpp";
+}
+
+TEST_F(TokenizerRefTest, DecodeInvertsEncode) {
+  const nlohmann::json fixture = load_fixture();
+  int n_bad = 0;
+  for (const auto& c : fixture.at("cases")) {
+    // Byte cases are left out: llama.cpp replaces or drops some of their bytes.
+    if (c.at("special").get<bool>() || c.contains("hex")) continue;
+    const std::string text = c.at("text").get<std::string>();
+    const std::string back = tok_->decode(tok_->encode(text, false));
+    if (back != text && ++n_bad <= 20) {
+      ADD_FAILURE() << "text " << nlohmann::json(text).dump() << "\n decoded to "
+                    << nlohmann::json(back).dump();
+    }
+  }
+  EXPECT_EQ(n_bad, 0);
+}
+
+TEST_F(TokenizerRefTest, ChatTemplateMatchesTheGgufTemplate) {
+  EXPECT_EQ(
+      tok_->apply_chat_template(
+          {{"system", "You are terse."}, {"user", "What is 2+2?"}, {"assistant", "4"}}, false),
+      "<|im_start|>system\nYou are terse.<|im_end|>\n"
+      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+      "<|im_start|>assistant\n4<|im_end|>\n");
+  const std::string user_only = tok_->apply_chat_template({{"user", "Hello!"}}, true);
+  EXPECT_EQ(user_only,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n"
+            "<|im_start|>user\nHello!<|im_end|>\n"
+            "<|im_start|>assistant\n");
+
+  const std::vector<int32_t> ids = tok_->encode(user_only, true);
+  const int32_t im_start = tok_->find_token("<|im_start|>"),
+                im_end = tok_->find_token("<|im_end|>");
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 3);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), im_end), 2);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), im_start);
+  EXPECT_EQ(tok_->decode(ids, true), user_only);
+  // Without parse_special the markers are plain text.
+  const std::vector<int32_t> plain = tok_->encode(user_only, false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), im_start), 0);
+}
+
+}  // namespace
+}  // namespace ct
