@@ -37,7 +37,8 @@ enum class GgmlType : uint32_t {
 std::string ggml_type_name(GgmlType t);
 // True for the types this engine can convert to float: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
 bool ggml_type_supported(GgmlType t);
-// Elements per block (1 for plain types) and bytes per block. Throws ct::Error for unsupported types.
+// Elements per block (1 for plain types) and bytes per block. Throws ct::Error for unsupported
+// types.
 int64_t ggml_block_elems(GgmlType t);
 size_t ggml_block_bytes(GgmlType t);
 // Bytes of a row of n elements; n must be a multiple of the block size (throws otherwise).
@@ -45,6 +46,9 @@ size_t ggml_row_bytes(GgmlType t, int64_t n);
 
 // Converts n elements (n multiple of the block size) from the packed representation to float.
 void ggml_to_f32(GgmlType t, const void* src, float* dst, int64_t n);
+// Plain scalar version of ggml_to_f32, the reference its SIMD paths are tested against; results
+// are bit-identical.
+void ggml_to_f32_ref(GgmlType t, const void* src, float* dst, int64_t n);
 // Quantises/converts n floats into the packed representation (used by the GGUF writer in tests
 // and by the chunk store for F16/BF16). Same rounding as ggml's reference quantisers.
 void ggml_from_f32(GgmlType t, const float* src, void* dst, int64_t n);

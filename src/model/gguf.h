@@ -33,7 +33,8 @@ std::string gguf_value_type_name(GgufValueType t);
 
 // One metadata value. Scalars are widened: integers (and bool) into `i` (uint64 values above
 // INT64_MAX keep their bit pattern in `u`), floats into `f`. Arrays keep their element type and
-// hold their elements in exactly one of the vectors (nested arrays in `arr`).
+// hold their elements in exactly one of the vectors (nested arrays in `arr`); uint64 elements above
+// INT64_MAX keep their bit pattern in `arr_i`.
 struct GgufValue {
   GgufValueType type = GgufValueType::UINT8;
   int64_t i = 0;
@@ -51,8 +52,8 @@ struct GgufValue {
 struct GgufTensorInfo {
   std::string name;
   GgmlType type = GgmlType::F32;
-  std::vector<int64_t> ne;      // dimensions, ne[0] is the fastest-varying (row length)
-  uint64_t offset = 0;          // relative to the start of the data section
+  std::vector<int64_t> ne;        // dimensions, ne[0] is the fastest-varying (row length)
+  uint64_t offset = 0;            // relative to the start of the data section
   const uint8_t* data = nullptr;  // points into the mapping
   size_t nbytes = 0;
   int64_t n_elements() const;
@@ -86,6 +87,7 @@ class GgufFile {
   const std::string& get_string(const std::string& key) const;
   std::string get_string(const std::string& key, const std::string& def) const;
   const std::vector<std::string>& get_string_array(const std::string& key) const;
+  // Integer or bool arrays; throws if a uint64 element exceeds INT64_MAX.
   const std::vector<int64_t>& get_int_array(const std::string& key) const;
   const std::vector<double>& get_float_array(const std::string& key) const;
   const std::map<std::string, GgufValue>& metadata() const { return kv_; }
@@ -108,7 +110,7 @@ class GgufFile {
   std::map<std::string, size_t> tensor_index_;
 };
 
-// Writes GGUF v3 files; used by tests to build tiny random models and malformed files.
+// Writes GGUF v3 (or v2) files; used by tests to build tiny random models and malformed files.
 class GgufWriter {
  public:
   void set_u32(const std::string& key, uint32_t v);
