@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""Writes the llama.cpp reference fixture for the logits test (tests/fixtures/ref_logits_smollm2.json).
+"""Writes the llama.cpp reference fixtures for the logits test (tests/fixtures/ref_logits_smollm2_*.json).
 
 llama.cpp (through llama-cpp-python built from its sdist) is the independent implementation: for a
 handful of prompts of 8 to ~2,000 tokens it records, at sampled positions, the 16 largest logits
 (id and value) and the 64-token greedy continuation. The prompts' token ids come from llama.cpp's
 own tokenizer, so the logits test does not depend on ours.
 
-Usage: python3 tools/make_ref_logits.py [--model PATH] [--out FILE]
+Two variants: `q4_1` runs llama.cpp on the GGUF itself (llama.cpp then quantises activations to 8
+bits inside its Q4_1 dot products, so agreement is loose); `f32` runs it on an exactly dequantised
+F32 copy (tools/dequantize_gguf.py), which isolates implementation differences (tight agreement).
+
+Usage: python3 tools/make_ref_logits.py [--model PATH] [--variant q4_1|f32] [--out FILE]
 """
 import argparse
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import llama_cpp
@@ -52,11 +58,20 @@ def positions(n):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures", "ref_logits_smollm2.json"))
+    ap.add_argument("--variant", choices=["q4_1", "f32"], default="q4_1")
+    ap.add_argument("--out", default=None)
     ap.add_argument("--max-tokens", type=int, default=2048)
     args = ap.parse_args()
+    out_path = args.out or os.path.join(ROOT, "tests", "fixtures",
+                                        f"ref_logits_smollm2_{args.variant}.json")
     sha = hashlib.sha256(open(args.model, "rb").read()).hexdigest()
-    llm = llama_cpp.Llama(model_path=args.model, n_ctx=4096, n_batch=512, n_threads=2,
+    tmp = tempfile.TemporaryDirectory()
+    run_model = args.model
+    if args.variant == "f32":
+        run_model = os.path.join(tmp.name, "f32.gguf")
+        subprocess.run([sys.executable, os.path.join(HERE, "dequantize_gguf.py"), args.model,
+                        run_model], check=True)
+    llm = llama_cpp.Llama(model_path=run_model, n_ctx=4096, n_batch=512, n_threads=2,
                           logits_all=True, verbose=False)
     cases = []
     for name, text, special in prompts():
@@ -85,11 +100,12 @@ def main():
                       "top_ids": top_ids, "top_logits": top_vals, "greedy": gen})
         print(f"{name}: {len(toks)} tokens, {len(pos)} positions, greedy {len(gen)} tokens",
               file=sys.stderr)
-    out = {"version": 1, "model_sha256": sha, "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
+    out = {"version": 1, "model_sha256": sha, "variant": args.variant,
+           "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
            "top": TOP, "cases": cases}
-    with open(args.out, "w") as f:
+    with open(out_path, "w") as f:
         json.dump(out, f, separators=(",", ":"))
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)", file=sys.stderr)
+    print(f"wrote {out_path} ({os.path.getsize(out_path)} bytes)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 #include "reuse/policy.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <random>
 
@@ -24,6 +26,22 @@ constexpr NameKind kNames[] = {
     {"highfreq", PolicyKind::kHighFreq},   {"lfonly", PolicyKind::kLfOnly},
     {"prophetkv", PolicyKind::kProphetKV},
 };
+
+// Rankings of stored chunks under other options, computed once per (id, mode, alpha).
+std::vector<int32_t> memo_ranking(const ChunkSource& c, const RankOptions& ro) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<int32_t>> memo;
+  const std::string key = c.meta().id + "/" + rank_mode_name(ro.mode) + "/" + std::to_string(ro.alpha);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = memo.find(key); it != memo.end()) return it->second;
+  }
+  std::vector<int32_t> order = rank_stored_chunk(read_whole_chunk(c), ro).order;
+  std::lock_guard<std::mutex> lock(mu);
+  if (memo.size() > 4096) memo.clear();
+  memo[key] = order;
+  return order;
+}
 
 std::vector<int32_t> sorted_prefix(const std::vector<int32_t>& order, int n) {
   std::vector<int32_t> s(order.begin(), order.begin() + n);
@@ -71,8 +89,9 @@ std::vector<int32_t> top_r_by_score(const std::vector<float>& scores, double r) 
   return idx;
 }
 
-std::vector<int32_t> select_offline(const ChunkKV& c, const PolicyOptions& p) {
-  const int n = c.meta.n_tok;
+std::vector<int32_t> select_offline(const ChunkSource& src, const PolicyOptions& p) {
+  const ChunkMeta& meta = src.meta();
+  const int n = meta.n_tok;
   const int k = n_select(p.ratio, n);
   switch (p.kind) {
     case PolicyKind::kFull: {
@@ -84,7 +103,7 @@ std::vector<int32_t> select_offline(const ChunkKV& c, const PolicyOptions& p) {
       return {};
     case PolicyKind::kCacheTune:
     case PolicyKind::kLfOnly:
-      return sorted_prefix(c.meta.order, k);
+      return sorted_prefix(meta.order, k);
     case PolicyKind::kEpic: {
       std::vector<int32_t> first(std::min(p.epic_k, n));
       std::iota(first.begin(), first.end(), 0);
@@ -93,7 +112,7 @@ std::vector<int32_t> select_offline(const ChunkKV& c, const PolicyOptions& p) {
     case PolicyKind::kRandom: {
       // Seeded by the policy seed and the chunk id, so a chunk gets the same draw everywhere.
       std::seed_seq seq{(uint32_t)p.seed, (uint32_t)(p.seed >> 32),
-                        (uint32_t)std::hash<std::string>()(c.meta.id)};
+                        (uint32_t)std::hash<std::string>()(meta.id)};
       std::mt19937 rng(seq);
       std::vector<int32_t> all(n);
       std::iota(all.begin(), all.end(), 0);
@@ -107,7 +126,7 @@ std::vector<int32_t> select_offline(const ChunkKV& c, const PolicyOptions& p) {
       RankOptions ro;
       ro.mode = p.kind == PolicyKind::kL2 ? RankMode::kL2 : RankMode::kHighFreq;
       ro.alpha = p.alpha;
-      return sorted_prefix(rank_stored_chunk(c, ro).order, k);
+      return sorted_prefix(memo_ranking(src, ro), k);
     }
     default:
       CT_THROW("policy '{}' selects online, not from the stored chunk", policy_name(p.kind));

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "reuse/chunk_source.h"
 #include "store/chunk.h"
 
 namespace ct {
@@ -41,7 +42,9 @@ bool policy_is_online(PolicyKind k);  // cacheblend, prophetkv
 
 // Tokens of chunk `c` (indices in text order, ascending) an offline policy recomputes.
 // For kFull all, kReuse none; kCacheBlend/kProphetKV/kPrefix are not offline (throws).
-std::vector<int32_t> select_offline(const ChunkKV& c, const PolicyOptions& p);
+// The l2/highfreq rankings are computed from the stored K/V on first use and memoised per
+// (chunk id, mode, alpha).
+std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& p);
 
 // Top ceil(r*N) indices of `scores` (ties to the lower index), ascending.
 std::vector<int32_t> top_r_by_score(const std::vector<float>& scores, double r);

@@ -3,8 +3,15 @@
 // decoder layer runs on the active rows only, attending over the full, causally masked sequence.
 #include "reuse/selective.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "core/timer.h"
@@ -20,10 +27,10 @@ RequestLayout layout_request(const ComposedRequest& r) {
     lay.is_chunk.insert(lay.is_chunk.end(), t.size(), chunk ? 1 : 0);
   };
   append(r.prefix, false);
-  for (const ChunkKV* c : r.chunks) {
+  for (const ChunkSource* c : r.chunks) {
     CT_THROW_IF_NOT(c != nullptr, "null chunk in request");
     lay.chunk_offset.push_back((int32_t)lay.tokens.size());
-    append(c->meta.tokens, true);
+    append(c->meta().tokens, true);
   }
   lay.query_begin = (int)lay.tokens.size();
   append(r.query, false);
@@ -75,14 +82,14 @@ namespace {
 
 // What to do with one chunk occurrence: which tokens are recomputed, which rank rows to load.
 struct ChunkPlan {
-  const ChunkKV* c = nullptr;
+  const ChunkSource* c = nullptr;
   int offset = 0;
   std::vector<uint8_t> selected;  // [n_tok] by text index
   int load_begin = 0;  // rank rows [load_begin, n_tok) hold every non-selected token
 };
 
 void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel, bool ranking_prefix) {
-  const int n = p.c->meta.n_tok;
+  const int n = p.c->meta().n_tok;
   p.selected.assign(n, 0);
   for (int32_t t : sel) p.selected[t] = 1;
   // When the selection is the top of the stored ranking, the complement is one contiguous
@@ -90,31 +97,123 @@ void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel, bool ranking_p
   p.load_begin = ranking_prefix ? (int)sel.size() : 0;
 }
 
-// Writes layer l's non-selected chunk rows into kv and applies deferred RoPE at their global
-// positions. Returns the number of rows loaded.
-int load_layer(const Model& m, int l, const std::vector<ChunkPlan>& plans, KVCache& kv,
-               std::vector<int32_t>& pos) {
-  const int KV = kv.kv_dim();
-  pos.clear();
-  float* kc = kv.k(l);
-  float* vc = kv.v(l);
-  for (const ChunkPlan& p : plans) {
-    const ChunkMeta& meta = p.c->meta;
-    const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
-    const uint8_t* kb = p.c->k[l].data();
-    const uint8_t* vb = p.c->v[l].data();
-    for (int j = p.load_begin; j < meta.n_tok; ++j) {
-      const int t = meta.order[j];
-      if (p.selected[t]) continue;
-      const int g = p.offset + t;
-      kv_unpack(meta.dtype, kb + j * row_bytes, kc + (size_t)g * KV, KV);
-      kv_unpack(meta.dtype, vb + j * row_bytes, vc + (size_t)g * KV, KV);
-      pos.push_back(g);
+// Fills each layer's reused chunk rows of the KV cache: reads the rank rows from the chunk's
+// source into a staging buffer, unpacks the non-selected ones to F32 at their global positions
+// and applies deferred RoPE there. With overlap, a loader thread works ahead of the layer loop
+// and hands layers over through per-layer ready flags (the CPU counterpart of the paper's
+// transfer stream and per-layer events); without, wait(l) loads layer l on the calling thread.
+class LayerLoader {
+ public:
+  LayerLoader(const Model& m, const std::vector<ChunkPlan>& plans, KVCache& kv,
+              const PipelineOptions& opt, int first_layer)
+      : m_(m), plans_(plans), kv_(kv), opt_(opt), n_layer_(m.config().n_layer),
+        ready_(n_layer_, 0) {
+    for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
+    // The loaded positions are the same in every layer: the non-selected tokens, in the order
+    // their rank rows are read.
+    for (const ChunkPlan& p : plans_) {
+      const ChunkMeta& meta = p.c->meta();
+      for (int j = opt_.sparse ? p.load_begin : 0; j < meta.n_tok; ++j) {
+        if (!p.selected[meta.order[j]]) pos_.push_back(p.offset + meta.order[j]);
+      }
+    }
+    n_rows = (int)pos_.size();
+    if (opt_.overlap) {
+      thread_ = std::thread([this, first_layer] {
+        omp_set_num_threads(1);  // the compute thread's OpenMP team owns the cores
+        for (int l = first_layer; l < n_layer_ && !stop_; ++l) {
+          try {
+            load(l, opt_.rope_in_loader);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            error_ = std::current_exception();
+            cv_.notify_all();
+            return;
+          }
+          std::lock_guard<std::mutex> lock(mu_);
+          ready_[l] = 1;
+          cv_.notify_all();
+        }
+      });
     }
   }
-  m.rope().apply_at_positions(kc, KV, m.config().n_head_kv, pos.data(), (int)pos.size());
-  return (int)pos.size();
-}
+  ~LayerLoader() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Blocks until layer l's rows are in the cache (rotated), loading it here when not overlapped.
+  void wait(int l) {
+    if (!opt_.overlap) {
+      if (!ready_[l]) load(l, true);
+      ready_[l] = 1;
+      return;
+    }
+    Timer t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return ready_[l] || error_; });
+      if (error_) std::rethrow_exception(error_);
+    }
+    wait_ms += t.ms();
+    if (!opt_.rope_in_loader) rope(l);
+  }
+
+  double load_ms = 0;  // loader-side time (read, unpack, RoPE)
+  double wait_ms = 0;  // compute-side time spent waiting
+  int n_rows = 0;      // rows loaded per layer
+
+ private:
+  void load(int l, bool do_rope) {
+    Timer t;
+    const int KV = kv_.kv_dim();
+    float* kc = kv_.k(l);
+    float* vc = kv_.v(l);
+    size_t n = 0;
+    for (const ChunkPlan& p : plans_) {
+      const ChunkMeta& meta = p.c->meta();
+      const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
+      const int begin = opt_.sparse ? p.load_begin : 0;
+      const size_t bytes = row_bytes * (meta.n_tok - begin);
+      if (bytes == 0) continue;
+      if (stage_k_.size() < bytes) {
+        stage_k_.resize(bytes);
+        stage_v_.resize(bytes);
+      }
+      p.c->read_rows(l, begin, meta.n_tok, stage_k_.data(), stage_v_.data());
+      for (int j = begin; j < meta.n_tok; ++j) {
+        const int t = meta.order[j];
+        if (p.selected[t]) continue;
+        const int g = p.offset + t;
+        const size_t src = row_bytes * (j - begin);
+        kv_unpack(meta.dtype, stage_k_.data() + src, kc + (size_t)g * KV, KV);
+        kv_unpack(meta.dtype, stage_v_.data() + src, vc + (size_t)g * KV, KV);
+        CT_ASSERT(pos_[n] == g, "load order changed");
+        ++n;
+      }
+    }
+    if (do_rope) rope(l);
+    load_ms += t.ms();
+  }
+  void rope(int l) {
+    m_.rope().apply_at_positions(kv_.k(l), kv_.kv_dim(), m_.config().n_head_kv, pos_.data(),
+                                 (int)pos_.size());
+  }
+
+  const Model& m_;
+  const std::vector<ChunkPlan>& plans_;
+  KVCache& kv_;
+  PipelineOptions opt_;
+  int n_layer_;
+  std::vector<char> ready_;
+  std::vector<uint8_t> stage_k_, stage_v_;  // reusable staging buffers (loader thread only)
+  std::vector<int32_t> pos_;  // global positions of the loaded rows (same in every layer)
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::exception_ptr error_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // Active rows: every non-chunk position plus the selected chunk positions, ascending.
 std::vector<int32_t> active_positions(const RequestLayout& lay,
@@ -122,7 +221,7 @@ std::vector<int32_t> active_positions(const RequestLayout& lay,
   std::vector<uint8_t> on(lay.n_total, 0);
   for (int i = 0; i < lay.n_total; ++i) on[i] = !lay.is_chunk[i];
   for (const ChunkPlan& p : plans) {
-    for (int t = 0; t < p.c->meta.n_tok; ++t) {
+    for (int t = 0; t < p.c->meta().n_tok; ++t) {
       if (p.selected[t]) on[p.offset + t] = 1;
     }
   }
@@ -157,12 +256,13 @@ struct PassResult {
 // chunk tokens whose K/V deviate most from the stored ones become the selection afterwards.
 PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkPlan>& plans,
                     KVCache& kv, Workspace& ws, bool tap_query, double blend_ratio,
-                    PrefillBreakdown& bd) {
+                    const PipelineOptions& popt, PrefillBreakdown& bd) {
   const ModelConfig& c = m.config();
   const int E = c.n_embd, KV = c.kv_dim();
+  const bool blend = blend_ratio >= 0;
   PassResult res;
   std::vector<int32_t> act;
-  if (blend_ratio >= 0) {
+  if (blend) {
     act.resize(lay.n_total);
     for (int i = 0; i < lay.n_total; ++i) act[i] = i;
   } else {
@@ -172,22 +272,20 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
   for (size_t i = 0; i < act.size(); ++i) toks[i] = lay.tokens[act[i]];
   std::vector<float> x(act.size() * E);
   m.embed(toks.data(), (int)act.size(), x.data());
-  std::vector<int32_t> pos_scratch;
   if (tap_query) res.attn.assign(lay.n_total, 0.0f);
   std::vector<float> k0, v0;  // CacheBlend layer-0 taps, F32 [n_total][KV]
+  // CacheBlend decides its selection after layer 0, so its loader starts at layer 1.
+  std::unique_ptr<LayerLoader> loader;
+  if (!blend) loader = std::make_unique<LayerLoader>(m, plans, kv, popt, 0);
   for (int l = 0; l < c.n_layer; ++l) {
-    if (!(blend_ratio >= 0 && l == 0)) {
-      Timer lt;
-      res.n_loaded = load_layer(m, l, plans, kv, pos_scratch);
-      bd.load_ms += lt.ms();
-    }
+    if (loader) loader->wait(l);
     LayerTap tap;
     if (tap_query) {
       tap.probs_accum = res.attn.data();
       tap.probs_from_row = (int)(std::lower_bound(act.begin(), act.end(), lay.query_begin) -
                                  act.begin());
     }
-    if (blend_ratio >= 0 && l == 0) {
+    if (blend && l == 0) {
       k0.resize((size_t)lay.n_total * KV);
       v0.resize((size_t)lay.n_total * KV);
       tap.k_pre_rope = k0.data();
@@ -196,22 +294,23 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
     Timer ct;
     m.forward_layer(l, x.data(), act.data(), (int)act.size(), kv, ws, &tap);
     bd.compute_ms += ct.ms();
-    if (blend_ratio >= 0 && l == 0) {
+    if (blend && l == 0) {
       Timer st;
-      std::vector<float> stored(KV);
       for (ChunkPlan& p : plans) {
-        const ChunkMeta& meta = p.c->meta;
+        const ChunkMeta& meta = p.c->meta();
         const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
-        std::vector<float> dev(meta.n_tok);
+        std::vector<uint8_t> sk(row_bytes * meta.n_tok), sv(row_bytes * meta.n_tok);
+        p.c->read_rows(0, 0, meta.n_tok, sk.data(), sv.data());
+        std::vector<float> stored(KV), dev(meta.n_tok);
         for (int j = 0; j < meta.n_tok; ++j) {
           const int t = meta.order[j], g = p.offset + t;
           double d = 0;
-          kv_unpack(meta.dtype, p.c->k[0].data() + j * row_bytes, stored.data(), KV);
+          kv_unpack(meta.dtype, sk.data() + j * row_bytes, stored.data(), KV);
           for (int i = 0; i < KV; ++i) {
             const double e = k0[(size_t)g * KV + i] - stored[i];
             d += e * e;
           }
-          kv_unpack(meta.dtype, p.c->v[0].data() + j * row_bytes, stored.data(), KV);
+          kv_unpack(meta.dtype, sv.data() + j * row_bytes, stored.data(), KV);
           for (int i = 0; i < KV; ++i) {
             const double e = v0[(size_t)g * KV + i] - stored[i];
             d += e * e;
@@ -224,9 +323,16 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
       compact_rows(x, act, next, E);
       act = std::move(next);
       bd.select_ms += st.ms();
+      loader = std::make_unique<LayerLoader>(m, plans, kv, popt, 1);
     }
   }
   res.n_active = (int)act.size();
+  if (loader) {
+    res.n_loaded = loader->n_rows;
+    bd.load_ms += loader->load_ms;
+    bd.load_wait_ms += loader->wait_ms;
+    if (!popt.overlap) bd.load_wait_ms += loader->load_ms;
+  }
   Timer gt;
   res.logits.resize(c.n_vocab);
   m.logits(x.data() + (act.size() - 1) * E, 1, res.logits.data(), ws);
@@ -256,13 +362,14 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   CT_THROW_IF_NOT(lay.n_total <= kv.n_ctx(),
                   "composed prompt of {} tokens does not fit the {}-position KV cache",
                   lay.n_total, kv.n_ctx());
-  for (const ChunkKV* ch : req.chunks) {
-    CT_THROW_IF_NOT(ch->meta.model_fingerprint == m.fingerprint() && ch->meta.n_layer == c.n_layer &&
-                        ch->meta.kv_dim == c.kv_dim(),
+  for (const ChunkSource* ch : req.chunks) {
+    const ChunkMeta& cm = ch->meta();
+    CT_THROW_IF_NOT(cm.model_fingerprint == m.fingerprint() && cm.n_layer == c.n_layer &&
+                        cm.kv_dim == c.kv_dim(),
                     "chunk {} was encoded by model {} ({} layers, kv_dim {}), not by the loaded "
                     "model {} ({} layers, kv_dim {})",
-                    ch->meta.id.substr(0, 12), ch->meta.model_fingerprint, ch->meta.n_layer,
-                    ch->meta.kv_dim, m.fingerprint(), c.n_layer, c.kv_dim());
+                    cm.id.substr(0, 12), cm.model_fingerprint, cm.n_layer, cm.kv_dim,
+                    m.fingerprint(), c.n_layer, c.kv_dim());
   }
   const PolicyKind kind = opt.policy.kind;
   std::vector<float> logits;
@@ -276,9 +383,9 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     if (kind == PolicyKind::kLfOnly) {
       toks = req.prefix;
       if (report) report->selected.clear();
-      for (const ChunkKV* ch : req.chunks) {
+      for (const ChunkSource* ch : req.chunks) {
         const auto sel = select_offline(*ch, opt.policy);
-        for (int32_t t : sel) toks.push_back(ch->meta.tokens[t]);
+        for (int32_t t : sel) toks.push_back(ch->meta().tokens[t]);
         if (report) report->selected.push_back(sel);
       }
       toks.insert(toks.end(), req.query.begin(), req.query.end());
@@ -317,10 +424,10 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       // tokens that attention favoured.
       for (ChunkPlan& p : plans) set_selection(p, {}, true);
       PrefillBreakdown bd1;
-      PassResult first = run_pass(m, lay, plans, kv, ws, true, -1, bd1);
+      PassResult first = run_pass(m, lay, plans, kv, ws, true, -1, opt.pipeline, bd1);
       for (ChunkPlan& p : plans) {
-        std::vector<float> score(p.c->meta.n_tok);
-        for (int t = 0; t < p.c->meta.n_tok; ++t) score[t] = first.attn[p.offset + t];
+        std::vector<float> score(p.c->meta().n_tok);
+        for (int t = 0; t < p.c->meta().n_tok; ++t) score[t] = first.attn[p.offset + t];
         set_selection(p, top_r_by_score(score, opt.policy.ratio), false);
       }
     } else {
@@ -330,7 +437,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       }
     }
     bd.select_ms += st.ms();
-    PassResult r = run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr, blend_ratio, bd);
+    PassResult r = run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr, blend_ratio,
+                            opt.pipeline, bd);
     logits = std::move(r.logits);
     kv.n_pos = lay.n_total;
     bd.n_active = r.n_active;
@@ -340,7 +448,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       report->selected.clear();
       for (const ChunkPlan& p : plans) {
         std::vector<int32_t> sel;
-        for (int t = 0; t < p.c->meta.n_tok; ++t) {
+        for (int t = 0; t < p.c->meta().n_tok; ++t) {
           if (p.selected[t]) sel.push_back(t);
         }
         report->selected.push_back(std::move(sel));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "reuse/chunk_source.h"
 #include "reuse/policy.h"
 #include "store/chunk.h"
 
@@ -15,7 +16,7 @@ namespace ct {
 
 struct ComposedRequest {
   std::vector<int32_t> prefix;          // recomputed (system prompt, template head)
-  std::vector<const ChunkKV*> chunks;   // reused, in prompt order; the same chunk may repeat
+  std::vector<const ChunkSource*> chunks;  // reused, in prompt order; the same chunk may repeat
   std::vector<int32_t> query;           // recomputed; must not be empty
 };
 
@@ -32,7 +33,8 @@ RequestLayout layout_request(const ComposedRequest& r);
 // TTFT breakdown of one prefill (milliseconds).
 struct PrefillBreakdown {
   double select_ms = 0;     // choosing the recompute set (incl. online passes' extra work)
-  double load_ms = 0;       // complement K/V: unpack to F32 + deferred RoPE into the cache
+  double load_ms = 0;       // complement K/V: read + unpack to F32 + deferred RoPE (loader time)
+  double load_wait_ms = 0;  // time the layer loop waited for the loader (the exposed load cost)
   double compute_ms = 0;    // decoder layers on the active rows (projections, attention, MLP)
   double logits_ms = 0;
   double total_ms = 0;
@@ -60,8 +62,16 @@ class PrefixCache {
   std::vector<Entry> entries_;  // most recent last
 };
 
+// How the complement is loaded (paper App. B.2); the switches exist for the ablation benchmark.
+struct PipelineOptions {
+  bool overlap = true;         // a loader thread prefetches layer l+1 while layer l computes
+  bool sparse = true;          // read only the complement's contiguous rank-row suffix
+  bool rope_in_loader = true;  // deferred RoPE on the loader thread (else on the compute thread)
+};
+
 struct SelectiveOptions {
   PolicyOptions policy;
+  PipelineOptions pipeline;
   // Optional observation for evaluation: attention of the query rows over all key positions,
   // averaged over query rows, heads and layers. F32 [n_total] on return.
   std::vector<float>* query_attention = nullptr;

@@ -1,14 +1,17 @@
-// The model's logits against llama.cpp's (tests/fixtures/ref_logits_smollm2.json, written by
-// tools/make_ref_logits.py). Tolerances:
-//  - at every recorded position, for llama.cpp's 16 largest logits: |ours - llama.cpp| <= 0.75
-//    (llama.cpp quantises activations to 8 bits for its Q4_1 dot products; we multiply in F32
-//    with exactly dequantised weights, so small differences are expected), and the mean
-//    absolute difference over all compared logits <= 0.12;
-//  - top-1 agreement at every position whose llama.cpp top-2 margin exceeds 0.3;
-//  - the 64-token greedy continuation equals llama.cpp's.
+// The model's logits against llama.cpp's, from two fixtures written by tools/make_ref_logits.py:
+//  - f32:  llama.cpp on an exactly dequantised F32 copy of the GGUF. This isolates implementation
+//          differences: |ours - llama.cpp| <= 0.1 for llama.cpp's 16 largest logits at every
+//          recorded position, mean <= 0.01, top-1 agreement wherever llama.cpp's top-2 margin
+//          exceeds 0.05, and the 64-token greedy continuation identical.
+//  - q4_1: llama.cpp on the Q4_1 file itself, where it quantises activations to 8 bits inside its
+//          dot products while we multiply exactly dequantised weights in F32. Tolerances:
+//          |d| <= 1.5, mean <= 0.3, top-1 agreement where the margin exceeds 0.3, and the greedy
+//          continuation identical for at least its first 12 tokens (the first divergence is
+//          printed; docs/ARCHITECTURE.md discusses it).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -18,20 +21,30 @@
 namespace ct {
 namespace {
 
-nlohmann::json load_fixture() {
-  const std::string path = std::string(CT_FIXTURE_DIR) + "/ref_logits_smollm2.json";
+struct Tolerance {
+  const char* variant;
+  float max_abs;
+  double mean_abs;
+  float top1_margin;
+  size_t greedy_prefix;  // required identical greedy tokens (SIZE_MAX: all)
+};
+constexpr Tolerance kTolerances[] = {{"f32", 0.1f, 0.01, 0.05f, SIZE_MAX},
+                                     {"q4_1", 1.5f, 0.3, 0.3f, 12}};
+
+nlohmann::json load_fixture(const char* variant) {
+  const std::string path =
+      std::string(CT_FIXTURE_DIR) + "/ref_logits_smollm2_" + variant + ".json";
   std::ifstream f(path);
   if (!f) ADD_FAILURE() << "cannot open " << path;
   return nlohmann::json::parse(f);
 }
 
-constexpr float kMaxAbs = 0.75f;
-constexpr double kMeanAbs = 0.12;
-constexpr float kTop1Margin = 0.3f;
+class LogitsVsLlamaCpp : public ::testing::TestWithParam<Tolerance> {};
 
-TEST(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
+TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
   CT_REQUIRE_REAL_MODEL(m);
-  const auto fx = load_fixture();
+  const Tolerance tol = GetParam();
+  const auto fx = load_fixture(tol.variant);
   const int V = m->config().n_vocab, E = m->config().n_embd;
   for (const auto& c : fx["cases"]) {
     const std::vector<int32_t> toks = c["tokens"].get<std::vector<int32_t>>();
@@ -61,28 +74,29 @@ TEST(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
         sum_abs += d;
         ++n_cmp;
         worst = std::max(worst, d);
-        if (d > kMaxAbs && n_fail++ < 5) {
+        if (d > tol.max_abs && n_fail++ < 5) {
           ADD_FAILURE() << c["name"] << " position " << pos[j] << " token " << ids[t]
                         << ": ours " << row[ids[t]] << " llama.cpp " << ref[t];
         }
       }
       int best = 0;
       for (int t = 1; t < V; ++t) best = row[t] > row[best] ? t : best;
-      if (ref[0] - ref[1] > kTop1Margin && best != ids[0] && n_top1_fail++ < 5) {
+      if (ref[0] - ref[1] > tol.top1_margin && best != ids[0] && n_top1_fail++ < 5) {
         ADD_FAILURE() << c["name"] << " position " << pos[j] << ": our top-1 " << best
                       << ", llama.cpp top-1 " << ids[0] << " (margin " << ref[0] - ref[1] << ")";
       }
     }
     const double mean_abs = sum_abs / n_cmp;
-    std::printf("[ logits ] %-6s n=%4d positions=%4zu max|d|=%.4f mean|d|=%.4f\n",
-                c["name"].get<std::string>().c_str(), n, pos.size(), worst, mean_abs);
-    EXPECT_LE(mean_abs, kMeanAbs) << c["name"];
+    std::printf("[ logits ] %-4s %-6s n=%4d positions=%4zu max|d|=%.4f mean|d|=%.4f\n",
+                tol.variant, c["name"].get<std::string>().c_str(), n, pos.size(), worst, mean_abs);
+    EXPECT_LE(mean_abs, tol.mean_abs) << c["name"];
   }
 }
 
-TEST(LogitsVsLlamaCpp, GreedyContinuationMatches) {
+TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
   CT_REQUIRE_REAL_MODEL(m);
-  const auto fx = load_fixture();
+  const Tolerance tol = GetParam();
+  const auto fx = load_fixture(tol.variant);
   for (const auto& c : fx["cases"]) {
     const std::vector<int32_t> toks = c["tokens"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = c["greedy"].get<std::vector<int32_t>>();
@@ -97,11 +111,24 @@ TEST(LogitsVsLlamaCpp, GreedyContinuationMatches) {
            want[first_diff] == r.tokens[first_diff]) {
       ++first_diff;
     }
-    EXPECT_EQ(r.tokens, want) << c["name"] << ": first divergence at generated token "
-                              << first_diff << "; ours: '" << r.text << "' llama.cpp: '"
-                              << m->tokenizer().decode(want) << "'";
+    const bool identical = r.tokens == want;
+    std::printf("[ greedy ] %-4s %-6s %s (first divergence at generated token %zu of %zu)\n",
+                tol.variant, c["name"].get<std::string>().c_str(),
+                identical ? "identical" : "differs", first_diff, want.size());
+    if (tol.greedy_prefix == SIZE_MAX) {
+      EXPECT_TRUE(identical) << c["name"] << ": first divergence at generated token " << first_diff
+                             << "; ours: '" << r.text << "' llama.cpp: '"
+                             << m->tokenizer().decode(want) << "'";
+    } else {
+      EXPECT_GE(first_diff, std::min(tol.greedy_prefix, want.size()))
+          << c["name"] << "; ours: '" << r.text << "' llama.cpp: '" << m->tokenizer().decode(want)
+          << "'";
+    }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LogitsVsLlamaCpp, ::testing::ValuesIn(kTolerances),
+                         [](const auto& info) { return std::string(info.param.variant); });
 
 }  // namespace
 }  // namespace ct

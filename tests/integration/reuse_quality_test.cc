@@ -73,8 +73,12 @@ TEST(ReuseQuality, CacheTuneIsCloserToFullThanReuseAndRandom) {
     const RagPromptTokens p = build_rag_prompt(m->tokenizer(), ex.chunks, ex.question);
     std::vector<ChunkKV> recs;
     for (const auto& c : p.chunks) recs.push_back(encode_chunk(*m, c, EncodeOptions{}));
+    std::vector<std::unique_ptr<InMemoryChunk>> srcs;
     ComposedRequest req{p.prefix, {}, p.query};
-    for (const auto& r : recs) req.chunks.push_back(&r);
+    for (const auto& r : recs) {
+      srcs.push_back(std::make_unique<InMemoryChunk>(r));
+      req.chunks.push_back(srcs.back().get());
+    }
     const int n_total = layout_request(req).n_total;
     Workspace ws;
     auto run = [&](PolicyKind k, const std::vector<int32_t>* forced, std::vector<int32_t>* answer) {

@@ -57,6 +57,13 @@ class SelectiveTest : public ::testing::Test {
     return selective_prefill(*model_, req, opt, kv, ws, nullptr, rep);
   }
 
+  // Request sources for records; wrappers live as long as the test fixture.
+  static const ChunkSource* src(const ChunkKV& c) {
+    static std::vector<std::unique_ptr<InMemoryChunk>> keep;
+    keep.push_back(std::make_unique<InMemoryChunk>(c));
+    return keep.back().get();
+  }
+
   static float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     EXPECT_EQ(a.size(), b.size());
     float m = 0;
@@ -84,9 +91,10 @@ TEST_F(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
   ChunkKV b = encode_chunk(*model_, random_tokens(50, 2), eo);
   ChunkKV c = encode_chunk(*model_, random_tokens(21, 3), eo);
   const auto prefix = random_tokens(5, 4), query = random_tokens(7, 5);
-  for (std::vector<const ChunkKV*> order : {std::vector<const ChunkKV*>{&a, &b, &c},
-                                            std::vector<const ChunkKV*>{&c, &a, &b},
-                                            std::vector<const ChunkKV*>{&b, &b, &a}}) {
+  for (std::vector<const ChunkSource*> order :
+       {std::vector<const ChunkSource*>{src(a), src(b), src(c)},
+        std::vector<const ChunkSource*>{src(c), src(a), src(b)},
+        std::vector<const ChunkSource*>{src(b), src(b), src(a)}}) {
     ComposedRequest req{prefix, order, query};
     const auto want = full_logits(layout_request(req).tokens);
     EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 1.0), want), 1e-4f);
@@ -100,14 +108,14 @@ TEST_F(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
   eo.sink = false;  // encoded exactly as it sits in the request: position 0, no sink
   const auto toks = random_tokens(64, 6), query = random_tokens(6, 7);
   ChunkKV a = encode_chunk(*model_, toks, eo);
-  ComposedRequest req{{}, {&a}, query};
+  ComposedRequest req{{}, {src(a)}, query};
   const auto want = full_logits(layout_request(req).tokens);
   EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 0.0), want), 1e-4f);
   EXPECT_LT(max_abs_diff(run(req, PolicyKind::kReuse, 0.0), want), 1e-4f);
   // And with F16 storage the difference is only the storage rounding.
   eo.dtype = KvDtype::F16;
   ChunkKV a16 = encode_chunk(*model_, toks, eo);
-  ComposedRequest req16{{}, {&a16}, query};
+  ComposedRequest req16{{}, {src(a16)}, query};
   EXPECT_LT(max_abs_diff(run(req16, PolicyKind::kReuse, 0.0), want), 2e-2f);
 }
 
@@ -149,8 +157,8 @@ TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
   const std::string ha = record_hash(a), hb = record_hash(b);
   const auto query = random_tokens(5, 12);
   SelectionReport r1, r2;
-  run(ComposedRequest{random_tokens(3, 13), {&a, &b}, query}, PolicyKind::kCacheTune, 0.2, &r1);
-  run(ComposedRequest{random_tokens(300, 14), {&b, &a}, query}, PolicyKind::kCacheTune, 0.2, &r2);
+  run(ComposedRequest{random_tokens(3, 13), {src(a), src(b)}, query}, PolicyKind::kCacheTune, 0.2, &r1);
+  run(ComposedRequest{random_tokens(300, 14), {src(b), src(a)}, query}, PolicyKind::kCacheTune, 0.2, &r2);
   EXPECT_EQ(record_hash(a), ha);
   EXPECT_EQ(record_hash(b), hb);
   EXPECT_EQ(r1.selected[0], r2.selected[1]);
@@ -179,14 +187,14 @@ TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
   ChunkKV a = encode_chunk(*model_, random_tokens(61, 16), eo);
   ChunkKV b = encode_chunk(*model_, random_tokens(10, 17), eo);
   const double r = 0.15;
-  ComposedRequest req{random_tokens(4, 18), {&a, &b}, random_tokens(6, 19)};
+  ComposedRequest req{random_tokens(4, 18), {src(a), src(b)}, random_tokens(6, 19)};
   for (PolicyKind k : all_policies()) {
     if (k == PolicyKind::kPrefix) continue;  // reuses whole prefixes, no per-chunk selection
     SelectionReport rep;
     run(req, k, r, &rep);
     ASSERT_EQ(rep.selected.size(), 2u) << policy_name(k);
     for (size_t i = 0; i < 2; ++i) {
-      const int n = req.chunks[i]->meta.n_tok;
+      const int n = req.chunks[i]->meta().n_tok;
       int want = n_select(r, n);
       if (k == PolicyKind::kFull) want = n;
       if (k == PolicyKind::kReuse) want = 0;
@@ -201,7 +209,7 @@ TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, random_tokens(100, 20), eo);
   SelectionReport rep;
-  run(ComposedRequest{{}, {&a}, random_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1, &rep);
+  run(ComposedRequest{{}, {src(a)}, random_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1, &rep);
   std::vector<int32_t> top(a.meta.order.begin(), a.meta.order.begin() + 10);
   std::sort(top.begin(), top.end());
   EXPECT_EQ(rep.selected[0], top);
@@ -213,8 +221,8 @@ TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
   ChunkKV b = encode_chunk(*model_, random_tokens(30, 23), eo);
   const auto prefix = random_tokens(8, 24);
   PrefixCache pc(2);
-  ComposedRequest first{prefix, {&a, &b}, random_tokens(5, 25)};
-  ComposedRequest second{prefix, {&a, &b}, random_tokens(5, 26)};
+  ComposedRequest first{prefix, {src(a), src(b)}, random_tokens(5, 25)};
+  ComposedRequest second{prefix, {src(a), src(b)}, random_tokens(5, 26)};
   run(first, PolicyKind::kPrefix, 0, nullptr, &pc);
   const auto want = full_logits(layout_request(second).tokens);
   const RequestLayout lay = layout_request(second);
@@ -232,8 +240,8 @@ TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
 TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, random_tokens(10, 27), eo);
-  EXPECT_THROW(layout_request(ComposedRequest{{}, {&a}, {}}), Error);
-  ComposedRequest req{{}, {&a}, random_tokens(3, 28)};
+  EXPECT_THROW(layout_request(ComposedRequest{{}, {src(a)}, {}}), Error);
+  ComposedRequest req{{}, {src(a)}, random_tokens(3, 28)};
   KVCache small = model_->make_cache(5);
   Workspace ws;
   SelectiveOptions opt;
@@ -245,7 +253,7 @@ TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   }
   ChunkKV wrong = a;
   wrong.meta.model_fingerprint = "0123456789abcdef";
-  ComposedRequest req2{{}, {&wrong}, random_tokens(3, 29)};
+  ComposedRequest req2{{}, {src(wrong)}, random_tokens(3, 29)};
   KVCache kv = model_->make_cache(20);
   EXPECT_THROW(selective_prefill(*model_, req2, opt, kv, ws), Error);
   EXPECT_THROW(parse_policy("magic"), Error);

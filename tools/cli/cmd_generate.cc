@@ -74,6 +74,7 @@ void run_generate(const GenerateArgs& a) {
   });
   if (ttft < 0) ttft = t.seconds();
   std::printf("\n");
+  std::fflush(stdout);
   const int n_dec = (int)r.tokens.size();
   std::fprintf(stderr,
                "prompt %zu tokens | TTFT %.1f ms | prefill %.1f tok/s | decode %.1f tok/s (%d "
