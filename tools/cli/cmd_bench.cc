@@ -1,0 +1,118 @@
+// `cachetune bench`: prefill tokens/s at several prompt lengths, decode tokens/s, the FLOP rate
+// this implies, and the machine's OpenBLAS SGEMM rate measured in the same run (for the ratio).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/error.h"
+#include "core/paths.h"
+#include "core/timer.h"
+#include "model/generate.h"
+#include "tools/cli/commands.h"
+
+namespace ct::cli {
+namespace {
+
+struct BenchArgs {
+  std::string model = default_model_path();
+  std::vector<int> prompt_lengths = {512, 2048, 4096};
+  int decode_tokens = 64;
+  int repeats = 2;
+  std::string json_out;
+};
+
+// FLOPs of one prefill of n tokens: the projections and MLP of every layer, attention's two
+// products (causal: about n^2/2 pairs per head), and one row of the output head.
+double prefill_flops(const ModelConfig& c, int n) {
+  const double E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
+  const double per_tok = 2 * E * (Q + 2 * KV) + 2 * Q * E + 2 * E * 2 * F + 2 * F * E;
+  const double attn = 2.0 * 2.0 * c.n_head * c.head_dim * ((double)n * (n + 1) / 2);
+  return c.n_layer * (per_tok * n + attn) + 2 * E * c.n_vocab;
+}
+
+// Best-of-3 SGEMM rate (GFLOP/s) on a shape typical of prefill: [m x k] * [k x n]^T.
+double sgemm_gflops(int m, int k, int n) {
+  std::vector<float> a((size_t)m * k, 0.5f), b((size_t)n * k, 0.25f), c((size_t)m * n);
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {
+    Timer t;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    best = std::max(best, 2.0 * m * n * k / t.seconds() / 1e9);
+  }
+  return best;
+}
+
+void run_bench(const BenchArgs& a) {
+  auto model = Model::load(a.model);
+  const ModelConfig& c = model->config();
+  nlohmann::json out;
+  out["model"] = a.model;
+  out["engine"] = "cachetune";
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> tok(100, c.n_vocab - 1);
+  const double sg = sgemm_gflops(2048, c.n_embd, 2 * c.n_ff);
+  out["sgemm_gflops"] = sg;
+  std::printf("OpenBLAS SGEMM [2048x%d]x[%dx%d]: %.1f GFLOP/s\n", c.n_embd, c.n_embd, 2 * c.n_ff,
+              sg);
+  Workspace ws;
+  for (int n : a.prompt_lengths) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = tok(rng);
+    double best = 1e30;
+    for (int r = 0; r < a.repeats; ++r) {
+      KVCache kv = model->make_cache(n);
+      Timer tm;
+      model->prefill(t.data(), n, 0, kv, ws);
+      best = std::min(best, tm.seconds());
+    }
+    const double gf = prefill_flops(c, n) / best / 1e9;
+    std::printf("prefill %5d tokens: %7.1f tok/s  %6.1f GFLOP/s (%.0f%% of SGEMM)\n", n, n / best,
+                gf, 100 * gf / sg);
+    out["prefill"].push_back(
+        {{"n_prompt", n}, {"seconds", best}, {"tok_per_s", n / best}, {"gflops", gf}});
+  }
+  {
+    const int n = 128;
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = tok(rng);
+    KVCache kv = model->make_cache(n + a.decode_tokens + 1);
+    auto logits = model->prefill(t.data(), n, 0, kv, ws);
+    Timer tm;
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      const int32_t id = argmax(logits.data(), c.n_vocab);
+      logits = model->prefill(&id, 1, kv.n_pos, kv, ws);
+    }
+    const double tps = a.decode_tokens / tm.seconds();
+    std::printf("decode after %d tokens: %.1f tok/s\n", n, tps);
+    out["decode"] = {{"n_context", n}, {"n_tokens", a.decode_tokens}, {"tok_per_s", tps}};
+  }
+  out["peak_rss_mib"] = peak_rss_bytes() / 1048576.0;
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    CT_THROW_IF_NOT(f.good(), "cannot write '{}'", a.json_out);
+    f << out.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* c = app.add_subcommand("bench", "Prefill/decode speed and the SGEMM reference rate");
+  c->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  c->add_option("--prompt-lengths", a->prompt_lengths, "Prompt lengths to time")
+      ->capture_default_str();
+  c->add_option("--decode-tokens", a->decode_tokens, "Tokens to decode")->capture_default_str();
+  c->add_option("--repeats", a->repeats, "Repeats per length (best is kept)")
+      ->capture_default_str();
+  c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
+  c->callback([a] { run_bench(*a); });
+}
+
+}  // namespace ct::cli
