@@ -79,37 +79,47 @@ bool pwrite_all(int fd, const uint8_t* p, size_t n, uint64_t off) {
   return true;
 }
 
-// Reads exactly n bytes at off; false with *err on error or end of file.
-bool pread_all(int fd, uint8_t* p, size_t n, uint64_t off, std::string* err) {
+// Reads exactly n bytes at off. Returns 0, or the errno of a failed pread (-1 at end of file)
+// with *err set.
+int pread_all(int fd, uint8_t* p, size_t n, uint64_t off, std::string* err) {
   while (n > 0) {
     const ssize_t r = ::pread(fd, p, n, (off_t)off);
     if (r < 0) {
-      if (errno == EINTR) continue;
-      *err = fmt::format("pread at {}: {}", off, errno_text(errno));
-      return false;
+      const int e = errno;
+      if (e == EINTR) continue;
+      *err = fmt::format("pread at {}: {}", off, errno_text(e));
+      return e;
     }
     if (r == 0) {
       *err = fmt::format("unexpected end of file at offset {} (truncated)", off);
-      return false;
+      return -1;
     }
     p += r;
     n -= (size_t)r;
     off += (uint64_t)r;
   }
-  return true;
+  return 0;
 }
 
-// Reads [off, off + n) and returns a pointer to its first byte inside buf; with direct I/O the
-// read is widened to 4 KiB boundaries (records are padded so the widened range stays in-file).
-const uint8_t* read_range(int fd, bool direct, uint64_t off, size_t n, AlignedBuffer& buf,
-                          std::string* err) {
-  if (!direct) {
-    uint8_t* p = buf.reserve(n);
-    return pread_all(fd, p, n, off, err) ? p : nullptr;
+// Reads [off, off + n) and returns a pointer to its first byte inside buf; with direct I/O
+// (opt.direct_io and not yet refused) the read is widened to 4 KiB boundaries (records are padded
+// so the widened range stays in-file). If the device refuses a direct read (EINVAL, e.g. larger
+// logical blocks) the fd is switched to buffered I/O, direct_ok cleared, and the read repeated.
+const uint8_t* read_range(int fd, const DiskTierOptions& opt, std::atomic<bool>& direct_ok,
+                          uint64_t off, size_t n, AlignedBuffer& buf, std::string* err) {
+  if (opt.direct_io && direct_ok.load()) {
+    const uint64_t a0 = align_down(off), a1 = align_up(off + n);
+    uint8_t* p = buf.reserve(a1 - a0);
+    const int e = pread_all(fd, p, a1 - a0, a0, err);
+    if (e == 0) return p + (off - a0);
+    if (e != EINVAL) return nullptr;
+    if (direct_ok.exchange(false))
+      store_log(fmt::format("{}: the device refused an O_DIRECT read in {}; using buffered reads",
+                            opt.name, opt.dir));
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
   }
-  const uint64_t a0 = align_down(off), a1 = align_up(off + n);
-  uint8_t* p = buf.reserve(a1 - a0);
-  return pread_all(fd, p, a1 - a0, a0, err) ? p + (off - a0) : nullptr;
+  uint8_t* p = buf.reserve(n);
+  return pread_all(fd, p, n, off, err) == 0 ? p : nullptr;
 }
 
 thread_local AlignedBuffer tl_read_buffer;  // reused by read_rows on each thread
@@ -168,10 +178,10 @@ void DiskTier::scan() {
     } else {
       std::vector<uint8_t> fixed(kFixedHeaderBytes);
       std::optional<size_t> hb;
-      if (pread_all(fd.get(), fixed.data(), fixed.size(), 0, &err) &&
+      if (pread_all(fd.get(), fixed.data(), fixed.size(), 0, &err) == 0 &&
           (hb = peek_header_bytes(fixed.data(), fixed.size(), &err))) {
         std::vector<uint8_t> bytes(*hb);
-        if (pread_all(fd.get(), bytes.data(), bytes.size(), 0, &err)) {
+        if (pread_all(fd.get(), bytes.data(), bytes.size(), 0, &err) == 0) {
           std::optional<RecordHeader> h = decode_header(bytes.data(), bytes.size(), &err);
           if (h && h->meta.id != id) {
             err = fmt::format("header names chunk {}", h->meta.id);
@@ -336,8 +346,7 @@ bool DiskTier::read_rows(const std::string& id, int layer, int row_begin, int ro
   const size_t n = (size_t)(span.row_hi - span.row_lo) * row;
   const auto done_at = throttle_reserve(n);
   std::string err;
-  const uint8_t* p =
-      read_range(fd.get(), opt_.direct_io && direct_ok_.load(), off, n, tl_read_buffer, &err);
+  const uint8_t* p = read_range(fd.get(), opt_, direct_ok_, off, n, tl_read_buffer, &err);
   if (!p || !check_groups(h, layer, span, p, &err)) {
     drop(id, o.seq, err);
     return false;
@@ -362,7 +371,7 @@ bool DiskTier::load_checked(const std::string& id, ChunkKV* out) {
   const auto done_at = throttle_reserve(total);
   AlignedBuffer buf;
   std::string err;
-  const uint8_t* p = read_range(fd.get(), opt_.direct_io && direct_ok_.load(), 0, total, buf, &err);
+  const uint8_t* p = read_range(fd.get(), opt_, direct_ok_, 0, total, buf, &err);
   std::optional<RecordHeader> h;
   if (p) h = decode_header(p, total, &err);
   if (h && h->meta.id != id) {

@@ -139,14 +139,22 @@ std::optional<ChunkMeta> CachePool::lookup(const std::string& id) {
     ++dropped_;
     return std::nullopt;
   }
-  const int dst = place(*rec, 0, t, id);
-  if (dst < 0) return meta;  // does not fit above; stays
-  tiers_[t]->erase(id);
+  // Take it out of its tier first, so that the demotions making room above can use its space.
   Entry old = index_.at(id);
   forget(id);
+  tiers_[t]->erase(id);
+  int dst = place(*rec, 0, t, id);
+  const bool promoted = dst >= 0;
+  if (!promoted) dst = place(*rec, t, (int)tiers_.size(), id);  // back where it was, or below
+  if (dst < 0) {
+    store_log(fmt::format("pool: chunk {} could not be stored again after a failed promotion", id));
+    ++misses_;
+    ++dropped_;
+    return std::nullopt;
+  }
   Entry& e = link(id, dst, tiers_[dst]->footprint(*meta), meta->n_tok);
   e.hits_by_tier = std::move(old.hits_by_tier);
-  ++tier_stat_[t].promotions_out;
+  if (promoted) ++tier_stat_[t].promotions_out;
   return meta;
 }
 

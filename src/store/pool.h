@@ -18,7 +18,9 @@
 namespace ct::store {
 
 struct PoolOptions {
-  bool promote_on_hit = true;  // lookup() moves a chunk found below the top tier to the top
+  // lookup() moves a chunk found below the top tier to the top (or, if it can never fit there,
+  // to the highest tier above its own that can hold it).
+  bool promote_on_hit = true;
 };
 
 struct ChunkStat {
@@ -38,7 +40,7 @@ struct TierStat {
   size_t n_chunks = 0;
   uint64_t hits = 0;
   uint64_t demotions_in = 0;    // chunks moved here from the tier above
-  uint64_t promotions_out = 0;  // chunks moved from here to the top tier
+  uint64_t promotions_out = 0;  // chunks promoted from here to a higher tier
 };
 
 struct PoolStat {

@@ -1,5 +1,5 @@
 // Implementation of the store test fixtures (random records, temp dirs, redis-server child).
-#include "chunk_fixtures.h"
+#include "support/chunk_fixtures.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -172,6 +172,14 @@ std::string reply_text(const redisReply* r) {
 bool RedisServer::available() { return !find_on_path("redis-server").empty(); }
 
 bool RedisServer::start(const std::vector<std::string>& extra_args, std::string* err) {
+  // The port was free when picked but another process may take it before redis-server binds
+  // it; a few attempts on fresh ports make that race harmless.
+  for (int attempt = 0; attempt < 3; ++attempt)
+    if (start_once(extra_args, err)) return true;
+  return false;
+}
+
+bool RedisServer::start_once(const std::vector<std::string>& extra_args, std::string* err) {
   stop();
   const std::string exe = find_on_path("redis-server");
   if (exe.empty()) {

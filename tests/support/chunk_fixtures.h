@@ -57,7 +57,8 @@ class RedisServer {
   RedisServer(const RedisServer&) = delete;
   RedisServer& operator=(const RedisServer&) = delete;
 
-  // Starts on a fresh free port; false (with *err) when it does not answer PING within 10 s.
+  // Starts on a fresh free port (up to three tries); false (with *err) when it does not answer
+  // PING within 10 s.
   bool start(const std::vector<std::string>& extra_args = {}, std::string* err = nullptr);
   void stop();    // SIGKILL and reap; no-op when not running
   void pause();   // SIGSTOP: the server accepts connections but never answers
@@ -72,6 +73,8 @@ class RedisServer {
   const std::string& dir() const { return dir_.path(); }
 
  private:
+  bool start_once(const std::vector<std::string>& extra_args, std::string* err);
+
   TempDir dir_;
   int port_ = 0;
   pid_t pid_ = -1;

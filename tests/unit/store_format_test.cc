@@ -6,10 +6,10 @@
 #include <cstring>
 #include <random>
 
-#include "chunk_fixtures.h"
 #include "core/error.h"
 #include "store/crc32c.h"
 #include "store/record_format.h"
+#include "support/chunk_fixtures.h"
 
 namespace ct::store {
 namespace {

@@ -10,12 +10,12 @@
 #include <random>
 #include <thread>
 
-#include "chunk_fixtures.h"
 #include "core/error.h"
 #include "store/disk_tier.h"
 #include "store/memory_tier.h"
 #include "store/record_format.h"
 #include "store/redis_tier.h"
+#include "support/chunk_fixtures.h"
 
 namespace ct::store {
 namespace {
