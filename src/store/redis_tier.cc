@@ -197,24 +197,31 @@ std::optional<std::vector<RedisTier::Reply>> RedisTier::exchange(int slot,
     bool io_ok = true;
     {
       SigpipeBlock no_sigpipe;
+      // After ASK: ASKING before every command, except that a transaction needs one ASKING
+      // before MULTI (the flag then lasts until EXEC; an ASKING inside MULTI would be queued).
+      const bool transaction = !cmds.empty() && !cmds[0].empty() && cmds[0][0] == "MULTI";
+      std::vector<bool> is_asking_reply;
       std::vector<const char*> argv;
       std::vector<size_t> argl;
-      for (const Command& cmd : cmds) {
-        if (asking) redisAppendCommand(c, "ASKING");
+      for (size_t i = 0; i < cmds.size(); ++i) {
+        if (asking && (!transaction || i == 0)) {
+          redisAppendCommand(c, "ASKING");
+          is_asking_reply.push_back(true);
+        }
         argv.clear();
         argl.clear();
-        for (std::string_view a : cmd) {
+        for (std::string_view a : cmds[i]) {
           argv.push_back(a.data());
           argl.push_back(a.size());
         }
         redisAppendCommandArgv(c, (int)argv.size(), argv.data(), argl.data());
+        is_asking_reply.push_back(false);
       }
-      const size_t n_replies = cmds.size() * (asking ? 2 : 1);
-      for (size_t i = 0; i < n_replies && io_ok; ++i) {
+      for (size_t i = 0; i < is_asking_reply.size() && io_ok; ++i) {
         void* r = nullptr;
         if (redisGetReply(c, &r) != REDIS_OK) {
           io_ok = false;
-        } else if (!asking || i % 2 == 1) {
+        } else if (!is_asking_reply[i]) {
           replies.emplace_back(static_cast<redisReply*>(r));
         } else {
           freeReplyObject(r);

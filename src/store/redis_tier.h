@@ -2,7 +2,7 @@
 // with GETRANGE. Works with a single server and with Redis Cluster: every key of a chunk carries
 // the hash tag {id}, so all of them live in one slot and a chunk's operations go to one node;
 // MOVED replies are followed by connecting to the named node (and remembered per slot), ASK
-// replies by retrying there after ASKING.
+// replies by retrying there after ASKING (one ASKING before MULTI for a transaction).
 //
 // Keys (prefix defaults to "ct:"; <v> = first 16 hex digits of SHA-256 of the header bytes, so
 // a layer key names one immutable version of the content):
@@ -12,7 +12,9 @@
 // (atomic on a server and, the keys sharing one slot, on a cluster) SETs the new layer values and
 // header and DELs the replaced version's layer values. Rewriting identical content is idempotent.
 // Two processes replacing one id with *different* content at the same moment can orphan one
-// version's layer values (never a wrong read); a put that meets a slot migration fails.
+// version's layer values (never a wrong read). During a slot migration reads follow ASK, but a
+// chunk whose keys are split between the two nodes reads as a miss (never wrong bytes), and a
+// put into the migrating slot fails (Redis answers TRYAGAIN to multi-key transactions there).
 // The tier keeps an in-memory index (id -> header, version) filled by put() and, at start, by a
 // SCAN of the first node (on a cluster that node's keys only). Reads widen the rows to whole
 // 64-row groups, GETRANGE them from the indexed version's layer key and verify each group's

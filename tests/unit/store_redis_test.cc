@@ -2,7 +2,12 @@
 // PATH): restart via SCAN, corruption and missing values, replacement by another writer, a server
 // killed or stalled mid-test (reads miss, nothing crashes, the timeout is honoured), and a
 // two-node Redis Cluster where the tier follows MOVED redirections.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -199,8 +204,42 @@ TEST(RedisTierNoServer, UnreachableAtStartIsAnEmptyTierThatMisses) {
   EXPECT_FALSE(tier.read_rows("n", 0, 0, 1, k.data(), v.data()));
 }
 
-// Two masters splitting the 16384 slots; the tier only knows the first and must follow MOVED.
-TEST(RedisTierCluster, FollowsMovedRedirections) {
+// hiredis writes with write(2): a peer that closed the connection raises SIGPIPE, which would
+// kill the process. A fake server answers the put's first command (GET of the old header) with
+// nil and closes, so the big transaction that follows is written into a dead connection.
+TEST(RedisTierNoServer, AConnectionClosedDuringAWriteIsAFailureNotASignal) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::thread server([listener] {
+    const int c = ::accept(listener, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[4096];
+    (void)::recv(c, buf, sizeof(buf), 0);
+    (void)::send(c, "$-1\r\n", 5, MSG_NOSIGNAL);
+    ::close(c);
+  });
+  RedisTierOptions o;
+  o.port = ntohs(addr.sin_port);
+  o.scan_on_start = false;
+  o.command_timeout_ms = 5000;
+  RedisTier tier(o);
+  ::signal(SIGPIPE, SIG_DFL);
+  const ChunkKV big = test::make_random_chunk("big", 2048, 4, 256, KvDtype::F32, 1);  // 16 MiB
+  EXPECT_FALSE(tier.put(big));
+  server.join();
+  ::close(listener);
+  EXPECT_FALSE(tier.contains("big"));
+}
+
+// Two masters splitting the 16384 slots; the tier only knows the first and must follow MOVED,
+// and ASK while a slot migrates.
+TEST(RedisTierCluster, FollowsMovedAndAskRedirections) {
   if (!test::RedisServer::available()) GTEST_SKIP() << "redis-server is not on PATH";
   test::RedisServer a, b;
   std::string err;
@@ -245,6 +284,41 @@ TEST(RedisTierCluster, FollowsMovedRedirections) {
   for (const ChunkKV& kv : kvs) EXPECT_TRUE(tier.erase(kv.meta.id));
   EXPECT_EQ(a.command({"DBSIZE"}), "0");
   EXPECT_EQ(b.command({"DBSIZE"}), "0");
+
+  // Migrate one chunk's slot from A to B: once its keys have moved, A answers ASK and the tier
+  // must read from B after ASKING.
+  auto id_where = [](const std::string& stem, auto pred) {
+    for (int i = 0;; ++i)
+      if (pred(redis_key_slot(stem + std::to_string(i)))) return stem + std::to_string(i);
+  };
+  const std::string moving_id = id_where("moving", [](int s) { return s < 8192; });  // on A
+  const int slot = redis_key_slot(moving_id);
+  const ChunkKV moving = chunk(moving_id, 40);
+  ASSERT_TRUE(tier.put(moving));
+  const std::string id_a = a.command({"CLUSTER", "MYID"}), id_b = b.command({"CLUSTER", "MYID"});
+  ASSERT_EQ(b.command({"CLUSTER", "SETSLOT", std::to_string(slot), "IMPORTING", id_a}), "OK");
+  ASSERT_EQ(a.command({"CLUSTER", "SETSLOT", std::to_string(slot), "MIGRATING", id_b}), "OK");
+  std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(b.port()), "", "0",
+                                   "5000",    "KEYS",      tier.meta_key(moving_id)};
+  for (int l = 0; l < 3; ++l) migrate.push_back(tier.layer_key(moving_id, l));
+  ASSERT_EQ(a.command(migrate), "OK");
+  const uint64_t before = tier.redirects_followed();
+  EXPECT_TRUE(read_rows_equal(tier, moving, 2, 0, 150));
+  std::optional<ChunkKV> back = tier.get(moving_id);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(test::chunks_equal(*back, moving));
+  const std::string twin = id_where("twin", [slot](int s) { return s == slot; });
+  const ChunkKV twin_kv = chunk(twin, 41);
+  // Redis refuses a multi-key transaction on a slot being migrated (TRYAGAIN): reported, no crash.
+  EXPECT_FALSE(tier.put(twin_kv));
+  EXPECT_GE(tier.redirects_followed(), before + 3);
+  // Finish the migration: B owns the slot, A answers MOVED, and the put goes through.
+  ASSERT_EQ(b.command({"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", id_b}), "OK");
+  ASSERT_EQ(a.command({"CLUSTER", "SETSLOT", std::to_string(slot), "NODE", id_b}), "OK");
+  ASSERT_TRUE(tier.put(twin_kv));
+  EXPECT_TRUE(read_rows_equal(tier, twin_kv, 0, 5, 100));
+  EXPECT_TRUE(read_rows_equal(tier, moving, 1, 0, 150));
+  EXPECT_EQ(b.command({"EXISTS", tier.meta_key(twin)}), "1");
 }
 
 }  // namespace
