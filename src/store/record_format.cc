@@ -1,6 +1,7 @@
 // Encoding and checking of the shared chunk record format (see record_format.h for the layout).
 #include "store/record_format.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 #include <cstring>
