@@ -1,0 +1,129 @@
+// CachePool: an ordered stack of tiers (top first, e.g. device, host, disk, redis) with one LRU
+// list per tier, capacity enforcement that demotes the least recently used chunk to the next
+// lower tier (dropping only from the last), optional promotion to the top tier on a hit, an index
+// id -> tier, per-chunk hit counts per tier, stats and whole-pool verification.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/tier.h"
+
+namespace ct::store {
+
+struct PoolOptions {
+  // lookup() moves a chunk found below the top tier to the top (or, if it can never fit there,
+  // to the highest tier above its own that can hold it).
+  bool promote_on_hit = true;
+};
+
+struct ChunkStat {
+  std::string id;
+  int tier = -1;  // index into the pool's tiers
+  std::string tier_name;
+  size_t bytes = 0;  // footprint in its current tier
+  uint64_t hits = 0;
+  std::vector<uint64_t> hits_by_tier;  // [n_tiers] hits served while the chunk sat in each tier
+  int32_t n_tok = 0;
+};
+
+struct TierStat {
+  std::string name;
+  size_t capacity_bytes = 0;
+  size_t used_bytes = 0;
+  size_t n_chunks = 0;
+  uint64_t hits = 0;
+  uint64_t demotions_in = 0;    // chunks moved here from the tier above
+  uint64_t promotions_out = 0;  // chunks promoted from here to a higher tier
+};
+
+struct PoolStat {
+  std::vector<TierStat> tiers;
+  std::vector<ChunkStat> chunks;  // sorted by tier, then most recently used first
+  uint64_t misses = 0;            // lookups of absent chunks and failed reads
+  uint64_t dropped = 0;           // chunks lost: evicted from the last tier, corrupt, unreadable
+};
+
+struct VerifyReport {
+  size_t n_checked = 0;
+  std::vector<std::string> bad;  // ids that failed and were dropped
+};
+
+class CachePool {
+ public:
+  // Takes ownership of the tiers and indexes what they already hold (a disk directory or a Redis
+  // server surviving a restart). A chunk found in several tiers is kept in the highest one and
+  // erased from the others; then every tier's capacity is enforced (demoting as usual).
+  explicit CachePool(std::vector<std::unique_ptr<Tier>> tiers, PoolOptions opt = {});
+
+  // Stores kv in the top tier (making room by demotion), or in the first tier below whose
+  // capacity can hold it at all. A record already present under the id is replaced (its hit
+  // counts are kept). False when no tier can take it. Throws ct::Error for a malformed record.
+  bool put(const ChunkKV& kv);
+
+  // A request for a chunk: on a hit counts it for the chunk's tier, marks it most recently used,
+  // promotes it to the top tier when configured, and returns its meta. nullopt on a miss.
+  std::optional<ChunkMeta> lookup(const std::string& id);
+
+  // Rows [row_begin, row_end) of one layer from whichever tier holds the chunk (Tier::read_rows).
+  // Does not count a hit or touch the LRU order (lookup() does, once per request). On failure
+  // the chunk is removed from the index unless its tier still holds it (a transient error such
+  // as Redis being unreachable), and false is returned so the caller re-encodes.
+  bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
+                 void* v_dst);
+
+  // The whole record from its tier (no hit counted); nullopt on a miss.
+  std::optional<ChunkKV> get(const std::string& id);
+
+  bool contains(const std::string& id) const;
+  int tier_of(const std::string& id) const;  // -1 when absent
+  // Drops the chunk from the pool entirely; false when absent.
+  bool evict(const std::string& id);
+  // Tier::verify on every chunk; failing ones are dropped and listed.
+  VerifyReport verify_all();
+  PoolStat stat() const;
+
+  size_t n_tiers() const { return tiers_.size(); }
+  Tier& tier(size_t i) { return *tiers_.at(i); }
+
+ private:
+  struct Entry {
+    int tier = -1;
+    size_t bytes = 0;
+    int32_t n_tok = 0;
+    std::vector<uint64_t> hits_by_tier;
+    std::list<std::string>::iterator lru_pos;  // in lru_[tier]; front = most recently used
+  };
+
+  // All below run with mu_ held. `keep` is a chunk that must not be chosen as a victim (the one
+  // being placed or promoted), passed down the whole demotion cascade.
+  bool fits(int t, size_t bytes) const;
+  // Demotes least recently used chunks of tier t until `bytes` more fit (or none is left).
+  void make_room(int t, size_t bytes, const std::string& keep);
+  // Moves chunk id from its tier to the next lower tier that takes it, or drops it.
+  void demote(const std::string& id, const std::string& keep);
+  // Stores rec in the first of tiers [t_begin, t_end) that can take it, making room there by
+  // demotion; returns that tier or -1.
+  int place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep);
+  Entry& link(const std::string& id, int t, size_t bytes, int32_t n_tok);
+  void forget(const std::string& id);
+
+  std::vector<std::unique_ptr<Tier>> tiers_;
+  PoolOptions opt_;
+  // Held for index changes and for every data movement between tiers; plain reads take it only
+  // to find the tier.
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> index_;
+  std::vector<std::list<std::string>> lru_;
+  std::vector<TierStat> tier_stat_;
+  uint64_t misses_ = 0;
+  uint64_t dropped_ = 0;
+};
+
+}  // namespace ct::store

@@ -1,0 +1,58 @@
+// The storage-tier interface shared by the device, host, disk and Redis tiers: whole-record put
+// and get (for demotion and promotion) and row-range reads of one layer (for the complement).
+// Implementations are thread-safe: any mix of concurrent calls leaves every entry intact.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "store/chunk.h"
+
+namespace ct::store {
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual const std::string& name() const = 0;
+  // The budget the pool enforces (the tier itself never evicts); used_bytes() counts
+  // footprint() of every stored record.
+  virtual size_t capacity_bytes() const = 0;
+  virtual size_t used_bytes() const = 0;
+  // Bytes a record with this meta occupies in this tier (payload plus headers and padding).
+  virtual size_t footprint(const ChunkMeta& meta) const = 0;
+
+  // Stores kv under kv.meta.id, replacing any previous record atomically: a concurrent reader
+  // sees the old or the new record, never a mix. Throws ct::Error when kv is malformed
+  // (check_chunk); returns false after logging when the medium fails (disk full, Redis down).
+  virtual bool put(const ChunkKV& kv) = 0;
+
+  virtual bool contains(const std::string& id) const = 0;
+  virtual std::optional<ChunkMeta> get_meta(const std::string& id) const = 0;
+
+  // Copies rows [row_begin, row_end) (ranking order) of layer `layer` into k_dst and v_dst,
+  // (row_end - row_begin) * kv_dim elements each in meta.dtype. Returns false on a miss; when the
+  // entry was corrupt, truncated or unreachable the tier has already logged it to stderr and
+  // dropped it, so the caller can re-encode. Throws ct::Error for an out-of-range layer or rows
+  // of a present entry (a caller bug).
+  virtual bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
+                         void* v_dst) = 0;
+
+  // The whole record, checksums verified where the tier keeps them on a medium; nullopt on a
+  // miss (corrupt entries are logged and dropped as in read_rows).
+  virtual std::optional<ChunkKV> get(const std::string& id) = 0;
+
+  // Removes the record; false when it was not there.
+  virtual bool erase(const std::string& id) = 0;
+
+  // Ids of all stored records, least recently stored first (after a restart: oldest first).
+  virtual std::vector<std::string> list() const = 0;
+
+  // Re-checks every checksum of the record. A failing record is logged and dropped; returns true
+  // only when the record is present and intact.
+  virtual bool verify(const std::string& id) = 0;
+};
+
+}  // namespace ct::store

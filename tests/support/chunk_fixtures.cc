@@ -1,0 +1,276 @@
+// Implementation of the store test fixtures (random records, temp dirs, redis-server child).
+#include "support/chunk_fixtures.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <thread>
+
+namespace ct::test {
+
+ChunkKV make_random_chunk(const std::string& id, int n_tok, int n_layer, int kv_dim, KvDtype dtype,
+                          uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ChunkKV kv;
+  ChunkMeta& m = kv.meta;
+  m.id = id;
+  m.model_fingerprint = "fp-" + std::to_string(seed);
+  m.n_tok = n_tok;
+  m.n_layer = n_layer;
+  m.kv_dim = kv_dim;
+  m.dtype = dtype;
+  m.sink = seed % 2 == 1;
+  m.rank_mode = "lowfreq";
+  m.alpha = 0.25 + (double)(seed % 7) / 8;
+  m.rank_ms = 1.5 * (double)(seed % 11);
+  m.tokens.resize(n_tok);
+  for (int32_t& t : m.tokens) t = (int32_t)(rng() % 49152);
+  m.order.resize(n_tok);
+  std::iota(m.order.begin(), m.order.end(), 0);
+  std::shuffle(m.order.begin(), m.order.end(), rng);
+  m.scores.resize(n_tok);
+  for (float& s : m.scores) s = normal(rng);
+  m.scores[0] = std::nanf("");
+  std::vector<float> values((size_t)n_tok * kv_dim);
+  for (int l = 0; l < n_layer; ++l) {
+    for (auto* blocks : {&kv.k, &kv.v}) {
+      for (float& x : values) x = normal(rng);
+      blocks->emplace_back(m.layer_bytes());
+      kv_pack(dtype, values.data(), blocks->back().data(), values.size());
+    }
+  }
+  return kv;
+}
+
+::testing::AssertionResult chunks_equal(const ChunkKV& a, const ChunkKV& b) {
+  const ChunkMeta &x = a.meta, &y = b.meta;
+#define CT_FIELD_EQ(f) \
+  if (!(x.f == y.f)) return ::testing::AssertionFailure() << "meta." #f " differs"
+  CT_FIELD_EQ(id);
+  CT_FIELD_EQ(model_fingerprint);
+  CT_FIELD_EQ(n_tok);
+  CT_FIELD_EQ(n_layer);
+  CT_FIELD_EQ(kv_dim);
+  CT_FIELD_EQ(dtype);
+  CT_FIELD_EQ(sink);
+  CT_FIELD_EQ(rank_mode);
+  CT_FIELD_EQ(alpha);
+  CT_FIELD_EQ(rank_ms);
+  CT_FIELD_EQ(tokens);
+  CT_FIELD_EQ(order);
+#undef CT_FIELD_EQ
+  if (x.scores.size() != y.scores.size() ||
+      (!x.scores.empty() &&
+       std::memcmp(x.scores.data(), y.scores.data(), 4 * x.scores.size()) != 0))
+    return ::testing::AssertionFailure() << "meta.scores differ bitwise";
+  if (a.k.size() != b.k.size() || a.v.size() != b.v.size())
+    return ::testing::AssertionFailure() << "layer counts differ";
+  for (size_t l = 0; l < a.k.size(); ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint8_t>& p = kv ? a.v[l] : a.k[l];
+      const std::vector<uint8_t>& q = kv ? b.v[l] : b.k[l];
+      if (p.size() != q.size())
+        return ::testing::AssertionFailure()
+               << "layer " << l << (kv ? " V" : " K") << " size " << p.size() << " vs " << q.size();
+      for (size_t i = 0; i < p.size(); ++i)
+        if (p[i] != q[i])
+          return ::testing::AssertionFailure() << "layer " << l << (kv ? " V" : " K") << " byte "
+                                               << i << ": " << (int)p[i] << " vs " << (int)q[i];
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<uint8_t> block_rows(const ChunkKV& kv, int layer, bool v_block, int row_begin,
+                                int row_end) {
+  const size_t row = (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  const std::vector<uint8_t>& b = v_block ? kv.v.at(layer) : kv.k.at(layer);
+  return std::vector<uint8_t>(b.begin() + row_begin * row, b.begin() + row_end * row);
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ct_store_test.XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+int pick_free_port(int lo, int hi) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    socklen_t len = sizeof(addr);
+    int port = -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.sin_port);
+    ::close(fd);
+    if (port >= lo && port <= hi) return port;
+  }
+  return -1;
+}
+
+namespace {
+
+std::string find_on_path(const std::string& exe) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t end = std::min(dirs.find(':', start), dirs.size());
+    const std::string candidate = dirs.substr(start, end - start) + "/" + exe;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::string reply_text(const redisReply* r) {
+  if (!r) return "ERR:no reply";
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+      return std::string(r->str, r->len);
+    case REDIS_REPLY_ERROR:
+      return "ERR:" + std::string(r->str, r->len);
+    case REDIS_REPLY_INTEGER:
+      return std::to_string(r->integer);
+    case REDIS_REPLY_ARRAY: {
+      std::string s;
+      for (size_t i = 0; i < r->elements; ++i) s += (i ? "\n" : "") + reply_text(r->element[i]);
+      return s;
+    }
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+bool RedisServer::available() { return !find_on_path("redis-server").empty(); }
+
+bool RedisServer::start(const std::vector<std::string>& extra_args, std::string* err) {
+  // The port was free when picked but another process may take it before redis-server binds
+  // it; a few attempts on fresh ports make that race harmless.
+  for (int attempt = 0; attempt < 3; ++attempt)
+    if (start_once(extra_args, err)) return true;
+  return false;
+}
+
+bool RedisServer::start_once(const std::vector<std::string>& extra_args, std::string* err) {
+  stop();
+  const std::string exe = find_on_path("redis-server");
+  if (exe.empty()) {
+    if (err) *err = "redis-server is not on PATH";
+    return false;
+  }
+  port_ = pick_free_port();
+  std::vector<std::string> args{exe,
+                                "--port",
+                                std::to_string(port_),
+                                "--bind",
+                                "127.0.0.1",
+                                "--save",
+                                "",
+                                "--appendonly",
+                                "no",
+                                "--dir",
+                                dir_.path(),
+                                "--logfile",
+                                dir_.path() + "/redis.log"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int devnull = ::open("/dev/null", O_RDWR);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+    ::execv(exe.c_str(), argv.data());
+    ::_exit(127);
+  }
+  if (pid_ < 0) {
+    if (err) *err = "fork failed";
+    return false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ping()) return true;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      if (err) *err = "redis-server exited at start (see " + dir_.path() + "/redis.log)";
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (err) *err = "redis-server did not answer PING within 10 s";
+  stop();
+  return false;
+}
+
+void RedisServer::stop() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGCONT);
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+void RedisServer::pause() {
+  if (pid_ > 0) ::kill(pid_, SIGSTOP);
+}
+
+void RedisServer::resume() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);
+}
+
+bool RedisServer::ping() const { return command({"PING"}) == "PONG"; }
+
+std::string RedisServer::command(const std::vector<std::string>& args) const {
+  if (port_ <= 0) return "ERR:not started";
+  redisContext* c = redisConnectWithTimeout("127.0.0.1", port_, timeval{1, 0});
+  if (!c || c->err) {
+    if (c) redisFree(c);
+    return "ERR:connect";
+  }
+  redisSetTimeout(c, timeval{2, 0});
+  std::vector<const char*> argv;
+  std::vector<size_t> argl;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    argl.push_back(a.size());
+  }
+  auto* r =
+      static_cast<redisReply*>(redisCommandArgv(c, (int)argv.size(), argv.data(), argl.data()));
+  std::string out = reply_text(r);
+  if (r) freeReplyObject(r);
+  redisFree(c);
+  return out;
+}
+
+}  // namespace ct::test

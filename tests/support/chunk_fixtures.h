@@ -1,0 +1,83 @@
+// Test support for the store: random ChunkKV records, bit-exact record comparison, row slices,
+// a self-deleting temporary directory, and a throwaway redis-server child process on a free
+// loopback port.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "store/chunk.h"
+
+namespace ct::test {
+
+// A record of the given shape: K/V drawn from N(0, 1) and packed to dtype, tokens random,
+// order a random permutation, scores random with one NaN (so bit-exact storage is exercised).
+// The same arguments always give the same bytes.
+ChunkKV make_random_chunk(const std::string& id, int n_tok, int n_layer, int kv_dim, KvDtype dtype,
+                          uint64_t seed);
+
+// Bit-exact equality of every meta field, array and K/V byte; the failure names the first
+// difference.
+::testing::AssertionResult chunks_equal(const ChunkKV& a, const ChunkKV& b);
+
+// Bytes of rows [row_begin, row_end) of layer `layer`'s K (v_block false) or V block.
+std::vector<uint8_t> block_rows(const ChunkKV& kv, int layer, bool v_block, int row_begin,
+                                int row_end);
+
+// mkdtemp under $TMPDIR (or /tmp); removed recursively on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A loopback TCP port that was free a moment ago (bind port 0, read it, close). lo/hi bound the
+// accepted range (a cluster node's bus port must also be a valid port).
+int pick_free_port(int lo = 1024, int hi = 65535);
+
+// redis-server as a child process: `redis-server --port P --bind 127.0.0.1 --save '' --appendonly
+// no` plus extra arguments, in its own working directory. start() waits until PING answers.
+class RedisServer {
+ public:
+  // False when redis-server is not on PATH (tests GTEST_SKIP then).
+  static bool available();
+
+  RedisServer() = default;
+  ~RedisServer() { stop(); }
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+
+  // Starts on a fresh free port (up to three tries); false (with *err) when it does not answer
+  // PING within 10 s.
+  bool start(const std::vector<std::string>& extra_args = {}, std::string* err = nullptr);
+  void stop();    // SIGKILL and reap; no-op when not running
+  void pause();   // SIGSTOP: the server accepts connections but never answers
+  void resume();  // SIGCONT
+  bool ping() const;
+  // Runs one command (arguments as given) and returns the reply as text ("" for nil, integers in
+  // decimal, errors prefixed "ERR:", arrays joined by '\n').
+  std::string command(const std::vector<std::string>& args) const;
+
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  const std::string& dir() const { return dir_.path(); }
+
+ private:
+  bool start_once(const std::vector<std::string>& extra_args, std::string* err);
+
+  TempDir dir_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+}  // namespace ct::test

@@ -1,0 +1,216 @@
+// Disk tier specifics: restart recovery (index rebuilt from the directory, temporary files
+// removed), detection of flipped bytes, truncation, missing files and bad magic (logged, dropped,
+// reported as a miss), write failures, and the read-bandwidth throttle (a lower bound only).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "store/disk_tier.h"
+#include "store/memory_tier.h"
+#include "store/record_format.h"
+#include "support/chunk_fixtures.h"
+
+namespace ct::store {
+namespace {
+
+namespace fs = std::filesystem;
+
+class DiskTierTest : public ::testing::Test {
+ protected:
+  DiskTierOptions options() const {
+    DiskTierOptions o;
+    o.dir = dir_.path() + "/chunks";
+    return o;
+  }
+  static ChunkKV chunk(const std::string& id, uint64_t seed) {
+    return test::make_random_chunk(id, 200, 3, 32, KvDtype::F16, seed);
+  }
+  static void flip_byte(const std::string& path, uint64_t offset) {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path;
+    uint8_t b = 0;
+    ASSERT_EQ(::pread(fd, &b, 1, (off_t)offset), 1);
+    b ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &b, 1, (off_t)offset), 1);
+    ::close(fd);
+  }
+  // Offset in the file of byte `byte_in_row` of slab row `row` of `layer`.
+  static uint64_t slab_byte(const ChunkKV& kv, int layer, int row, size_t byte_in_row) {
+    const RecordLayout lay = plan_record(kv.meta, 4096);
+    return lay.data_offset + layer * lay.slab_stride + row * slab_row_bytes(kv.meta) + byte_in_row;
+  }
+  static bool read_layer_rows(Tier& t, const ChunkKV& kv, int layer, int a, int b) {
+    std::vector<uint8_t> k((b - a) * kv_row_bytes(kv.meta)), v(k.size());
+    const bool ok = t.read_rows(kv.meta.id, layer, a, b, k.data(), v.data());
+    if (ok) {
+      EXPECT_EQ(k, test::block_rows(kv, layer, false, a, b));
+      EXPECT_EQ(v, test::block_rows(kv, layer, true, a, b));
+    }
+    return ok;
+  }
+
+  test::TempDir dir_;
+};
+
+TEST_F(DiskTierTest, RestartRebuildsTheIndexAndRemovesTemporaryFiles) {
+  const ChunkKV a = chunk("a", 1), b = chunk("b", 2), c = chunk("c", 3);
+  size_t used = 0;
+  {
+    DiskTier tier(options());
+    for (const ChunkKV* kv : {&a, &b, &c}) ASSERT_TRUE(tier.put(*kv));
+    used = tier.used_bytes();
+  }
+  // What a crash during put() leaves behind, and a file that is not ours.
+  const std::string tmp = options().dir + "/.d.ctkv.tmp.999.0";
+  std::ofstream(tmp) << "partial";
+  std::ofstream(options().dir + "/notes.txt") << "keep me";
+
+  DiskTier tier(options());
+  EXPECT_EQ(tier.list(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(tier.used_bytes(), used);
+  EXPECT_FALSE(fs::exists(tmp));
+  EXPECT_TRUE(fs::exists(options().dir + "/notes.txt"));
+  for (const ChunkKV* kv : {&a, &b, &c}) {
+    std::optional<ChunkKV> back = tier.get(kv->meta.id);
+    ASSERT_TRUE(back);
+    EXPECT_TRUE(test::chunks_equal(*back, *kv));
+    EXPECT_TRUE(read_layer_rows(tier, *kv, 2, 77, 200));
+  }
+}
+
+TEST_F(DiskTierTest, FlippedSlabByteFailsOnlyReadsOfItsGroupThenTheEntryIsDropped) {
+  DiskTier tier(options());
+  const ChunkKV kv = chunk("flip", 4);
+  ASSERT_TRUE(tier.put(kv));
+  flip_byte(tier.path_of("flip"), slab_byte(kv, 1, 100, 5));  // layer 1, group 1 (rows 64-127)
+  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 0, 64));           // group 0 only: still verifiable
+  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 128, 200));        // group 2 only
+  EXPECT_TRUE(read_layer_rows(tier, kv, 0, 90, 110));         // another layer
+  EXPECT_FALSE(read_layer_rows(tier, kv, 1, 120, 130));       // touches group 1
+  EXPECT_FALSE(tier.contains("flip"));
+  EXPECT_FALSE(fs::exists(tier.path_of("flip")));
+  EXPECT_EQ(tier.used_bytes(), 0u);
+  EXPECT_FALSE(read_layer_rows(tier, kv, 1, 0, 64));  // now a plain miss
+}
+
+TEST_F(DiskTierTest, VerifyAndGetDetectFlippedBytes) {
+  DiskTier tier(options());
+  const ChunkKV kv1 = chunk("v1", 5), kv2 = chunk("v2", 6), kv3 = chunk("v3", 7);
+  for (const ChunkKV* kv : {&kv1, &kv2, &kv3}) ASSERT_TRUE(tier.put(*kv));
+  EXPECT_TRUE(tier.verify("v1"));
+  flip_byte(tier.path_of("v1"), slab_byte(kv1, 2, 199, 0));  // last row of the last layer
+  flip_byte(tier.path_of("v2"), 100);                        // inside the meta JSON
+  EXPECT_FALSE(tier.verify("v1"));
+  EXPECT_FALSE(tier.get("v2"));
+  EXPECT_FALSE(tier.contains("v1"));
+  EXPECT_FALSE(tier.contains("v2"));
+  EXPECT_TRUE(tier.verify("v3"));
+  EXPECT_EQ(tier.list(), std::vector<std::string>{"v3"});
+}
+
+TEST_F(DiskTierTest, TruncatedFileIsAMissAtReadAndAtRestart) {
+  const ChunkKV kv1 = chunk("t1", 8), kv2 = chunk("t2", 9);
+  {
+    DiskTier tier(options());
+    ASSERT_TRUE(tier.put(kv1));
+    ASSERT_TRUE(tier.put(kv2));
+    fs::resize_file(tier.path_of("t1"), fs::file_size(tier.path_of("t1")) - 4096);
+    EXPECT_FALSE(read_layer_rows(tier, kv1, 0, 0, 10));  // even rows far from the cut
+    EXPECT_FALSE(tier.contains("t1"));
+    fs::resize_file(tier.path_of("t2"), 30);
+  }
+  DiskTier tier(options());
+  EXPECT_FALSE(tier.contains("t2"));
+  EXPECT_FALSE(fs::exists(tier.path_of("t2")));
+  EXPECT_TRUE(tier.list().empty());
+}
+
+TEST_F(DiskTierTest, MissingFileIsAMiss) {
+  DiskTier tier(options());
+  const ChunkKV kv = chunk("gone", 10);
+  ASSERT_TRUE(tier.put(kv));
+  fs::remove(tier.path_of("gone"));
+  EXPECT_FALSE(read_layer_rows(tier, kv, 0, 0, 200));
+  EXPECT_FALSE(tier.contains("gone"));
+  EXPECT_EQ(tier.used_bytes(), 0u);
+  ASSERT_TRUE(tier.put(kv));
+  fs::remove(tier.path_of("gone"));
+  EXPECT_FALSE(tier.get("gone"));
+}
+
+TEST_F(DiskTierTest, BadMagicIsDetectedByVerifyAndAtRestart) {
+  const ChunkKV kv1 = chunk("m1", 11), kv2 = chunk("m2", 12);
+  {
+    DiskTier tier(options());
+    ASSERT_TRUE(tier.put(kv1));
+    ASSERT_TRUE(tier.put(kv2));
+    flip_byte(tier.path_of("m1"), 0);
+    flip_byte(tier.path_of("m2"), 3);
+    EXPECT_FALSE(tier.verify("m1"));
+    EXPECT_FALSE(tier.contains("m1"));
+  }
+  DiskTier tier(options());
+  EXPECT_TRUE(tier.list().empty());
+  EXPECT_FALSE(fs::exists(tier.path_of("m2")));
+}
+
+TEST_F(DiskTierTest, WriteFailureIsReportedNotThrown) {
+  DiskTier tier(options());
+  fs::remove_all(options().dir);
+  EXPECT_FALSE(tier.put(chunk("nowhere", 13)));
+  EXPECT_FALSE(tier.contains("nowhere"));
+}
+
+TEST_F(DiskTierTest, ThrottleMakesReadsTakeAtLeastBytesOverBandwidth) {
+  DiskTierOptions o = options();
+  o.read_bytes_per_sec = 4e6;  // 4 MB/s
+  DiskTier tier(o);
+  const ChunkKV kv = chunk("slow", 14);
+  ASSERT_TRUE(tier.put(kv));
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t0) {
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+
+  uint64_t before = tier.bytes_read();
+  auto t0 = clock::now();
+  ASSERT_TRUE(read_layer_rows(tier, kv, 1, 20, 200));
+  double elapsed = seconds_since(t0);
+  const uint64_t n_rows = tier.bytes_read() - before;
+  EXPECT_EQ(n_rows, 200 * slab_row_bytes(kv.meta));  // rows 20-199 widen to groups 0-3
+  EXPECT_GE(elapsed, (double)n_rows / o.read_bytes_per_sec);
+
+  before = tier.bytes_read();
+  t0 = clock::now();
+  ASSERT_TRUE(tier.get("slow"));
+  elapsed = seconds_since(t0);
+  EXPECT_GE(elapsed, (double)(tier.bytes_read() - before) / o.read_bytes_per_sec);
+
+  // The emulated medium is shared: two concurrent reads take at least their sum.
+  before = tier.bytes_read();
+  t0 = clock::now();
+  std::thread other([&] { EXPECT_TRUE(read_layer_rows(tier, kv, 0, 0, 200)); });
+  EXPECT_TRUE(read_layer_rows(tier, kv, 2, 0, 200));
+  other.join();
+  elapsed = seconds_since(t0);
+  EXPECT_GE(elapsed, (double)(tier.bytes_read() - before) / o.read_bytes_per_sec);
+}
+
+TEST(MemoryTier, VerifyDetectsAFlippedBitAndDrops) {
+  MemoryTier tier("device", SIZE_MAX);
+  const ChunkKV kv = test::make_random_chunk("mem", 70, 2, 8, KvDtype::BF16, 15);
+  ASSERT_TRUE(tier.put(kv));
+  EXPECT_TRUE(tier.verify("mem"));
+  ASSERT_TRUE(tier.flip_bit_for_test("mem", 1, true, 17));
+  EXPECT_FALSE(tier.verify("mem"));
+  EXPECT_FALSE(tier.contains("mem"));
+  EXPECT_EQ(tier.used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace ct::store

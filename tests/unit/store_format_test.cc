@@ -1,0 +1,143 @@
+// Unit tests for the store's building blocks: CRC32C (fast path against the portable reference),
+// the record header encoding (round trip and rejection of damaged headers) and the row-group
+// arithmetic that widens partial reads.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "store/crc32c.h"
+#include "store/record_format.h"
+#include "support/chunk_fixtures.h"
+
+namespace ct::store {
+namespace {
+
+TEST(Crc32c, KnownVector) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c_portable("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c("", 0), 0u);
+}
+
+TEST(Crc32c, FastPathMatchesReferenceAtEveryLengthAndAlignment) {
+  std::mt19937 rng(7);
+  std::vector<uint8_t> buf(1024 + 16);
+  for (uint8_t& b : buf) b = (uint8_t)rng();
+  for (size_t off = 0; off < 8; ++off)
+    for (size_t n = 0; n <= 1024; n += (n < 64 ? 1 : 37))
+      ASSERT_EQ(crc32c(buf.data() + off, n), crc32c_portable(buf.data() + off, n))
+          << "offset " << off << " length " << n;
+}
+
+TEST(Crc32c, ContinuationEqualsWholeBuffer) {
+  std::vector<uint8_t> buf(1000);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = (uint8_t)(i * 31 + 7);
+  for (size_t split : {0, 1, 7, 8, 500, 999, 1000}) {
+    EXPECT_EQ(crc32c(buf.data() + split, buf.size() - split, crc32c(buf.data(), split)),
+              crc32c(buf.data(), buf.size()));
+  }
+}
+
+class HeaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    kv_ = test::make_random_chunk("hdr-chunk", 130, 3, 8, KvDtype::F16, 11);
+    layout_ = plan_record(kv_.meta, 4096);
+    const int n_groups = n_row_groups(kv_.meta.n_tok);
+    crcs_.resize(3 * n_groups);
+    std::vector<uint8_t> slab(slab_bytes(kv_.meta));
+    for (int l = 0; l < 3; ++l) {
+      slab_pack(kv_, l, slab.data());
+      slab_group_crcs(slab.data(), kv_.meta, &crcs_[l * n_groups]);
+    }
+    bytes_ = encode_header(layout_, kv_.meta, crcs_);
+  }
+  ChunkKV kv_;
+  RecordLayout layout_;
+  std::vector<uint32_t> crcs_;
+  std::vector<uint8_t> bytes_;
+};
+
+TEST_F(HeaderTest, RoundTrip) {
+  std::string err;
+  auto h = decode_header(bytes_.data(), bytes_.size(), &err);
+  ASSERT_TRUE(h) << err;
+  ChunkKV meta_only{h->meta, kv_.k, kv_.v};
+  EXPECT_TRUE(test::chunks_equal(meta_only, kv_));
+  EXPECT_EQ(h->group_crc, crcs_);
+  EXPECT_EQ(h->n_groups, 3);  // 130 rows = 64 + 64 + 2
+  EXPECT_EQ(h->data_offset % 4096, 0u);
+  EXPECT_EQ(h->slab_stride % 4096, 0u);
+  EXPECT_EQ(h->total_bytes, layout_.total_bytes);
+  EXPECT_EQ(*peek_header_bytes(bytes_.data(), bytes_.size(), &err), bytes_.size());
+}
+
+TEST_F(HeaderTest, EveryFlippedByteIsRejected) {
+  std::string err;
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    std::vector<uint8_t> bad = bytes_;
+    bad[i] ^= 0x20;
+    EXPECT_FALSE(decode_header(bad.data(), bad.size(), &err)) << "byte " << i;
+  }
+}
+
+TEST_F(HeaderTest, BadMagicAndTruncationAreNamed) {
+  std::string err;
+  std::vector<uint8_t> bad = bytes_;
+  bad[0] = 'X';
+  EXPECT_FALSE(peek_header_bytes(bad.data(), bad.size(), &err));
+  EXPECT_NE(err.find("magic"), std::string::npos) << err;
+  EXPECT_FALSE(decode_header(bytes_.data(), bytes_.size() - 1, &err));
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  EXPECT_FALSE(decode_header(bytes_.data(), 10, &err));
+}
+
+TEST(RecordFormat, CoveringGroupsWidenToWholeGroups) {
+  RecordHeader h;
+  h.meta.n_tok = 130;
+  h.group_rows = 64;
+  auto s = covering_groups(h, 70, 100);
+  EXPECT_EQ(s.g_begin, 1);
+  EXPECT_EQ(s.g_end, 2);
+  EXPECT_EQ(s.row_lo, 64);
+  EXPECT_EQ(s.row_hi, 128);
+  s = covering_groups(h, 63, 130);
+  EXPECT_EQ(s.g_begin, 0);
+  EXPECT_EQ(s.g_end, 3);
+  EXPECT_EQ(s.row_hi, 130);
+  s = covering_groups(h, 128, 129);
+  EXPECT_EQ(s.row_lo, 128);
+  EXPECT_EQ(s.row_hi, 130);
+}
+
+TEST(RecordFormat, SlabInterleavesKeysAndValuesPerRow) {
+  const ChunkKV kv = test::make_random_chunk("slab", 5, 2, 3, KvDtype::F32, 3);
+  std::vector<uint8_t> slab(slab_bytes(kv.meta));
+  slab_pack(kv, 1, slab.data());
+  const size_t row = kv_row_bytes(kv.meta);
+  for (int j = 0; j < 5; ++j) {
+    EXPECT_EQ(std::memcmp(&slab[2 * j * row], &kv.k[1][j * row], row), 0);
+    EXPECT_EQ(std::memcmp(&slab[(2 * j + 1) * row], &kv.v[1][j * row], row), 0);
+  }
+  std::vector<uint8_t> k(2 * row), v(2 * row);
+  slab_unpack(&slab[2 * 2 * row], 2, row, k.data(), v.data());
+  EXPECT_EQ(k, test::block_rows(kv, 1, false, 2, 4));
+  EXPECT_EQ(v, test::block_rows(kv, 1, true, 2, 4));
+}
+
+TEST(RecordFormat, ChunkIdsAndMalformedRecordsAreRejected) {
+  EXPECT_TRUE(is_valid_chunk_id("0123abcdef"));
+  EXPECT_TRUE(is_valid_chunk_id("chunk-a_1.x"));
+  EXPECT_FALSE(is_valid_chunk_id(""));
+  EXPECT_FALSE(is_valid_chunk_id(".hidden"));
+  EXPECT_FALSE(is_valid_chunk_id("a/b"));
+  EXPECT_FALSE(is_valid_chunk_id("a{b}"));
+  ChunkKV kv = test::make_random_chunk("ok", 4, 2, 2, KvDtype::BF16, 1);
+  EXPECT_NO_THROW(check_chunk(kv));
+  kv.k[1].pop_back();
+  EXPECT_THROW(check_chunk(kv), ct::Error);
+}
+
+}  // namespace
+}  // namespace ct::store
