@@ -91,7 +91,11 @@ void CachePool::demote(const std::string& id, const std::string& keep) {
   ++tier_stat_[dst].demotions_in;
 }
 
-bool CachePool::put(const ChunkKV& kv) {
+bool CachePool::put(const ChunkKV& kv) { return put(kv, 0); }
+
+bool CachePool::put(const ChunkKV& kv, int first_tier) {
+  CT_THROW_IF_NOT(first_tier >= 0 && first_tier < (int)tiers_.size(),
+                  "tier index {} outside the pool's {} tiers", first_tier, tiers_.size());
   check_chunk(kv);
   const std::string& id = kv.meta.id;
   std::lock_guard lock(mu_);
@@ -101,7 +105,7 @@ bool CachePool::put(const ChunkKV& kv) {
     tiers_[it->second.tier]->erase(id);
     forget(id);
   }
-  const int t = place(kv, 0, (int)tiers_.size(), id);
+  const int t = place(kv, first_tier, (int)tiers_.size(), id);
   if (t < 0) {
     store_log(fmt::format("pool: chunk {} ({} KV bytes) fits in no tier", id, kv.meta.kv_bytes()));
     return false;

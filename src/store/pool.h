@@ -66,6 +66,8 @@ class CachePool {
   // capacity can hold it at all. A record already present under the id is replaced (its hit
   // counts are kept). False when no tier can take it. Throws ct::Error for a malformed record.
   bool put(const ChunkKV& kv);
+  // The same, starting at tier `first_tier` instead of the top (e.g. `ingest --tier disk`).
+  bool put(const ChunkKV& kv, int first_tier);
 
   // A request for a chunk: on a hit counts it for the chunk's tier, marks it most recently used,
   // promotes it to the top tier when configured, and returns its meta. nullopt on a miss.

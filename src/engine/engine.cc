@@ -1,0 +1,189 @@
+// Engine: tier construction from specs, chunk lookup-or-encode, and request answering with
+// recovery from unreadable chunks.
+#include "engine/engine.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/paths.h"
+#include "core/timer.h"
+#include "reuse/pooled_chunk.h"
+#include "store/disk_tier.h"
+#include "store/memory_tier.h"
+#include "store/redis_tier.h"
+
+namespace ct {
+
+std::string default_cache_dir() {
+  if (const char* d = std::getenv("CACHETUNE_CACHE_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/cachetune/chunks";
+}
+
+size_t parse_bytes(const std::string& text) {
+  CT_THROW_IF_NOT(!text.empty(), "empty size, expected a number with optional K/M/G suffix");
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
+  CT_THROW_IF_NOT(i > 0, "size '{}' does not start with a number (expected e.g. 512M, 2G)", text);
+  const double v = std::stod(text.substr(0, i));
+  const std::string suf = text.substr(i);
+  double mul = 1;
+  if (suf == "K" || suf == "KiB") {
+    mul = 1024.0;
+  } else if (suf == "M" || suf == "MiB") {
+    mul = 1024.0 * 1024;
+  } else if (suf == "G" || suf == "GiB") {
+    mul = 1024.0 * 1024 * 1024;
+  } else if (!suf.empty()) {
+    CT_THROW("size '{}' has unknown suffix '{}', expected K, M or G", text, suf);
+  }
+  return (size_t)(v * mul);
+}
+
+TierSpec parse_tier_spec(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == ':') {
+      parts.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  TierSpec t;
+  t.kind = parts[0];
+  if (t.kind == "device" || t.kind == "host") {
+    if (parts.size() > 1) t.capacity = parse_bytes(parts[1]);
+    CT_THROW_IF_NOT(parts.size() <= 2, "tier '{}': expected {}[:CAPACITY]", text, t.kind);
+  } else if (t.kind == "disk") {
+    t.dir = parts.size() > 1 && !parts[1].empty() ? parts[1] : default_cache_dir();
+    for (size_t i = 2; i < parts.size(); ++i) {
+      if (parts[i].rfind("bw=", 0) == 0) {
+        t.read_bytes_per_sec = (double)parse_bytes(parts[i].substr(3));
+      } else {
+        t.capacity = parse_bytes(parts[i]);
+      }
+    }
+  } else if (t.kind == "redis") {
+    if (parts.size() > 1) t.host = parts[1];
+    if (parts.size() > 2) t.port = std::atoi(parts[2].c_str());
+    CT_THROW_IF_NOT(t.port > 0 && t.port < 65536, "tier '{}': port must be in 1..65535", text);
+  } else {
+    CT_THROW("tier '{}': unknown kind '{}', expected device, host, disk or redis", text, t.kind);
+  }
+  return t;
+}
+
+Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
+  if (opt_.model_path.empty()) opt_.model_path = default_model_path();
+  if (opt_.tiers.empty()) {
+    opt_.tiers = {parse_tier_spec("device:2G"), parse_tier_spec("host:8G"),
+                  parse_tier_spec("disk:" + default_cache_dir())};
+  }
+  model_ = Model::load(opt_.model_path);
+  std::vector<std::unique_ptr<store::Tier>> tiers;
+  for (const TierSpec& t : opt_.tiers) {
+    if (t.kind == "device" || t.kind == "host") {
+      tiers.push_back(std::make_unique<store::MemoryTier>(t.kind, t.capacity));
+    } else if (t.kind == "disk") {
+      store::DiskTierOptions d;
+      d.dir = t.dir;
+      d.capacity_bytes = t.capacity;
+      d.read_bytes_per_sec = t.read_bytes_per_sec;
+      tiers.push_back(std::make_unique<store::DiskTier>(d));
+    } else {
+      store::RedisTierOptions r;
+      r.host = t.host;
+      r.port = t.port;
+      tiers.push_back(std::make_unique<store::RedisTier>(r));
+    }
+  }
+  pool_ = std::make_unique<store::CachePool>(std::move(tiers));
+}
+
+Engine::~Engine() = default;
+
+int Engine::tier_index(const std::string& name) const {
+  for (size_t i = 0; i < opt_.tiers.size(); ++i) {
+    if (opt_.tiers[i].kind == name) return (int)i;
+  }
+  std::string have;
+  for (const auto& t : opt_.tiers) have += (have.empty() ? "" : ", ") + t.kind;
+  CT_THROW("tier '{}' is not configured (tiers: {})", name, have);
+}
+
+ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier,
+                               ChunkMeta* meta_out) {
+  ChunkInfo info;
+  info.id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
+  info.n_tok = (int)tokens.size();
+  const int want = tier.empty() ? 0 : tier_index(tier);
+  if (auto meta = pool_->lookup(info.id)) {
+    info.hit = true;
+    if (meta_out) *meta_out = std::move(*meta);
+  } else {
+    Timer t;
+    ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
+    info.encode_ms = t.ms();
+    info.rank_ms = rec.meta.rank_ms;
+    CT_THROW_IF_NOT(pool_->put(rec, want), "chunk {} ({} bytes of K/V) fits in no cache tier",
+                    info.id.substr(0, 12), rec.meta.kv_bytes());
+    if (meta_out) *meta_out = std::move(rec.meta);
+  }
+  const int t = pool_->tier_of(info.id);
+  info.tier = t >= 0 ? opt_.tiers[t].kind : "";
+  return info;
+}
+
+Answer Engine::answer(const std::vector<std::string>& docs, const std::string& question,
+                      const SelectiveOptions& sel_in, const GenerateOptions& gen,
+                      const std::string& instruction,
+                      const std::function<void(const std::string&)>& on_piece) {
+  Answer ans;
+  Timer ttft;
+  const RagPromptTokens p = build_rag_prompt(model_->tokenizer(), docs, question, instruction);
+  SelectiveOptions sel = sel_in;
+  if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache) sel.prefix_cache = &prefix_cache_;
+  for (int attempt = 0;; ++attempt) {
+    Timer lookup;
+    ans.chunks.clear();
+    std::vector<std::unique_ptr<PooledChunk>> srcs;
+    ComposedRequest req{p.prefix, {}, p.query};
+    for (const auto& toks : p.chunks) {
+      ChunkMeta meta;
+      ans.chunks.push_back(ensure_chunk(toks, "", &meta));
+      srcs.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+      req.chunks.push_back(srcs.back().get());
+    }
+    ans.lookup_ms = lookup.ms();
+    const int n_total = layout_request(req).n_total;
+    ans.n_prompt = n_total;
+    CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
+                    "prompt of {} tokens plus {} new tokens exceeds the model context of {}",
+                    n_total, gen.max_tokens, model_->config().n_ctx_train);
+    KVCache kv = model_->make_cache(n_total + gen.max_tokens + 1);
+    Workspace ws;
+    std::vector<float> logits;
+    try {
+      logits = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
+    } catch (const ChunkReadError& e) {
+      // Detected corruption or a lost entry: drop it, re-encode on the next attempt.
+      std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
+      pool_->evict(e.chunk_id());
+      CT_THROW_IF_NOT(attempt < 2, "chunk {} could not be read after re-encoding", e.chunk_id());
+      ++ans.retries;
+      continue;
+    }
+    double first = -1;
+    DecodeResult r = decode(*model_, kv, ws, std::move(logits), gen, [&](const std::string& s) {
+      if (first < 0) first = ttft.ms();
+      if (on_piece) on_piece(s);
+    });
+    ans.ttft_ms = first >= 0 ? first : ttft.ms();
+    ans.decode_ms = r.decode_s * 1e3;
+    ans.text = r.text;
+    ans.tokens = r.tokens;
+    return ans;
+  }
+}
+
+}  // namespace ct

@@ -1,0 +1,91 @@
+// The engine facade used by the CLI, the evaluation tools and the server: a loaded model, a
+// cache pool of tiers, and request handling that finds (or encodes) each chunk, runs the
+// selective prefill with the chosen policy, and decodes the answer. A chunk that turns out to be
+// missing or corrupt in its tier is re-encoded and the request retried, so it still answers.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/generate.h"
+#include "reuse/encoder.h"
+#include "reuse/prompt.h"
+#include "reuse/selective.h"
+#include "store/pool.h"
+
+namespace ct {
+
+struct TierSpec {
+  std::string kind;         // "device" | "host" | "disk" | "redis"
+  size_t capacity = SIZE_MAX;
+  std::string dir;          // disk
+  double read_bytes_per_sec = 0;  // disk throttle (0 = none)
+  std::string host = "127.0.0.1";  // redis
+  int port = 6379;
+};
+
+// Parses "device:2G", "host:8G", "disk:/path[:cap][:bw=100M]", "redis:host:port"; throws
+// ct::Error naming the text and the expected form.
+TierSpec parse_tier_spec(const std::string& text);
+size_t parse_bytes(const std::string& text);  // "512M", "2G", "100000"
+
+struct EngineOptions {
+  std::string model_path;     // default: default_model_path()
+  std::vector<TierSpec> tiers;  // default: device 2 GiB, host 8 GiB, disk in default_cache_dir()
+  EncodeOptions encode;
+};
+
+std::string default_cache_dir();  // $CACHETUNE_CACHE_DIR or ~/.cache/cachetune/chunks
+
+struct ChunkInfo {
+  std::string id;
+  int n_tok = 0;
+  bool hit = false;        // found in the pool (no encoding needed)
+  std::string tier;        // tier holding it after the call
+  double encode_ms = 0;    // isolated prefill + ranking, when encoded
+  double rank_ms = 0;
+};
+
+struct Answer {
+  std::string text;
+  std::vector<int32_t> tokens;
+  std::vector<ChunkInfo> chunks;
+  PrefillBreakdown prefill;
+  double lookup_ms = 0;  // chunk lookups (and encodings of missing chunks)
+  double ttft_ms = 0;    // lookup + prefill + first token
+  double decode_ms = 0;
+  int n_prompt = 0;
+  int retries = 0;       // re-encodings after a failed chunk read
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions opt);
+  ~Engine();
+  const Model& model() const { return *model_; }
+  store::CachePool& pool() { return *pool_; }
+  const EngineOptions& options() const { return opt_; }
+
+  // Makes sure the chunk (tokens as produced by tokenize_chunk) is stored; encodes it when
+  // absent. `tier` names the tier to store a new encoding in (empty: the top tier).
+  // meta_out, when given, receives the chunk's metadata.
+  ChunkInfo ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier = "",
+                         ChunkMeta* meta_out = nullptr);
+
+  // Answers a question over documents with the given policy.
+  Answer answer(const std::vector<std::string>& docs, const std::string& question,
+                const SelectiveOptions& sel, const GenerateOptions& gen,
+                const std::string& instruction = kQaInstruction,
+                const std::function<void(const std::string&)>& on_piece = nullptr);
+
+ private:
+  int tier_index(const std::string& name) const;
+  EngineOptions opt_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<store::CachePool> pool_;
+  PrefixCache prefix_cache_;
+};
+
+}  // namespace ct
