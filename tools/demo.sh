@@ -5,4 +5,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/tools/setup.sh"
 cd "$ROOT"
 BUILD="${CT_BUILD_DIR:-build}"
-"$BUILD/cachetune" generate --prompt "What are three good reasons to learn to cook at home? Answer briefly." --max-tokens 96
+"$BUILD/cachetune" generate --chunk examples/docs/*.txt \
+  --question "Who directs the institute that discovered the Harrow Reef?" \
+  --policy full,cachetune --max-tokens 32

@@ -7,5 +7,7 @@ namespace ct::cli {
 
 void register_generate(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_ingest(CLI::App& app);
+void register_cache(CLI::App& app);
 
 }  // namespace ct::cli

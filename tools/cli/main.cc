@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ct::cli::register_generate(app);
   ct::cli::register_bench(app);
+  ct::cli::register_ingest(app);
+  ct::cli::register_cache(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,42 @@
+// Options shared by the sub-commands that use the engine: model, cache tiers, encoding settings.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace ct::cli {
+
+struct EngineFlags {
+  std::string model;
+  std::vector<std::string> tiers;  // specs, e.g. device:2G host:8G disk:DIR[:CAP][:bw=100M]
+  std::string dtype = "f16";
+  double alpha = 0.5;
+  bool no_sink = false;
+
+  void add(CLI::App* c) {
+    c->add_option("-m,--model", model, "GGUF model file (default: the cached SmolLM2)");
+    c->add_option("--tiers", tiers,
+                  "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
+                  "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
+    c->add_option("--kv-dtype", dtype, "Stored K/V type: f16, bf16, f32")->capture_default_str();
+    c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
+        ->capture_default_str();
+    c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
+  }
+
+  EngineOptions options() const {
+    EngineOptions o;
+    o.model_path = model;
+    for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
+    o.encode.dtype = parse_kv_dtype(dtype);
+    o.encode.rank.alpha = alpha;
+    o.encode.sink = !no_sink;
+    return o;
+  }
+};
+
+}  // namespace ct::cli
