@@ -50,6 +50,19 @@ std::vector<float> load_vec(const GgufFile& f, const std::string& name,
   return v;
 }
 
+// The packed form of a 2-D tensor for the decode path, or an invalid QMatrix.
+cpu::QMatrix packed(const GgufFile& f, const std::string& name) {
+  const GgufTensorInfo& t = f.tensor(name);
+  cpu::QMatrix q;
+  if (!cpu::qgemv_supported(t.type) || t.ne.size() < 2 || t.ne[0] % 32 != 0) return q;
+  q.type = t.type;
+  q.data = t.data;
+  q.cols = (int)t.ne[0];
+  q.rows = (int)t.n_rows();
+  q.row_bytes = ggml_row_bytes(t.type, t.ne[0]);
+  return q;
+}
+
 std::string compute_fingerprint(const GgufFile& f) {
   Sha256 h;
   h.update_pod((uint64_t)f.file_size());
@@ -115,8 +128,17 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     load_tensor(*f, p + "ffn_gate.weight", {E, F}, w.w_gate_up.data());
     load_tensor(*f, p + "ffn_up.weight", {E, F}, w.w_gate_up.data() + (size_t)F * E);
     w.w_down = load_vec(*f, p + "ffn_down.weight", {F, E});
+    w.q_q = packed(*f, p + "attn_q.weight");
+    w.q_k = packed(*f, p + "attn_k.weight");
+    w.q_v = packed(*f, p + "attn_v.weight");
+    w.q_o = packed(*f, p + "attn_output.weight");
+    w.q_gate = packed(*f, p + "ffn_gate.weight");
+    w.q_up = packed(*f, p + "ffn_up.weight");
+    w.q_down = packed(*f, p + "ffn_down.weight");
   }
+  m->q_head_ = packed(*f, c.tied_output ? "token_embd.weight" : "output.weight");
   m->fingerprint_ = compute_fingerprint(*f);
+  m->file_ = std::move(f);
   return m;
 }
 
@@ -161,9 +183,19 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
   auto matmul = ref ? cpu::matmul_wt_ref : cpu::matmul_wt;
   auto rms = ref ? cpu::rms_norm_ref : cpu::rms_norm;
 
+  // One row (decoding) with quantised weights: read the packed blocks, not the F32 copies.
+  const bool packed_row = n == 1 && !ref && w.q_q.valid() && w.q_k.valid() && w.q_v.valid() &&
+                          w.q_o.valid() && w.q_gate.valid() && w.q_up.valid() && w.q_down.valid();
   rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  matmul(ws.xn.data(), n, E, w.wqkv.data(), QKV, ws.qkv.data(),
-         w.bqkv.empty() ? nullptr : w.bqkv.data());
+  if (packed_row) {
+    cpu::qgemv(w.q_q, ws.xn.data(), ws.qkv.data());
+    cpu::qgemv(w.q_k, ws.xn.data(), ws.qkv.data() + Q);
+    cpu::qgemv(w.q_v, ws.xn.data(), ws.qkv.data() + Q + KV);
+    for (size_t i = 0; i < w.bqkv.size(); ++i) ws.qkv[i] += w.bqkv[i];
+  } else {
+    matmul(ws.xn.data(), n, E, w.wqkv.data(), QKV, ws.qkv.data(),
+           w.bqkv.empty() ? nullptr : w.bqkv.data());
+  }
   float* q = ws.qkv.data();
   float* k = q + Q;
   float* v = k + KV;
@@ -210,11 +242,20 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
   } else {
     cpu::attention(a);
   }
-  matmul(ws.attn.data(), n, Q, w.wo.data(), E, ws.proj.data(), nullptr);
+  if (packed_row) {
+    cpu::qgemv(w.q_o, ws.attn.data(), ws.proj.data());
+  } else {
+    matmul(ws.attn.data(), n, Q, w.wo.data(), E, ws.proj.data(), nullptr);
+  }
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  matmul(ws.xn.data(), n, E, w.w_gate_up.data(), 2 * F, ws.gu.data(), nullptr);
+  if (packed_row) {
+    cpu::qgemv(w.q_gate, ws.xn.data(), ws.gu.data());
+    cpu::qgemv(w.q_up, ws.xn.data(), ws.gu.data() + F);
+  } else {
+    matmul(ws.xn.data(), n, E, w.w_gate_up.data(), 2 * F, ws.gu.data(), nullptr);
+  }
   for (int i = 0; i < n; ++i) {
     float* g = ws.gu.data() + (size_t)i * 2 * F;
     std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
@@ -224,7 +265,11 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
       cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
     }
   }
-  matmul(ws.h.data(), n, F, w.w_down.data(), E, ws.proj.data(), nullptr);
+  if (packed_row) {
+    cpu::qgemv(w.q_down, ws.h.data(), ws.proj.data());
+  } else {
+    matmul(ws.h.data(), n, F, w.w_down.data(), E, ws.proj.data(), nullptr);
+  }
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 }
 
@@ -234,6 +279,10 @@ void Model::logits(const float* x, int n, float* out, Workspace& ws) const {
   auto rms = ws.use_reference ? cpu::rms_norm_ref : cpu::rms_norm;
   auto matmul = ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt;
   rms(x, out_norm_.data(), ws.xn.data(), n, c.n_embd, c.rms_eps);
+  if (n == 1 && !ws.use_reference && q_head_.valid()) {
+    cpu::qgemv(q_head_, ws.xn.data(), out);
+    return;
+  }
   const float* head = output_.empty() ? tok_embd_.data() : output_.data();
   matmul(ws.xn.data(), n, c.n_embd, head, c.n_vocab, out, nullptr);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/qgemv.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/tokenizer.h"
@@ -26,6 +27,9 @@ struct LayerWeights {
   std::vector<float> ffn_norm;   // F32 [n_embd]
   std::vector<float> w_gate_up;  // F32 [2*n_ff][n_embd]: gate rows then up rows
   std::vector<float> w_down;     // F32 [n_embd][n_ff]
+  // The same matrices in their packed GGUF form, when quantised: the single-row (decode) path
+  // reads these instead of the F32 copies. Invalid (null) for F32/F16/BF16 files.
+  cpu::QMatrix q_q, q_k, q_v, q_o, q_gate, q_up, q_down;
 };
 
 // Reusable per-sequence scratch; grown on demand, never shrunk, so the layer loop allocates
@@ -95,6 +99,8 @@ class Model {
   std::vector<float> tok_embd_;  // F32 [n_vocab][n_embd]
   std::vector<float> output_;    // F32 [n_vocab][n_embd], empty when tied to tok_embd_
   std::vector<float> out_norm_;  // F32 [n_embd]
+  cpu::QMatrix q_head_;          // packed output head (or tied embedding), when quantised
+  std::unique_ptr<GgufFile> file_;  // kept mapped: the packed matrices point into it
   std::vector<LayerWeights> layers_;
 };
 

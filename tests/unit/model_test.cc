@@ -94,6 +94,30 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   for (int j = 0; j < V; ++j) ASSERT_NEAR(tail[j], batch[(size_t)39 * V + j], 1e-4f);
 }
 
+TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
+  // Single-row steps of a quantised model read the packed GGUF blocks (cpu::qgemv); they must
+  // agree with the batched F32 path on the same dequantised weights.
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    test::TinyModelOptions o;
+    o.weight_type = t;
+    o.token_embd_type = GgmlType::Q8_0;
+    const std::string path = tmp_path(std::string("packed_") + ggml_type_name(t) + ".gguf");
+    test::write_tiny_model(path, o);
+    auto m = Model::load(path);
+    const auto tk = tokens(24, 5);
+    const auto batch = prefill_all(*m, tk, false);
+    KVCache kv = m->make_cache((int)tk.size());
+    Workspace ws;
+    const int V = m->config().n_vocab;
+    float worst = 0;
+    for (int i = 0; i < (int)tk.size(); ++i) {
+      const auto step = m->prefill(&tk[i], 1, i, kv, ws);
+      for (int j = 0; j < V; ++j) worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
+    }
+    EXPECT_LT(worst, 1e-3f) << ggml_type_name(t);
+  }
+}
+
 TEST(ModelTest, GreedyDecodeIsDeterministicAndSamplingIsSeeded) {
   const std::string path = tmp_path("dec.gguf");
   test::write_tiny_model(path, {});

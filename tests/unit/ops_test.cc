@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/qgemv.h"
+#include "core/ggml_types.h"
 #include "backend/cpu/vec.h"
 
 namespace ct::cpu {
@@ -147,6 +149,30 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{300, 33, 6, 2, 12, false},
                                            AttnCase{600, 45, 9, 3, 64, true},
                                            AttnCase{530, 530, 3, 3, 8, false}));
+
+}  // namespace
+}  // namespace ct::cpu
+
+namespace ct::cpu {
+namespace {
+
+TEST(QGemv, MatchesDequantisedReferenceForEveryPackedType) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
+    const int rows = 70, cols = 96;
+    auto wf = randn((size_t)rows * cols, 30, 0.5f);
+    std::vector<uint8_t> packed(ggml_row_bytes(t, cols) * rows);
+    for (int r = 0; r < rows; ++r) {
+      ggml_from_f32(t, wf.data() + (size_t)r * cols, packed.data() + r * ggml_row_bytes(t, cols),
+                    cols);
+    }
+    QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
+    auto x = randn(cols, 31);
+    std::vector<float> y(rows), yr(rows);
+    qgemv(w, x.data(), y.data());
+    qgemv_ref(w, x.data(), yr.data());
+    EXPECT_LT(max_abs_diff(y, yr), 1e-4f) << ggml_type_name(t);
+  }
+}
 
 }  // namespace
 }  // namespace ct::cpu

@@ -1,0 +1,107 @@
+// AVX2 kernels for quantised matrix-vector products. Per 32-element block: Q8_0 is d*sum(q*x);
+// Q4_1 is d*sum(q*x) + m*sum(x), with sum(x) per block computed once per input vector; Q4_0 is
+// d*sum((q-8)*x). Rows are split across OpenMP threads.
+#include "backend/cpu/qgemv.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include <vector>
+
+#include "backend/cpu/vec.h"
+#include "core/error.h"
+#include "core/fp16.h"
+
+namespace ct::cpu {
+namespace {
+
+constexpr int kQK = 32;
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_f32(h);
+}
+
+// sum_j q_j * x_j for 32 unsigned nibbles (low nibbles are elements 0..15, high 16..31).
+inline __m256 dot_nibbles(const uint8_t* qs, const float* x, __m256 offset) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(raw, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+  __m256 acc = _mm256_setzero_ps();
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    const __m256 q = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), offset);
+    acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + 8 * k), acc);
+  }
+  return acc;
+}
+
+inline __m256 dot_int8(const int8_t* qs, const float* x) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * k));
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    acc = _mm256_fmadd_ps(q, _mm256_loadu_ps(x + 8 * k), acc);
+  }
+  return acc;
+}
+
+}  // namespace
+
+bool qgemv_supported(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
+}
+
+void qgemv(const QMatrix& w, const float* x, float* y) {
+  CT_ASSERT(qgemv_supported(w.type) && w.cols % kQK == 0, "type {} cols {}",
+            ggml_type_name(w.type), w.cols);
+  const int nb = w.cols / kQK;
+  std::vector<float> xsum;
+  if (w.type == GgmlType::Q4_1) {
+    xsum.resize(nb);
+    for (int b = 0; b < nb; ++b) {
+      float s = 0;
+      for (int j = 0; j < kQK; ++j) s += x[b * kQK + j];
+      xsum[b] = s;
+    }
+  }
+#pragma omp parallel for schedule(static) if (w.rows >= 64)
+  for (int r = 0; r < w.rows; ++r) {
+    const uint8_t* row = w.data + (size_t)r * w.row_bytes;
+    __m256 acc = _mm256_setzero_ps();
+    float extra = 0;
+    for (int b = 0; b < nb; ++b) {
+      const float* xb = x + b * kQK;
+      if (w.type == GgmlType::Q8_0) {
+        const uint8_t* blk = row + (size_t)b * 34;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                              dot_int8(reinterpret_cast<const int8_t*>(blk + 2), xb), acc);
+      } else if (w.type == GgmlType::Q4_1) {
+        const uint8_t* blk = row + (size_t)b * 20;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                              dot_nibbles(blk + 4, xb, _mm256_setzero_ps()), acc);
+        extra += half(blk + 2) * xsum[b];
+      } else {  // Q4_0
+        const uint8_t* blk = row + (size_t)b * 18;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                              dot_nibbles(blk + 2, xb, _mm256_set1_ps(-8.0f)), acc);
+      }
+    }
+    y[r] = hsum256_ps(acc) + extra;
+  }
+}
+
+void qgemv_ref(const QMatrix& w, const float* x, float* y) {
+  std::vector<float> row(w.cols);
+  for (int r = 0; r < w.rows; ++r) {
+    ggml_to_f32(w.type, w.data + (size_t)r * w.row_bytes, row.data(), w.cols);
+    double acc = 0;
+    for (int c = 0; c < w.cols; ++c) acc += (double)row[c] * x[c];
+    y[r] = (float)acc;
+  }
+}
+
+}  // namespace ct::cpu
