@@ -14,7 +14,7 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
                                  const std::string& question, const std::string& instruction,
                                  const std::string& system) {
   // Render the template once with a marker as the user message, then split at the marker.
-  const std::string marker = "\x01\x02cachetune-user\x02\x01";
+  const std::string marker = "\x01\x02" "cachetune-user" "\x02\x01";
   std::vector<ChatMessage> msgs;
   if (!system.empty()) msgs.push_back({"system", system});
   msgs.push_back({"user", marker});

@@ -154,12 +154,19 @@ std::string reply_text(const redisReply* r) {
     case REDIS_REPLY_STATUS:
       return std::string(r->str, r->len);
     case REDIS_REPLY_ERROR:
-      return "ERR:" + std::string(r->str, r->len);
+    {
+      std::string e = "ERR:";
+      e.append(r->str, r->len);
+      return e;
+    }
     case REDIS_REPLY_INTEGER:
       return std::to_string(r->integer);
     case REDIS_REPLY_ARRAY: {
       std::string s;
-      for (size_t i = 0; i < r->elements; ++i) s += (i ? "\n" : "") + reply_text(r->element[i]);
+      for (size_t i = 0; i < r->elements; ++i) {
+        if (i) s.push_back('\n');
+        s.append(reply_text(r->element[i]));
+      }
       return s;
     }
     default:
