@@ -6,5 +6,6 @@
 namespace ct::cli {
 
 void register_generate(CLI::App& app);
+void register_eval(CLI::App& app);
 
 }  // namespace ct::cli

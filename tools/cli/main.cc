@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"cachetune: chunk-level KV-cache reuse for long-context LLM serving"};
   app.require_subcommand(1);
   ct::cli::register_generate(app);
+  ct::cli::register_eval(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
