@@ -1,0 +1,957 @@
+// Evaluation runner. Per example: encode its chunks once (cached by id), then per prompt layout
+// (base, shuffled, extra preceding context) run full recompute as the reference, capture the
+// full-context K/V for drift when a selection policy needs it, and run each pending policy.
+#include "eval/runner.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "core/error.h"
+#include "core/timer.h"
+#include "eval/chunk_cache.h"
+#include "eval/dataset.h"
+#include "eval/fidelity.h"
+#include "model/generate.h"
+#include "model/sampler.h"
+#include "reuse/encoder.h"
+#include "reuse/freq_rank.h"
+#include "reuse/prompt.h"
+#include "reuse/selective.h"
+
+namespace ct {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kResultsFile = "results.jsonl";
+constexpr const char* kRunFile = "run.json";
+constexpr const char* kSummaryFile = "summary.json";
+
+// ---- settings -----------------------------------------------------------------------------------
+
+enum class Layout { kBase, kShuffle, kExtraContext };
+
+struct Setting {
+  std::string name;
+  Layout layout = Layout::kBase;
+  double ratio = 0.15;
+  double alpha = 0.5;
+  bool rerank = false;               // records re-ranked with `alpha` (alpha sweep)
+  std::vector<PolicyKind> policies;  // `full` excluded: it is the layout's reference
+};
+
+std::string num_name(double v) { return fmt::format("{:g}", v); }
+
+std::string layout_setting_name(Layout l, const EvalOptions& o) {
+  switch (l) {
+    case Layout::kBase:
+      return "base";
+    case Layout::kShuffle:
+      return "shuffle";
+    case Layout::kExtraContext:
+      return fmt::format("prefix{}", o.extra_context_tokens);
+  }
+  return "?";
+}
+
+std::vector<PolicyKind> without_full(const std::vector<PolicyKind>& in) {
+  std::vector<PolicyKind> out;
+  for (PolicyKind k : in) {
+    if (k != PolicyKind::kFull && std::find(out.begin(), out.end(), k) == out.end()) {
+      out.push_back(k);
+    }
+  }
+  return out;
+}
+
+std::vector<Setting> make_settings(const EvalOptions& o) {
+  std::vector<Setting> s;
+  const auto pol = without_full(o.policies), sweep = without_full(o.sweep_policies);
+  s.push_back({"base", Layout::kBase, o.ratio, o.alpha, false, pol});
+  std::set<std::string> seen = {"base"};
+  for (double r : o.sweep_ratios) {
+    CT_THROW_IF_NOT(r > 0 && r <= 1, "sweep ratio {} outside (0, 1]", r);
+    Setting x{"r=" + num_name(r), Layout::kBase, r, o.alpha, false, sweep};
+    if (seen.insert(x.name).second) s.push_back(x);
+  }
+  for (double a : o.sweep_alphas) {
+    CT_THROW_IF_NOT(a > 0 && a <= 1, "sweep alpha {} outside (0, 1]", a);
+    Setting x{"alpha=" + num_name(a), Layout::kBase, o.ratio, a, true, sweep};
+    if (seen.insert(x.name).second) s.push_back(x);
+  }
+  if (o.robustness) {
+    s.push_back(
+        {layout_setting_name(Layout::kShuffle, o), Layout::kShuffle, o.ratio, o.alpha, false, pol});
+    s.push_back({layout_setting_name(Layout::kExtraContext, o), Layout::kExtraContext, o.ratio,
+                 o.alpha, false, pol});
+  }
+  return s;
+}
+
+bool has_selection(PolicyKind k) {
+  switch (k) {
+    case PolicyKind::kCacheTune:
+    case PolicyKind::kL2:
+    case PolicyKind::kHighFreq:
+    case PolicyKind::kRandom:
+    case PolicyKind::kEpic:
+    case PolicyKind::kCacheBlend:
+    case PolicyKind::kProphetKV:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Policies whose query attention is comparable position by position with full's: lfonly drops
+// tokens and prefix runs a plain prefill without the attention tap.
+bool has_attention(PolicyKind k) { return k != PolicyKind::kLfOnly && k != PolicyKind::kPrefix; }
+
+std::string unit_key(const std::string& example, const std::string& setting,
+                     const std::string& policy) {
+  return example + "|" + setting + "|" + policy;
+}
+
+// ---- results file
+// ---------------------------------------------------------------------------------
+
+// Reads the finished keys. A last line without its newline (the run was killed while writing) is
+// cut off so that appending continues on a clean line; a bad line elsewhere is an error.
+std::set<std::string> load_done_keys(const std::string& path,
+                                     const std::function<void(const std::string&)>& log) {
+  std::set<std::string> done;
+  if (!fs::exists(path)) return done;
+  std::ifstream in(path, std::ios::binary);
+  CT_THROW_IF_NOT(in.good(), "cannot read results file '{}'", path);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t pos = 0, good_end = 0;
+  for (int ln = 1; pos < all.size(); ++ln) {
+    const size_t nl = all.find('\n', pos);
+    const bool complete = nl != std::string::npos;
+    const std::string line = all.substr(pos, complete ? nl - pos : std::string::npos);
+    json j;
+    bool ok = complete;
+    if (ok && line.find_first_not_of(" \t\r") != std::string::npos) {
+      try {
+        j = json::parse(line);
+        ok =
+            j.is_object() && j.contains("example") && j.contains("setting") && j.contains("policy");
+      } catch (const json::parse_error&) {
+        ok = false;
+      }
+      if (ok) done.insert(unit_key(j["example"], j["setting"], j["policy"]));
+    }
+    if (!ok) {
+      CT_THROW_IF_NOT(!complete,
+                      "{}:{}: not a result record (expected a JSON object with "
+                      "example, setting and policy); fix or remove the line",
+                      path, ln);
+      if (log)
+        log(fmt::format("{}:{}: dropping an unfinished last line ({} bytes)", path, ln,
+                        line.size()));
+      fs::resize_file(path, good_end);
+      break;
+    }
+    pos = nl + 1;
+    good_end = pos;
+  }
+  return done;
+}
+
+class ResultsWriter {
+ public:
+  explicit ResultsWriter(const std::string& path) : path_(path) {
+    f_ = std::fopen(path.c_str(), "ab");
+    CT_THROW_IF_NOT(f_ != nullptr, "cannot open results file '{}' for appending", path);
+  }
+  ~ResultsWriter() {
+    if (f_) std::fclose(f_);
+  }
+  ResultsWriter(const ResultsWriter&) = delete;
+  ResultsWriter& operator=(const ResultsWriter&) = delete;
+  // One record per line, flushed and fsynced so a killed run loses at most the line in flight.
+  void append(const json& j) {
+    const std::string line = j.dump() + "\n";
+    const bool ok = std::fwrite(line.data(), 1, line.size(), f_) == line.size() &&
+                    std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
+    CT_THROW_IF_NOT(ok, "cannot write to results file '{}'", path_);
+  }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+// ---- run.json
+// ---------------------------------------------------------------------------------------
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t c = line.find(':');
+      if (c != std::string::npos) return line.substr(line.find_first_not_of(" \t", c + 1));
+    }
+  }
+  return "unknown";
+}
+
+// The 1/5/15-minute load averages: TTFT on a shared machine depends on what else runs.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return in ? a + " " + b + " " + c : "unknown";
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// Settings that change the numbers of a unit: a directory holds results of one configuration.
+json result_config(const Model& m, const EvalOptions& o) {
+  return {{"model", fs::path(m.path()).filename().string()},
+          {"model_fingerprint", m.fingerprint()},
+          {"ratio", o.ratio},
+          {"alpha", o.alpha},
+          {"max_tokens_qa", o.max_tokens_qa},
+          {"max_tokens_summary", o.max_tokens_summary},
+          {"kl_positions", o.kl_positions},
+          {"extra_context_tokens", o.extra_context_tokens},
+          {"seed", o.seed},
+          {"n_bands", o.n_bands},
+          {"kv_dtype", kv_dtype_name(o.dtype)},
+          {"decoding", "greedy"}};
+}
+
+void update_run_json(const Model& m, const EvalOptions& o, const std::string& dir) {
+  const std::string path = dir + "/" + kRunFile;
+  const json cfg = result_config(m, o);
+  json run;
+  if (fs::exists(path)) {
+    std::ifstream in(path);
+    try {
+      run = json::parse(in);
+    } catch (const json::parse_error& e) {
+      CT_THROW("{}: invalid JSON ({})", path, e.what());
+    }
+    const json& old = run["config"];
+    for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+      CT_THROW_IF_NOT(old.contains(it.key()) && old[it.key()] == it.value(),
+                      "{}: this directory holds results with {} = {}, but this run uses {}; "
+                      "write to another --out directory",
+                      path, it.key(), old.contains(it.key()) ? old[it.key()].dump() : "(unset)",
+                      it.value().dump());
+    }
+  } else {
+    run["config"] = cfg;
+    run["invocations"] = json::array();
+  }
+  std::vector<std::string> pols;
+  for (PolicyKind k : o.policies) pols.push_back(policy_name(k));
+  std::vector<std::string> sweep;
+  for (PolicyKind k : o.sweep_policies) sweep.push_back(policy_name(k));
+  run["machine"] = {
+      {"cpu", cpu_model()},
+      {"cores", std::thread::hardware_concurrency()},
+      {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""}};
+  run["model_path"] = m.path();
+  run["invocations"].push_back({{"command", o.command},
+                                {"started", now_utc()},
+                                {"loadavg_at_start", load_average()},
+                                {"data", o.data_files},
+                                {"limit", o.limit},
+                                {"policies", pols},
+                                {"robustness", o.robustness},
+                                {"sweep_ratios", o.sweep_ratios},
+                                {"sweep_alphas", o.sweep_alphas},
+                                {"sweep_policies", sweep}});
+  std::ofstream out(path + ".tmp");
+  out << run.dump(2) << "\n";
+  out.close();
+  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", path + ".tmp");
+  fs::rename(path + ".tmp", path);
+}
+
+// ---- one example
+// ------------------------------------------------------------------------------------
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// A seeded permutation of n chunk positions; never the identity for n > 1 (a shuffle that
+// changes nothing would not test anything).
+std::vector<int> shuffled_order(int n, uint64_t seed, const std::string& example_id) {
+  std::vector<int> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  std::mt19937_64 rng(seed ^ fnv1a(example_id));
+  std::shuffle(p.begin(), p.end(), rng);
+  bool identity = true;
+  for (int i = 0; i < n; ++i) identity = identity && p[i] == i;
+  if (identity && n > 1) std::rotate(p.begin(), p.begin() + 1, p.end());
+  return p;
+}
+
+// Exactly n tokens of preceding context: the chunks of the following examples of the same file
+// (wrapping around, never the example itself), each tokenised as a stored chunk.
+std::vector<int32_t> filler_tokens(const Tokenizer& tok, const std::vector<EvalExample>& all,
+                                   size_t self, int n) {
+  CT_THROW_IF_NOT(all.size() >= 2,
+                  "{}: the extra-context setting takes its filler from other examples of the same "
+                  "file, but the file has {} example",
+                  all[self].file, all.size());
+  std::vector<int32_t> out;
+  for (size_t step = 1; (int)out.size() < n; ++step) {
+    const size_t j = (self + step) % all.size();
+    if (j == self) continue;
+    for (const std::string& c : all[j].chunks) {
+      const auto t = tokenize_chunk(tok, c);
+      out.insert(out.end(), t.begin(), t.end());
+      if ((int)out.size() >= n) break;
+    }
+    CT_ASSERT(step < 1000000, "filler text produced no tokens");
+  }
+  out.resize(n);
+  return out;
+}
+
+struct Outcome {
+  DecodeResult answer;
+  double ttft_ms = 0;
+  PrefillBreakdown bd;
+  SelectionReport sel;
+  std::vector<float> attn;           // F32 [n_total] query attention (when measured)
+  std::vector<float> forced_logits;  // F32 [n_forced][n_vocab]
+};
+
+// One policy on one request: the timed prefill plus first-token sample (TTFT), greedy decoding,
+// then teacher forcing of `forced` from the same prompt cache. The query attention comes from a
+// second, untimed prefill with the tap on, so that TTFT carries no instrumentation.
+Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptions& po,
+                   int max_tokens, bool want_attn,
+                   const std::function<std::vector<int32_t>(const DecodeResult&)>& forced_of,
+                   KVCache& kv, Workspace& ws) {
+  const int V = m.config().n_vocab;
+  // The prefix policy reuses the instruction head from an earlier request with the same head,
+  // simulated by a cache seeded with a prefill of exactly that head (deterministic, and the
+  // same whether or not the run was resumed).
+  PrefixCache pc(1);
+  if (po.kind == PolicyKind::kPrefix && !req.prefix.empty()) {
+    KVCache pkv = m.make_cache((int)req.prefix.size());
+    m.prefill(req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
+    pc.remember(req.prefix, pkv);
+  }
+  SelectiveOptions so;
+  so.policy = po;
+  so.prefix_cache = &pc;
+  Outcome out;
+  kv.n_pos = 0;
+  Timer t;
+  std::vector<float> logits = selective_prefill(m, req, so, kv, ws, &out.bd, &out.sel);
+  const int32_t first = argmax(logits.data(), V);
+  out.ttft_ms = t.ms();
+  (void)first;  // decode() samples it again; the sample is part of TTFT by definition
+  const int n_prompt = kv.n_pos;
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  out.answer = decode(m, kv, ws, logits, g);
+  const std::vector<int32_t> forced = forced_of(out.answer);
+  kv.n_pos = n_prompt;  // decoding's rows are overwritten by the forced tokens
+  if (!forced.empty()) {
+    out.forced_logits = forced_decode_logits(m, kv, ws, logits, forced);
+  } else {
+    out.forced_logits = logits;
+  }
+  if (want_attn && has_attention(po.kind)) {
+    so.query_attention = &out.attn;
+    kv.n_pos = 0;
+    PrefillBreakdown unused;
+    selective_prefill(m, req, so, kv, ws, &unused);
+  }
+  return out;
+}
+
+// What the policies of one prompt layout are compared against, kept in out_dir/refs/ so that a
+// resumed or extended run (sweeps, robustness) does not recompute full prefill and drift.
+struct Reference {
+  std::string answer;                     // full recompute's greedy answer
+  std::vector<int32_t> forced;            // its first K tokens (teacher forced)
+  std::vector<float> forced_logits;       // F32 [max(1, |forced|)][n_vocab]
+  std::vector<float> attn;                // F32 [n_total] query attention
+  std::vector<std::vector<float>> drift;  // per chunk in prompt order: F32 [n_tok]
+};
+
+constexpr char kRefMagic[8] = {'C', 'T', 'E', 'V', 'R', 'E', 'F', '1'};
+
+template <class T>
+void put_vec(std::ofstream& f, const T* p, uint64_t n) {
+  f.write(reinterpret_cast<const char*>(&n), sizeof n);
+  f.write(reinterpret_cast<const char*>(p), (std::streamsize)(n * sizeof(T)));
+}
+
+template <class T>
+bool get_vec(std::ifstream& f, std::vector<T>& v, uint64_t max_n) {
+  uint64_t n = 0;
+  if (!f.read(reinterpret_cast<char*>(&n), sizeof n) || n > max_n) return false;
+  v.resize(n);
+  return (bool)f.read(reinterpret_cast<char*>(v.data()), (std::streamsize)(n * sizeof(T)));
+}
+
+void write_reference(const std::string& path, const Reference& r) {
+  std::ofstream f(path + ".tmp", std::ios::binary);
+  f.write(kRefMagic, sizeof kRefMagic);
+  put_vec(f, r.answer.data(), r.answer.size());
+  put_vec(f, r.forced.data(), r.forced.size());
+  put_vec(f, r.forced_logits.data(), r.forced_logits.size());
+  put_vec(f, r.attn.data(), r.attn.size());
+  const uint64_t nc = r.drift.size();
+  f.write(reinterpret_cast<const char*>(&nc), sizeof nc);
+  for (const auto& d : r.drift) put_vec(f, d.data(), d.size());
+  f.close();
+  CT_THROW_IF_NOT(f.good(), "cannot write reference file '{}'", path + ".tmp");
+  fs::rename(path + ".tmp", path);
+}
+
+// False (and the caller recomputes) when the file is missing, truncated or does not fit the
+// request: another vocabulary, prompt length or chunk split.
+bool read_reference(const std::string& path, int n_vocab, int n_total,
+                    const std::vector<int>& chunk_tokens, Reference& r) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  char magic[sizeof kRefMagic];
+  if (!f.read(magic, sizeof magic) || std::memcmp(magic, kRefMagic, sizeof magic) != 0) {
+    return false;
+  }
+  std::vector<char> answer;
+  if (!get_vec(f, answer, 1u << 24) || !get_vec(f, r.forced, 1u << 16) ||
+      !get_vec(f, r.forced_logits, (uint64_t)n_vocab << 16) || !get_vec(f, r.attn, 1u << 24)) {
+    return false;
+  }
+  r.answer.assign(answer.begin(), answer.end());
+  uint64_t nc = 0;
+  if (!f.read(reinterpret_cast<char*>(&nc), sizeof nc) || nc != chunk_tokens.size()) return false;
+  r.drift.resize(nc);
+  for (uint64_t b = 0; b < nc; ++b) {
+    if (!get_vec(f, r.drift[b], 1u << 24) || (int)r.drift[b].size() != chunk_tokens[b]) {
+      return false;
+    }
+  }
+  return (int)r.attn.size() == n_total &&
+         r.forced_logits.size() == (size_t)std::max<size_t>(1, r.forced.size()) * n_vocab;
+}
+
+json breakdown_json(const PrefillBreakdown& b) {
+  return {
+      {"select_ms", b.select_ms},   {"load_ms", b.load_ms},     {"load_wait_ms", b.load_wait_ms},
+      {"compute_ms", b.compute_ms}, {"logits_ms", b.logits_ms}, {"total_ms", b.total_ms},
+      {"n_total", b.n_total},       {"n_active", b.n_active},   {"n_loaded", b.n_loaded}};
+}
+
+// KV energy fraction per frequency band of the isolated encodings, averaged over the chunks.
+std::vector<double> band_energy(const std::vector<std::shared_ptr<const ChunkKV>>& recs,
+                                int n_bands) {
+  std::vector<double> band(n_bands, 0.0);
+  for (const auto& r : recs) {
+    const ChunkMeta& mt = r->meta;
+    const ChunkKVF32 f = unpack_text_order(*r);
+    std::vector<const float*> kl(mt.n_layer), vl(mt.n_layer);
+    for (int l = 0; l < mt.n_layer; ++l) {
+      kl[l] = f.k_layer(l, mt.n_tok, mt.kv_dim);
+      vl[l] = f.v_layer(l, mt.n_tok, mt.kv_dim);
+    }
+    const auto e = kv_band_energy(kl, vl, mt.n_tok, mt.kv_dim, n_bands);
+    for (int i = 0; i < n_bands; ++i) band[i] += e[i] / recs.size();
+  }
+  return band;
+}
+
+class Runner {
+ public:
+  Runner(const Model& m, const EvalOptions& o)
+      : m_(m),
+        o_(o),
+        settings_(make_settings(o)),
+        cache_(m, encode_options(o), o.chunk_cache_bytes) {}
+
+  EvalStats run();
+
+ private:
+  static EncodeOptions encode_options(const EvalOptions& o) {
+    EncodeOptions e;
+    e.dtype = o.dtype;
+    e.rank.alpha = o.alpha;
+    return e;
+  }
+  void note(const std::string& s) const {
+    if (o_.log) o_.log(s);
+  }
+  // Units (setting name, policy) of one example not yet in the results file, reference units
+  // first per layout.
+  std::vector<std::pair<const Setting*, PolicyKind>> pending_units(const EvalExample& ex) const;
+  void run_example(const std::vector<EvalExample>& file, size_t idx,
+                   const std::vector<std::pair<const Setting*, PolicyKind>>& units);
+  void finish_unit(const std::string& ex, const std::string& setting, PolicyKind k) {
+    ++stats_.n_run;
+    EvalProgress p;
+    p.done = stats_.n_run;
+    p.total = total_units_;
+    p.example = ex;
+    p.setting = setting;
+    p.policy = policy_name(k);
+    p.unit_s = unit_t_.seconds();
+    p.elapsed_s = run_t_.seconds();
+    unit_t_.reset();
+    if (o_.progress) o_.progress(p);
+  }
+
+  const Model& m_;
+  const EvalOptions& o_;
+  std::vector<Setting> settings_;
+  ChunkCache cache_;
+  std::set<std::string> done_;
+  std::unique_ptr<ResultsWriter> out_;
+  EvalStats stats_;
+  int total_units_ = 0;
+  Timer run_t_, unit_t_;
+};
+
+std::vector<std::pair<const Setting*, PolicyKind>> Runner::pending_units(
+    const EvalExample& ex) const {
+  std::vector<std::pair<const Setting*, PolicyKind>> u;
+  for (Layout l : {Layout::kBase, Layout::kShuffle, Layout::kExtraContext}) {
+    std::vector<std::pair<const Setting*, PolicyKind>> lu;
+    const Setting* ref = nullptr;
+    for (const Setting& s : settings_) {
+      if (s.layout != l) continue;
+      if (s.name == layout_setting_name(l, o_)) ref = &s;
+      for (PolicyKind k : s.policies) {
+        if (!done_.count(unit_key(ex.id, s.name, policy_name(k)))) lu.push_back({&s, k});
+      }
+    }
+    if (!ref) continue;
+    const bool ref_done = done_.count(unit_key(ex.id, ref->name, "full")) > 0;
+    if (!ref_done) u.push_back({ref, PolicyKind::kFull});
+    u.insert(u.end(), lu.begin(), lu.end());
+  }
+  return u;
+}
+
+void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
+                         const std::vector<std::pair<const Setting*, PolicyKind>>& units) {
+  const EvalExample& ex = file[idx];
+  const TaskSpec spec = task_spec(ex.task);
+  const int max_tokens = spec.kind == TaskKind::kSummary ? o_.max_tokens_summary : o_.max_tokens_qa;
+  const Tokenizer& tok = m_.tokenizer();
+  const ModelConfig& c = m_.config();
+  const int V = c.n_vocab, KV = c.kv_dim(), L = c.n_layer;
+  const RagPromptTokens prompt = build_rag_prompt(tok, ex.chunks, ex.question, spec.instruction);
+
+  const double enc_before = cache_.encode_ms();
+  std::vector<std::shared_ptr<const ChunkKV>> recs;
+  for (const auto& t : prompt.chunks) recs.push_back(cache_.get(t));
+  const double encode_ms = cache_.encode_ms() - enc_before;
+  int n_chunk_tokens = 0;
+  for (const auto& r : recs) n_chunk_tokens += r->meta.n_tok;
+
+  Workspace ws;
+  for (Layout layout : {Layout::kBase, Layout::kShuffle, Layout::kExtraContext}) {
+    std::vector<std::pair<const Setting*, PolicyKind>> lu;
+    for (const auto& u : units) {
+      if (u.first->layout == layout) lu.push_back(u);
+    }
+    if (lu.empty()) continue;
+    const std::string ref_name = layout_setting_name(layout, o_);
+
+    // Prompt layout: chunk order and prefix.
+    std::vector<int> order(recs.size());
+    std::iota(order.begin(), order.end(), 0);
+    if (layout == Layout::kShuffle) order = shuffled_order((int)recs.size(), o_.seed, ex.id);
+    ComposedRequest base_req{prompt.prefix, {}, prompt.query};
+    if (layout == Layout::kExtraContext) {
+      const auto fill = filler_tokens(tok, file, idx, o_.extra_context_tokens);
+      base_req.prefix.insert(base_req.prefix.end(), fill.begin(), fill.end());
+    }
+    std::vector<std::unique_ptr<InMemoryChunk>> srcs;
+    for (int b : order) {
+      srcs.push_back(std::make_unique<InMemoryChunk>(*recs[b]));
+      base_req.chunks.push_back(srcs.back().get());
+    }
+    const RequestLayout lay = layout_request(base_req);
+    const int n_ctx = lay.n_total + max_tokens + o_.kl_positions + 2;
+    CT_THROW_IF_NOT(n_ctx <= c.n_ctx_train,
+                    "{}:{}: example '{}' ({}) needs {} positions ({} prompt tokens + answer), more "
+                    "than the model's context of {}",
+                    ex.file, ex.line, ex.id, ref_name, n_ctx, lay.n_total, c.n_ctx_train);
+    KVCache kv = m_.make_cache(n_ctx);
+    const Setting* ref_setting = nullptr;
+    for (const Setting& st : settings_) {
+      if (st.name == ref_name) ref_setting = &st;
+    }
+    CT_ASSERT(ref_setting != nullptr, "no setting for layout {}", ref_name);
+    const bool has_gold = !ex.answers.empty();
+    auto record = [&](const Setting& st, PolicyKind k, const Outcome& r, const Reference& ref) {
+      json j = {{"example", ex.id},
+                {"task", ex.task},
+                {"setting", st.name},
+                {"ref_setting", ref_name},
+                {"policy", policy_name(k)},
+                {"ratio", st.ratio},
+                {"alpha", st.alpha},
+                {"n_prompt", lay.n_total},
+                {"n_chunks", (int)recs.size()},
+                {"n_chunk_tokens", n_chunk_tokens},
+                {"answer", r.answer.text},
+                {"n_answer_tokens", (int)r.answer.tokens.size()},
+                {"stopped_at_eog", r.answer.stopped_at_eog},
+                {"metric", spec.metric},
+                {"task_score",
+                 has_gold ? json(task_metric_max(spec, r.answer.text, ex.answers)) : json(nullptr)},
+                {"ttft_ms", r.ttft_ms},
+                {"decode_ms", r.answer.decode_s * 1e3},
+                {"breakdown", breakdown_json(r.bd)}};
+      // Identical answers are fully faithful even when the metric scores "" vs "" as 0.
+      j["fid_score"] =
+          r.answer.text == ref.answer ? 1.0 : task_metric(spec, r.answer.text, ref.answer);
+      const int n_kl = std::max<int>(1, (int)ref.forced.size());
+      j["kl"] = mean_kl_from_logits(ref.forced_logits, r.forced_logits, V, n_kl);
+      j["kl_positions"] = n_kl;
+      j["attn_cos"] =
+          r.attn.empty() ? json(nullptr)
+                         : json(cosine_similarity(ref.attn.data(), r.attn.data(), lay.query_begin));
+      return j;
+    };
+
+    // Reference: full recompute, then one tapped full prefill for drift and query attention.
+    std::vector<int> chunk_tokens;
+    for (int b : order) chunk_tokens.push_back(recs[b]->meta.n_tok);
+    const std::string ref_file = o_.out_dir + "/refs/" + ex.id + "." + ref_name + ".bin";
+    const bool ref_recorded = done_.count(unit_key(ex.id, ref_name, "full")) > 0;
+    Reference ref;
+    if (!ref_recorded || !read_reference(ref_file, V, lay.n_total, chunk_tokens, ref)) {
+      PolicyOptions fpo;
+      fpo.kind = PolicyKind::kFull;
+      Outcome full = run_policy(
+          m_, base_req, fpo, max_tokens, false,
+          [&](const DecodeResult& d) {
+            return std::vector<int32_t>(
+                d.tokens.begin(),
+                d.tokens.begin() + std::min<size_t>(d.tokens.size(), o_.kl_positions));
+          },
+          kv, ws);
+      ref.answer = full.answer.text;
+      ref.forced.assign(full.answer.tokens.begin(),
+                        full.answer.tokens.begin() +
+                            std::min<size_t>(full.answer.tokens.size(), o_.kl_positions));
+      ref.forced_logits = full.forced_logits;
+      {
+        const PrefillKV ctx = capture_prefill_kv(m_, lay.tokens, lay.query_begin);
+        ref.attn = ctx.query_attention;
+        ref.drift.clear();
+        for (size_t b = 0; b < base_req.chunks.size(); ++b) {
+          const ChunkKV& r = *recs[order[b]];
+          const int n = r.meta.n_tok, off = lay.chunk_offset[b];
+          const ChunkKVF32 f = unpack_text_order(r);
+          std::vector<const float*> ki(L), vi(L), kc(L), vc(L);
+          for (int l = 0; l < L; ++l) {
+            ki[l] = f.k_layer(l, n, KV);
+            vi[l] = f.v_layer(l, n, KV);
+            kc[l] = ctx.k_rows(l, off, KV);
+            vc[l] = ctx.v_rows(l, off, KV);
+          }
+          ref.drift.push_back(kv_drift(ki, vi, kc, vc, n, KV));
+        }
+      }
+      write_reference(ref_file, ref);
+      if (!ref_recorded) {
+        full.attn = ref.attn;
+        json j = record(*ref_setting, PolicyKind::kFull, full, ref);
+        j["encode_ms"] = encode_ms;
+        if (layout == Layout::kBase) j["band_energy"] = band_energy(recs, o_.n_bands);
+        out_->append(j);
+        done_.insert(unit_key(ex.id, ref_name, "full"));
+        finish_unit(ex.id, ref_name, PolicyKind::kFull);
+      }
+    }
+    const std::vector<std::vector<float>>& drift = ref.drift;
+
+    for (const auto& [s, k] : lu) {
+      if (k == PolicyKind::kFull) continue;
+      ComposedRequest req = base_req;
+      std::vector<ChunkKV> reranked;
+      std::vector<std::unique_ptr<InMemoryChunk>> rsrcs;
+      if (s->rerank) {
+        RankOptions ro;
+        ro.alpha = s->alpha;
+        for (int b : order) reranked.push_back(rerank_record(*recs[b], ro));
+        req.chunks.clear();
+        for (const ChunkKV& r : reranked) {
+          rsrcs.push_back(std::make_unique<InMemoryChunk>(r));
+          req.chunks.push_back(rsrcs.back().get());
+        }
+      }
+      PolicyOptions po;
+      po.kind = k;
+      po.ratio = s->ratio;
+      po.alpha = s->alpha;
+      po.seed = o_.seed;
+      Outcome r = run_policy(
+          m_, req, po, max_tokens, true, [&](const DecodeResult&) { return ref.forced; }, kv, ws);
+      json j = record(*s, k, r, ref);
+      if (has_selection(k) && !drift.empty()) {
+        RecallCount rc;
+        int n_sel = 0;
+        CT_ASSERT(r.sel.selected.size() == drift.size(), "selection of {} chunks, drift of {}",
+                  r.sel.selected.size(), drift.size());
+        for (size_t b = 0; b < drift.size(); ++b) {
+          rc += recall_at(r.sel.selected[b], drift[b], s->ratio);
+          n_sel += (int)r.sel.selected[b].size();
+        }
+        j["recall"] = rc.recall();
+        j["recall_hits"] = rc.hits;
+        j["recall_ref"] = rc.n_ref;
+        j["n_selected"] = n_sel;
+      } else {
+        j["recall"] = nullptr;
+      }
+      out_->append(j);
+      done_.insert(unit_key(ex.id, s->name, policy_name(k)));
+      finish_unit(ex.id, s->name, k);
+    }
+  }
+}
+
+EvalStats Runner::run() {
+  CT_THROW_IF_NOT(!o_.out_dir.empty(), "no output directory given (--out DIR)");
+  CT_THROW_IF_NOT(!o_.data_files.empty(), "no data files given (--data FILE.jsonl)");
+  CT_THROW_IF_NOT(o_.ratio > 0 && o_.ratio <= 1, "ratio {} outside (0, 1]", o_.ratio);
+  CT_THROW_IF_NOT(o_.alpha > 0 && o_.alpha <= 1, "alpha {} outside (0, 1]", o_.alpha);
+  CT_THROW_IF_NOT(o_.kl_positions >= 1, "KL positions must be >= 1, got {}", o_.kl_positions);
+  CT_THROW_IF_NOT(o_.max_tokens_qa >= 1 && o_.max_tokens_summary >= 1,
+                  "max new tokens must be >= 1 (got {} for QA, {} for summaries)", o_.max_tokens_qa,
+                  o_.max_tokens_summary);
+  CT_THROW_IF_NOT(o_.limit >= 0, "limit must be >= 0, got {}", o_.limit);
+  CT_THROW_IF_NOT(o_.extra_context_tokens >= 1, "extra context must be >= 1 token, got {}",
+                  o_.extra_context_tokens);
+  std::vector<std::vector<EvalExample>> files;
+  for (const std::string& f : o_.data_files) files.push_back(read_examples(f));
+
+  std::error_code ec;
+  fs::create_directories(o_.out_dir, ec);
+  CT_THROW_IF_NOT(!ec, "cannot create output directory '{}': {}", o_.out_dir, ec.message());
+  fs::create_directories(o_.out_dir + "/refs", ec);
+  CT_THROW_IF_NOT(!ec, "cannot create '{}/refs': {}", o_.out_dir, ec.message());
+  update_run_json(m_, o_, o_.out_dir);
+  stats_.results_path = o_.out_dir + "/" + kResultsFile;
+  done_ = load_done_keys(stats_.results_path, o_.log);
+  out_ = std::make_unique<ResultsWriter>(stats_.results_path);
+
+  std::vector<std::vector<size_t>> chosen(files.size());
+  int planned = 0, skipped = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const size_t n = o_.limit > 0 ? std::min<size_t>(o_.limit, files[f].size()) : files[f].size();
+    for (size_t i = 0; i < n; ++i) {
+      chosen[f].push_back(i);
+      const int pend = (int)pending_units(files[f][i]).size();
+      planned += pend;
+    }
+  }
+  // Every unit this configuration asks for, finished or not, to report what was skipped.
+  for (size_t f = 0; f < files.size(); ++f) {
+    for (size_t i : chosen[f]) {
+      const EvalExample& ex = files[f][i];
+      for (const Setting& s : settings_) {
+        if (s.name == layout_setting_name(s.layout, o_) &&
+            done_.count(unit_key(ex.id, s.name, "full"))) {
+          ++skipped;
+        }
+        for (PolicyKind k : s.policies)
+          skipped += done_.count(unit_key(ex.id, s.name, policy_name(k)));
+      }
+    }
+  }
+  stats_.n_skipped = skipped;
+  total_units_ = planned;
+  if (skipped > 0)
+    note(fmt::format("resuming: {} units already in {}, {} to run", skipped, stats_.results_path,
+                     planned));
+  run_t_.reset();
+  unit_t_.reset();
+  for (size_t f = 0; f < files.size(); ++f) {
+    for (size_t i : chosen[f]) {
+      const auto units = pending_units(files[f][i]);
+      if (!units.empty()) run_example(files[f], i, units);
+    }
+  }
+  out_.reset();
+  summarize_eval(o_.out_dir);
+  stats_.summary_path = o_.out_dir + "/" + kSummaryFile;
+  stats_.seconds = run_t_.seconds();
+  return stats_;
+}
+
+// ---- summary
+// ----------------------------------------------------------------------------------------
+
+struct Acc {
+  double sum = 0;
+  int n = 0;
+  void add(const json& v) {
+    if (v.is_number()) {
+      sum += v.get<double>();
+      ++n;
+    }
+  }
+  json mean() const { return n > 0 ? json(sum / n) : json(nullptr); }
+};
+
+}  // namespace
+
+std::vector<std::string> eval_setting_names(const EvalOptions& o) {
+  std::vector<std::string> out;
+  for (const Setting& s : make_settings(o)) out.push_back(s.name);
+  return out;
+}
+
+EvalStats run_eval(const Model& m, const EvalOptions& o) { return Runner(m, o).run(); }
+
+json summarize_eval(const std::string& dir) {
+  const std::string path = dir + "/" + kResultsFile;
+  std::ifstream in(path);
+  CT_THROW_IF_NOT(in.good(), "cannot read results file '{}'", path);
+  std::vector<json> recs;
+  std::map<std::string, const json*> full;  // example|setting -> full record
+  std::string line;
+  for (int ln = 1; std::getline(in, line); ++ln) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      recs.push_back(json::parse(line));
+    } catch (const json::parse_error& e) {
+      CT_THROW("{}:{}: invalid JSON ({})", path, ln, e.what());
+    }
+  }
+  for (const json& r : recs) {
+    if (r["policy"] == "full")
+      full[r["example"].get<std::string>() + "|" + r["setting"].get<std::string>()] = &r;
+  }
+  // task -> setting -> policy -> records
+  std::map<std::string, std::map<std::string, std::map<std::string, std::vector<const json*>>>> g;
+  for (const json& r : recs) g[r["task"]][r["setting"]][r["policy"]].push_back(&r);
+
+  json tasks = json::object();
+  for (const auto& [task, settings] : g) {
+    json tj = json::object();
+    json sj = json::object();
+    std::vector<double> band;
+    int n_band = 0;
+    Acc prompt;
+    std::set<std::string> examples;
+    for (const auto& [setting, policies] : settings) {
+      json pj = json::object();
+      for (const auto& [policy, rs] : policies) {
+        Acc score, full_score, fid, kl, cos, ttft, full_ttft, decode, n_prompt;
+        std::map<std::string, Acc> bd;
+        long hits = 0, ref = 0;
+        for (const json* r : rs) {
+          const auto it = full.find(r->at("example").get<std::string>() + "|" +
+                                    r->at("ref_setting").get<std::string>());
+          const json* f = it == full.end() ? nullptr : it->second;
+          score.add(r->at("task_score"));
+          if (f && r->at("task_score").is_number()) full_score.add(f->at("task_score"));
+          fid.add(r->at("fid_score"));
+          kl.add(r->at("kl"));
+          cos.add(r->at("attn_cos"));
+          ttft.add(r->at("ttft_ms"));
+          if (f) full_ttft.add(f->at("ttft_ms"));
+          decode.add(r->at("decode_ms"));
+          n_prompt.add(r->at("n_prompt"));
+          for (auto b = r->at("breakdown").begin(); b != r->at("breakdown").end(); ++b) {
+            bd[b.key()].add(b.value());
+          }
+          if (r->contains("recall_ref") && r->at("recall").is_number()) {
+            hits += r->at("recall_hits").get<long>();
+            ref += r->at("recall_ref").get<long>();
+          }
+          if (setting == "base" && policy == "full") {
+            examples.insert(r->at("example").get<std::string>());
+            prompt.add(r->at("n_prompt"));
+            if (r->contains("band_energy")) {
+              const auto e = r->at("band_energy").get<std::vector<double>>();
+              if (band.empty()) band.assign(e.size(), 0.0);
+              for (size_t i = 0; i < e.size() && i < band.size(); ++i) band[i] += e[i];
+              ++n_band;
+            }
+          }
+        }
+        json p = {{"n", (int)rs.size()},
+                  {"ratio", rs.front()->at("ratio")},
+                  {"alpha", rs.front()->at("alpha")},
+                  {"metric", rs.front()->at("metric")},
+                  {"task_score", score.mean()},
+                  {"full_task_score", full_score.mean()},
+                  {"fid_score", fid.mean()},
+                  {"kl", kl.mean()},
+                  {"attn_cos", cos.mean()},
+                  {"recall", ref > 0 ? json((double)hits / ref) : json(nullptr)},
+                  {"recall_hits", hits},
+                  {"recall_ref", ref},
+                  {"ttft_ms", ttft.mean()},
+                  {"full_ttft_ms", full_ttft.mean()},
+                  {"decode_ms", decode.mean()},
+                  {"n_prompt", n_prompt.mean()}};
+        p["score_vs_full"] = score.n > 0 && full_score.n > 0 && full_score.sum > 0
+                                 ? json(score.sum / full_score.sum)
+                                 : json(nullptr);
+        p["speedup"] = ttft.n > 0 && full_ttft.n == ttft.n && ttft.sum > 0
+                           ? json(full_ttft.sum / ttft.sum)
+                           : json(nullptr);
+        json bj = json::object();
+        for (const auto& [k, a] : bd) bj[k] = a.mean();
+        p["breakdown"] = bj;
+        pj[policy] = p;
+      }
+      sj[setting] = pj;
+    }
+    for (double& b : band) b /= std::max(1, n_band);
+    tj["n_examples"] = (int)examples.size();
+    tj["mean_prompt_tokens"] = prompt.mean();
+    tj["band_energy"] = band;
+    tj["settings"] = sj;
+    tasks[task] = tj;
+  }
+  json run;
+  if (std::ifstream rin(dir + "/" + kRunFile); rin.good()) {
+    try {
+      run = json::parse(rin);
+    } catch (const json::parse_error&) {
+      run = nullptr;
+    }
+  }
+  json summary = {{"run", run}, {"n_records", (int)recs.size()}, {"tasks", tasks}};
+  const std::string spath = dir + "/" + kSummaryFile;
+  std::ofstream out(spath + ".tmp");
+  out << summary.dump(2) << "\n";
+  out.close();
+  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", spath + ".tmp");
+  fs::rename(spath + ".tmp", spath);
+  return summary;
+}
+
+}  // namespace ct
