@@ -1,5 +1,6 @@
 // `cachetune eval`: runs data files through the reuse policies (src/eval/runner.h), prints a
 // progress line with ETA per finished unit on stderr and a table of the base setting on stdout.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -15,11 +16,12 @@ namespace ct::cli {
 namespace {
 
 // Defaults sized so that `cachetune eval --data shared/data --out DIR` (all five tasks) takes
-// about an hour on the 2-core development machine, measured with every policy: ~2.6 min per
-// hotpotqa example, ~10 min per musique / 2wikimqa example (6K tokens), ~5 min per multi_news /
-// cacheblend_wiki example. The three policies left out of the default list (prefix: quality of
-// full by construction at nearly full cost; l2 and lfonly: ablations of Sec. 5.4) cost about a
-// fifth of the time; list them with --policies. docs/RESULTS.md records the measured runs.
+// about an hour on the 2-core development machine. Measured with all 11 policies: ~2.6 min per
+// hotpotqa example (1.9K tokens), ~10 min per musique example (6.2K tokens); estimated from
+// token counts: ~10 min per 2wikimqa, ~5 min per multi_news / cacheblend_wiki example. The
+// policies left out of the default list (prefix: quality of full by construction at nearly full
+// cost; l2 and lfonly: the ablations of Sec. 5.4) cost about a fifth of that; list them with
+// --policies. docs/RESULTS.md records the measured runs.
 constexpr const char* kDefaultPolicies =
     "full,reuse,cachetune,cacheblend,epic,random,highfreq,prophetkv";
 constexpr int kDefaultLimit = 2;
