@@ -359,6 +359,12 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
     m.prefill(req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
     pc.remember(req.prefix, pkv);
   }
+  // The l2 and highfreq rankings are computed from the stored K/V on first use and memoised
+  // (policy.h). A deployment would store them offline like cachetune's, so they are computed
+  // before the timer: TTFT compares selections, not where a baseline's ranking comes from.
+  if (po.kind == PolicyKind::kL2 || po.kind == PolicyKind::kHighFreq) {
+    for (const ChunkSource* c : req.chunks) select_offline(*c, po);
+  }
   SelectiveOptions so;
   so.policy = po;
   so.prefix_cache = &pc;
