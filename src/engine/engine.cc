@@ -2,6 +2,7 @@
 // recovery from unreadable chunks.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -18,6 +19,19 @@ std::string default_cache_dir() {
   if (const char* d = std::getenv("CACHETUNE_CACHE_DIR"); d && *d) return d;
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : ".") + "/.cache/cachetune/chunks";
+}
+
+std::string default_calibration_path() {
+  if (const char* p = std::getenv("CACHETUNE_CALIBRATION"); p && *p) return p;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/cachetune/calibration.json";
+}
+
+std::string calibration_tier_key(const TierSpec& t) {
+  if (t.kind == "disk" && t.read_bytes_per_sec > 0) {
+    return fmt::format("disk:bw={:.0f}", t.read_bytes_per_sec);
+  }
+  return t.kind;
 }
 
 size_t parse_bytes(const std::string& text) {
@@ -75,6 +89,9 @@ TierSpec parse_tier_spec(const std::string& text) {
 
 Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.model_path.empty()) opt_.model_path = default_model_path();
+  if (opt_.calibration_path.empty()) opt_.calibration_path = default_calibration_path();
+  CT_THROW_IF_NOT(opt_.r_min >= 0 && opt_.r_min <= 1, "engine r_min={}: expected [0, 1]",
+                  opt_.r_min);
   if (opt_.tiers.empty()) {
     opt_.tiers = {parse_tier_spec("device:2G"), parse_tier_spec("host:8G"),
                   parse_tier_spec("disk:" + default_cache_dir())};
@@ -109,6 +126,40 @@ int Engine::tier_index(const std::string& name) const {
   std::string have;
   for (const auto& t : opt_.tiers) have += (have.empty() ? "" : ", ") + t.kind;
   CT_THROW("tier '{}' is not configured (tiers: {})", name, have);
+}
+
+sched::CalibrationKey Engine::calibration_key(size_t tier) const {
+  CT_THROW_IF_NOT(tier < opt_.tiers.size(), "tier index {}: the engine has {} tiers", tier,
+                  opt_.tiers.size());
+  // Read once per process: it parses /proc/cpuinfo, and auto mode asks on every request.
+  static const std::string machine = sched::machine_identity();
+  return {model_->fingerprint(), "cpu", calibration_tier_key(opt_.tiers[tier]), machine};
+}
+
+RatioChoice Engine::auto_ratio(size_t tier) const {
+  if (!calibrations_) {
+    std::string error;
+    calibrations_ = std::make_unique<sched::CalibrationStore>(
+        sched::CalibrationStore::load_or_empty(opt_.calibration_path, &error));
+    if (!error.empty()) {
+      std::fprintf(stderr, "cachetune: warning: %s; using r_min\n", error.c_str());
+    }
+  }
+  const sched::CalibrationKey key = calibration_key(tier);
+  RatioChoice c;
+  c.tier_key = key.tier;
+  if (const sched::CalibrationEntry* e = calibrations_->find(key)) {
+    c.r = e->chosen_r;
+    c.calibrated = true;
+    c.note = fmt::format("r={:.3f} calibrated for tier {}", c.r, key.tier);
+  } else {
+    c.r = opt_.r_min;
+    c.note = fmt::format(
+        "no calibration for tier {} of this model on this machine in {}; using r_min={:.2f} "
+        "(run `cachetune calibrate --tier ...`)",
+        key.tier, opt_.calibration_path, c.r);
+  }
+  return c;
 }
 
 ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier,
@@ -155,6 +206,14 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
       req.chunks.push_back(srcs.back().get());
     }
     ans.lookup_ms = lookup.ms();
+    if (opt_.auto_ratio) {
+      int slowest = 0;
+      for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
+      const RatioChoice choice = auto_ratio((size_t)slowest);
+      sel.policy.ratio = choice.r;
+      ans.ratio_note = choice.note;
+    }
+    ans.ratio = sel.policy.ratio;
     const int n_total = layout_request(req).n_total;
     ans.n_prompt = n_total;
     CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,

@@ -13,6 +13,7 @@
 #include "reuse/encoder.h"
 #include "reuse/prompt.h"
 #include "reuse/selective.h"
+#include "sched/calibration_store.h"
 #include "store/pool.h"
 
 namespace ct {
@@ -31,13 +32,34 @@ struct TierSpec {
 TierSpec parse_tier_spec(const std::string& text);
 size_t parse_bytes(const std::string& text);  // "512M", "2G", "100000"
 
+// The part of a tier spec a recompute-ratio calibration depends on: the kind, plus the read
+// throttle of a disk ("disk:bw=104857600", bytes/s) because an emulated slow medium is a different
+// medium. The directory and capacity do not change per-token costs, so they are left out.
+std::string calibration_tier_key(const TierSpec& t);
+
 struct EngineOptions {
   std::string model_path;     // default: default_model_path()
   std::vector<TierSpec> tiers;  // default: device 2 GiB, host 8 GiB, disk in default_cache_dir()
   EncodeOptions encode;
+  // Recompute ratio chosen per request from the persisted calibration of the tier holding the
+  // request's chunks (`--ratio auto`) instead of SelectiveOptions::policy.ratio. Without a
+  // calibration for that tier the request runs at r_min and Answer::ratio_note says so.
+  bool auto_ratio = false;
+  double r_min = 0.15;           // quality floor (paper App. E.4); also the fallback ratio
+  std::string calibration_path;  // default: default_calibration_path()
 };
 
 std::string default_cache_dir();  // $CACHETUNE_CACHE_DIR or ~/.cache/cachetune/chunks
+// $CACHETUNE_CALIBRATION or ~/.cache/cachetune/calibration.json
+std::string default_calibration_path();
+
+// The recompute ratio auto mode picked for one tier, and why.
+struct RatioChoice {
+  double r = 0;
+  bool calibrated = false;  // false: no stored calibration for this key, r is r_min
+  std::string tier_key;     // calibration_tier_key() of the tier
+  std::string note;         // one line for logs, e.g. "calibrated for host" or the fallback
+};
 
 struct ChunkInfo {
   std::string id;
@@ -58,6 +80,8 @@ struct Answer {
   double decode_ms = 0;
   int n_prompt = 0;
   int retries = 0;       // re-encodings after a failed chunk read
+  double ratio = 0;      // recompute ratio the prefill ran with (auto mode: the chosen one)
+  std::string ratio_note;  // auto mode: RatioChoice::note; empty otherwise
 };
 
 class Engine {
@@ -74,7 +98,16 @@ class Engine {
   ChunkInfo ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier = "",
                          ChunkMeta* meta_out = nullptr);
 
-  // Answers a question over documents with the given policy.
+  // Key of the calibration that applies to tier `tier` (index into options().tiers) for the
+  // loaded model on this machine, CPU backend.
+  sched::CalibrationKey calibration_key(size_t tier) const;
+  // The calibrated ratio for tier `tier`, or r_min when none is stored. The calibration file is
+  // read on the first call and kept: calibrate in one process, then start a new engine.
+  RatioChoice auto_ratio(size_t tier) const;
+
+  // Answers a question over documents with the given policy. With options().auto_ratio the ratio
+  // comes from auto_ratio() for the lowest tier holding any of the chunks after lookup: the
+  // loader reads every chunk each layer, so the slowest medium sets the load path.
   Answer answer(const std::vector<std::string>& docs, const std::string& question,
                 const SelectiveOptions& sel, const GenerateOptions& gen,
                 const std::string& instruction = kQaInstruction,
@@ -86,6 +119,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
+  mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };
 
 }  // namespace ct

@@ -32,7 +32,8 @@ struct GenerateArgs {
   std::vector<std::string> chunks;
   std::string question;
   std::vector<std::string> policies = {"cachetune"};
-  double ratio = 0.15;
+  std::string ratio = "0.15";  // a number in [0, 1], or "auto": the tier's calibrated ratio
+  std::string calibration;
   std::string instruction = kQaInstruction;
 };
 
@@ -50,7 +51,20 @@ void run_chunked(const GenerateArgs& a) {
   CT_THROW_IF_NOT(!a.question.empty(), "chunk mode needs --question TEXT");
   EngineFlags ef = a.engine;
   if (!a.model.empty() && ef.model.empty()) ef.model = a.model;
-  Engine eng(ef.options());
+  EngineOptions eo = ef.options();
+  eo.calibration_path = a.calibration;
+  eo.auto_ratio = a.ratio == "auto";
+  double ratio = eo.r_min;
+  if (!eo.auto_ratio) {
+    size_t used = 0;
+    try {
+      ratio = std::stod(a.ratio, &used);
+    } catch (const std::exception&) {
+    }
+    CT_THROW_IF_NOT(used == a.ratio.size() && ratio >= 0 && ratio <= 1,
+                    "--ratio '{}': expected a number in [0, 1] or 'auto'", a.ratio);
+  }
+  Engine eng(std::move(eo));
   std::vector<std::string> docs;
   for (const auto& f : a.chunks) docs.push_back(read_file(f));
   // Offline stage first, so that TTFT measures requests over cached chunks.
@@ -66,9 +80,10 @@ void run_chunked(const GenerateArgs& a) {
   for (size_t i = 0; i < a.policies.size(); ++i) {
     SelectiveOptions sel;
     sel.policy.kind = parse_policy(a.policies[i]);
-    sel.policy.ratio = a.ratio;
+    sel.policy.ratio = ratio;
     sel.policy.alpha = a.engine.alpha;
-    std::printf("[%s r=%.2f] ", a.policies[i].c_str(), a.ratio);
+    std::printf("[%s r=%s] ", a.policies[i].c_str(),
+                eng.options().auto_ratio ? "auto" : fmt::format("{:.2f}", ratio).c_str());
     std::fflush(stdout);
     Answer ans = eng.answer(docs, a.question, sel, gen, a.instruction, [](const std::string& p) {
       std::fwrite(p.data(), 1, p.size(), stdout);
@@ -76,6 +91,7 @@ void run_chunked(const GenerateArgs& a) {
     });
     std::printf("\n");
     std::fflush(stdout);
+    if (!ans.ratio_note.empty()) std::fprintf(stderr, "  ratio: %s\n", ans.ratio_note.c_str());
     const PrefillBreakdown& b = ans.prefill;
     std::fprintf(stderr,
                  "  prompt %d tokens, recomputed %d rows/layer, loaded %d | TTFT %.1f ms = lookup "
@@ -156,7 +172,13 @@ void register_generate(CLI::App& app) {
                 "cachetune, prefix, cacheblend, epic, random, l2, highfreq, lfonly, prophetkv")
       ->delimiter(',')
       ->capture_default_str();
-  c->add_option("-r,--ratio", a->ratio, "Recompute ratio r")->capture_default_str();
+  c->add_option("-r,--ratio", a->ratio,
+                "Recompute ratio r, or 'auto': the ratio `cachetune calibrate` stored for the "
+                "tier holding the chunks (r_min 0.15 when there is none)")
+      ->capture_default_str();
+  c->add_option("--calibration", a->calibration,
+                "Calibration store for --ratio auto (default: $CACHETUNE_CALIBRATION or "
+                "~/.cache/cachetune/calibration.json)");
   c->add_option("--instruction", a->instruction, "Instruction before the documents");
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");

@@ -10,5 +10,6 @@ void register_bench(CLI::App& app);
 void register_ingest(CLI::App& app);
 void register_cache(CLI::App& app);
 void register_eval(CLI::App& app);
+void register_calibrate(CLI::App& app);
 
 }  // namespace ct::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   ct::cli::register_ingest(app);
   ct::cli::register_cache(app);
   ct::cli::register_eval(app);
+  ct::cli::register_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
