@@ -9,5 +9,6 @@ void register_generate(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_ingest(CLI::App& app);
 void register_cache(CLI::App& app);
+void register_bench_tiers(CLI::App& app);
 
 }  // namespace ct::cli

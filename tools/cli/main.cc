@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   ct::cli::register_bench(app);
   ct::cli::register_ingest(app);
   ct::cli::register_cache(app);
+  ct::cli::register_bench_tiers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
