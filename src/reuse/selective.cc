@@ -155,12 +155,18 @@ class LayerLoader {
       cv_.wait(lock, [&] { return ready_[l] || error_; });
       if (error_) std::rethrow_exception(error_);
     }
+    if (!opt_.rope_in_loader) {
+      // RoPE on the compute thread is load work that the layer loop pays for in full.
+      Timer rt;
+      rope(l);
+      rope_on_caller_ms_ += rt.ms();
+    }
     wait_ms += t.ms();
-    if (!opt_.rope_in_loader) rope(l);
   }
 
-  double load_ms = 0;  // loader-side time (read, unpack, RoPE)
-  double wait_ms = 0;  // compute-side time spent waiting
+  // All load work (read, unpack, RoPE) on whichever thread did it; valid after the last wait().
+  double load_ms() const { return loader_ms_ + rope_on_caller_ms_; }
+  double wait_ms = 0;  // compute-side time spent waiting for, or doing, load work
   int n_rows = 0;      // rows loaded per layer
 
  private:
@@ -193,11 +199,16 @@ class LayerLoader {
       }
     }
     if (do_rope) rope(l);
-    load_ms += t.ms();
+    loader_ms_ += t.ms();
   }
+  // Only one thread ever calls rope() in a given loader (the loader thread with rope_in_loader
+  // and overlap, else the caller), so the tables filled on the first call need no lock.
   void rope(int l) {
+    if (rope_cos_.empty() && !pos_.empty()) {
+      m_.rope().angle_table(pos_.data(), (int)pos_.size(), rope_cos_, rope_sin_);
+    }
     m_.rope().apply_at_positions(kv_.k(l), kv_.kv_dim(), m_.config().n_head_kv, pos_.data(),
-                                 (int)pos_.size());
+                                 (int)pos_.size(), rope_cos_.data(), rope_sin_.data());
   }
 
   const Model& m_;
@@ -206,8 +217,13 @@ class LayerLoader {
   PipelineOptions opt_;
   int n_layer_;
   std::vector<char> ready_;
+  // loader_ms_ is written by whichever thread runs load() (the loader thread, published to the
+  // caller with ready_ under mu_); rope_on_caller_ms_ only by the caller.
+  double loader_ms_ = 0;
+  double rope_on_caller_ms_ = 0;
   std::vector<uint8_t> stage_k_, stage_v_;  // reusable staging buffers (loader thread only)
   std::vector<int32_t> pos_;  // global positions of the loaded rows (same in every layer)
+  std::vector<float> rope_cos_, rope_sin_;  // F32 [n_rows][n_rot/2]: their RoPE angles, once
   std::mutex mu_;
   std::condition_variable cv_;
   std::exception_ptr error_;
@@ -329,9 +345,9 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
   res.n_active = (int)act.size();
   if (loader) {
     res.n_loaded = loader->n_rows;
-    bd.load_ms += loader->load_ms;
+    bd.load_ms += loader->load_ms();
     bd.load_wait_ms += loader->wait_ms;
-    if (!popt.overlap) bd.load_wait_ms += loader->load_ms;
+    if (!popt.overlap) bd.load_wait_ms += loader->load_ms();
   }
   Timer gt;
   res.logits.resize(c.n_vocab);

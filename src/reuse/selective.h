@@ -33,8 +33,11 @@ RequestLayout layout_request(const ComposedRequest& r);
 // TTFT breakdown of one prefill (milliseconds).
 struct PrefillBreakdown {
   double select_ms = 0;     // choosing the recompute set (incl. online passes' extra work)
-  double load_ms = 0;       // complement K/V: read + unpack to F32 + deferred RoPE (loader time)
-  double load_wait_ms = 0;  // time the layer loop waited for the loader (the exposed load cost)
+  // Complement K/V: read + unpack to F32 + deferred RoPE, on whichever thread did the work.
+  double load_ms = 0;
+  // The exposed load cost: time the layer loop waited for the loader or did load work itself
+  // (all of load_ms without overlap; RoPE when it runs on the compute thread).
+  double load_wait_ms = 0;
   double compute_ms = 0;    // decoder layers on the active rows (projections, attention, MLP)
   double logits_ms = 0;
   double total_ms = 0;

@@ -2,6 +2,9 @@
 #include "store/chunk.h"
 
 #include <cstring>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "core/error.h"
 #include "core/fp16.h"
@@ -49,7 +52,16 @@ void kv_unpack(KvDtype t, const void* src, float* dst, size_t n) {
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
   if (t == KvDtype::F16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(s[i]);
+    size_t i = 0;
+#if defined(__F16C__)
+    // The layer loader unpacks every reused row of every layer; the hardware conversion is
+    // exact, like the scalar one (every half value is a float), and several times faster.
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = fp16_to_f32(s[i]);
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
   }

@@ -82,6 +82,33 @@ TEST(Ops, RopeMatchesReferenceBothStyles) {
   }
 }
 
+TEST(Ops, RopeAtPositionsMatchesReferenceBothStyles) {
+  // Deferred RoPE: rows scattered over a position-indexed buffer, rotated in place with a
+  // precomputed angle table; rows between them stay untouched.
+  for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
+    Rope rope(16, 12, 10000.0f, style);  // partial rotation: dims [12, 16) are not rotated
+    const int n_ctx = 900, n = 200, heads = 3, stride = 16 * heads;
+    std::vector<int32_t> pos;
+    for (int i = 0; i < n; ++i) pos.push_back(3 + 4 * i + (i % 3));  // increasing, gapped
+    const auto x = randn((size_t)n_ctx * stride, 10);
+    auto got = x;
+    std::vector<float> cs, sn;
+    rope.angle_table(pos.data(), n, cs, sn);
+    rope.apply_at_positions(got.data(), stride, heads, pos.data(), n, cs.data(), sn.data());
+    std::vector<float> rows((size_t)n * stride);
+    for (int r = 0; r < n; ++r) {
+      std::copy_n(x.begin() + (size_t)pos[r] * stride, stride, rows.begin() + (size_t)r * stride);
+    }
+    rope.apply_ref(rows.data(), n, stride, heads, pos.data());
+    auto want = x;
+    for (int r = 0; r < n; ++r) {
+      std::copy_n(rows.begin() + (size_t)r * stride, stride,
+                  want.begin() + (size_t)pos[r] * stride);
+    }
+    EXPECT_LT(max_abs_diff(got, want), 1e-4f) << (style == RopeStyle::kNorm ? "norm" : "neox");
+  }
+}
+
 TEST(Ops, RopeIsARotationComposingOverPositions) {
   // Rotating by p then by q equals rotating by p + q: the property deferred RoPE relies on.
   Rope rope(8, 8, 10000.0f, RopeStyle::kNorm);

@@ -138,8 +138,10 @@ TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   std::copy(rotated.begin(), rotated.end(), buf.begin() + (size_t)off * KV);
   std::vector<int32_t> pos(a.meta.n_tok);
   for (int t = 0; t < a.meta.n_tok; ++t) pos[t] = off + t;
+  std::vector<float> cs, sn;
+  model_->rope().angle_table(pos.data(), a.meta.n_tok, cs, sn);
   model_->rope().apply_at_positions(buf.data(), KV, model_->config().n_head_kv, pos.data(),
-                                    a.meta.n_tok);
+                                    a.meta.n_tok, cs.data(), sn.data());
   float worst = 0;
   for (int t = 0; t < a.meta.n_tok; ++t) {
     for (int i = 0; i < KV; ++i) {

@@ -1,12 +1,14 @@
 // Unit tests for the store's building blocks: CRC32C (fast path against the portable reference),
-// the record header encoding (round trip and rejection of damaged headers) and the row-group
-// arithmetic that widens partial reads.
+// the record header encoding (round trip and rejection of damaged headers), the row-group
+// arithmetic that widens partial reads, and the vectorised F16 unpacking against the scalar one.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
 #include "core/error.h"
+#include "core/fp16.h"
 #include "store/crc32c.h"
 #include "store/record_format.h"
 #include "support/chunk_fixtures.h"
@@ -91,6 +93,31 @@ TEST_F(HeaderTest, BadMagicAndTruncationAreNamed) {
   EXPECT_FALSE(decode_header(bytes_.data(), bytes_.size() - 1, &err));
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
   EXPECT_FALSE(decode_header(bytes_.data(), 10, &err));
+}
+
+TEST(KvUnpack, F16EqualsScalarConversionForEveryHalfAndTailLength) {
+  std::vector<uint16_t> all(0x10000);
+  for (uint32_t h = 0; h < 0x10000; ++h) all[h] = (uint16_t)h;
+  // Lengths and offsets around the 8-wide vector step exercise the scalar tail as well.
+  for (size_t off : {0, 1, 5}) {
+    for (size_t n : {all.size() - off, (size_t)7, (size_t)9, (size_t)17}) {
+      std::vector<float> got(n);
+      kv_unpack(KvDtype::F16, all.data() + off, got.data(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float want = fp16_to_f32(all[off + i]);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got[i])) << "half 0x" << std::hex << all[off + i];
+          ASSERT_EQ(std::signbit(got[i]), std::signbit(want))
+              << "half 0x" << std::hex << all[off + i];
+        } else {
+          uint32_t a, b;
+          std::memcpy(&a, &got[i], 4);
+          std::memcpy(&b, &want, 4);
+          ASSERT_EQ(a, b) << "half 0x" << std::hex << all[off + i] << " at offset " << off;
+        }
+      }
+    }
+  }
 }
 
 TEST(RecordFormat, CoveringGroupsWidenToWholeGroups) {

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   ct::cli::register_cache(app);
   ct::cli::register_eval(app);
   ct::cli::register_calibrate(app);
+  ct::cli::register_bench_tiers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -114,23 +114,31 @@ void Rope::apply(float* x, int n, int stride, int n_heads, const int32_t* pos) c
   }
 }
 
-void Rope::apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos,
-                              int n) const {
+void Rope::angle_table(const int32_t* pos, int n, std::vector<float>& cos,
+                       std::vector<float>& sin) const {
   const int half = n_rot_ / 2;
-#pragma omp parallel if (n > 16)
-  {
-    std::vector<float> cs(half), sn(half);
-#pragma omp for
-    for (int r = 0; r < n; ++r) {
-      for (int i = 0; i < half; ++i) {
-        const double ang = (double)pos[r] * inv_freq_[i];
-        cs[i] = (float)std::cos(ang);
-        sn[i] = (float)std::sin(ang);
-      }
-      float* row = base + (size_t)pos[r] * stride;
-      for (int h = 0; h < n_heads; ++h) {
-        rope_head(row + (size_t)h * head_dim_, cs.data(), sn.data(), half, head_dim_, style_);
-      }
+  cos.resize((size_t)n * half);
+  sin.resize((size_t)n * half);
+  for (int r = 0; r < n; ++r) {
+    for (int i = 0; i < half; ++i) {
+      const double ang = (double)pos[r] * inv_freq_[i];  // the angles apply() computes
+      cos[(size_t)r * half + i] = (float)std::cos(ang);
+      sin[(size_t)r * half + i] = (float)std::sin(ang);
+    }
+  }
+}
+
+void Rope::apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos, int n,
+                              const float* cos, const float* sin) const {
+  const int half = n_rot_ / 2;
+  // Deliberately serial: with the angles precomputed a layer's rotation is a fraction of a
+  // millisecond, less than what an OpenMP fork/join costs the layer loop when the second core is
+  // busy (the loader thread, other processes); measured in docs/PERFORMANCE.md.
+  for (int r = 0; r < n; ++r) {
+    float* row = base + (size_t)pos[r] * stride;
+    for (int h = 0; h < n_heads; ++h) {
+      rope_head(row + (size_t)h * head_dim_, cos + (size_t)r * half, sin + (size_t)r * half, half,
+                head_dim_, style_);
     }
   }
 }

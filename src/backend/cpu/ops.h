@@ -30,9 +30,15 @@ class Rope {
   // Rotates rows x[n][n_heads*head_dim] (row stride `stride` floats) in place to positions pos[n].
   void apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
   void apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
+  // cos and sin of every rotation angle at positions pos[n]: F32 [n][n_rot/2] each (resized).
+  void angle_table(const int32_t* pos, int n, std::vector<float>& cos,
+                   std::vector<float>& sin) const;
   // Rotates the rows of a position-indexed buffer: row pos[i] (at base + pos[i]*stride) to
-  // position pos[i]. Used for deferred RoPE of reused keys written into the KV cache.
-  void apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos, int n) const;
+  // position pos[i], with angle_table(pos, n) computed beforehand. Used for deferred RoPE of
+  // reused keys written into the KV cache: the same positions are rotated in every layer, so
+  // the table is computed once per request rather than once per layer.
+  void apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos, int n,
+                          const float* cos, const float* sin) const;
   int head_dim() const { return head_dim_; }
 
  private:
