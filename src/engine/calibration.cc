@@ -263,6 +263,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
       omp_set_num_threads(1);
       const int KV = c.kv_dim();
       std::vector<uint8_t> stage_k, stage_v;
+      std::vector<float> cs, sn;  // RoPE angle tables of the loaded positions
       auto time_load = [&](const LoadCase& lc) {
         Timer t;
         for (int l : layers) {
@@ -283,7 +284,10 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
               kv_unpack(meta.dtype, stage_v.data() + src, kv_.v(l) + (size_t)lc.pos[n] * KV, KV);
             }
           }
-          m.rope().apply_at_positions(kv_.k(l), KV, c.n_head_kv, lc.pos.data(), (int)lc.pos.size());
+          // As the loader does: the angle table once per request, reused by every layer.
+          if (l == layers.front()) m.rope().angle_table(lc.pos.data(), (int)lc.pos.size(), cs, sn);
+          m.rope().apply_at_positions(kv_.k(l), KV, c.n_head_kv, lc.pos.data(),
+                                      (int)lc.pos.size(), cs.data(), sn.data());
         }
         return t.seconds() / (double)layers.size();
       };

@@ -88,13 +88,17 @@ struct ChunkPlan {
   int load_begin = 0;  // rank rows [load_begin, n_tok) hold every non-selected token
 };
 
-void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel, bool ranking_prefix) {
-  const int n = p.c->meta().n_tok;
-  p.selected.assign(n, 0);
+void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel) {
+  const ChunkMeta& meta = p.c->meta();
+  p.selected.assign(meta.n_tok, 0);
   for (int32_t t : sel) p.selected[t] = 1;
-  // When the selection is the top of the stored ranking, the complement is one contiguous
-  // suffix of rank rows: only it is read (sparse loading). Otherwise scan all rows.
-  p.load_begin = ranking_prefix ? (int)sel.size() : 0;
+  // Every non-selected token sits in rank rows [load_begin, n_tok): only they are read. For
+  // cachetune (the top of the stored ranking) this is exactly the complement, one contiguous
+  // suffix; for other selections it starts at the best-ranked token left out, and for full
+  // recompute nothing is read.
+  int j = 0;
+  while (j < meta.n_tok && p.selected[meta.order[j]]) ++j;
+  p.load_begin = j;
 }
 
 // Fills each layer's reused chunk rows of the KV cache: reads the rank rows from the chunk's
@@ -333,7 +337,7 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
           }
           dev[t] = (float)d;
         }
-        set_selection(p, top_r_by_score(dev, blend_ratio), false);
+        set_selection(p, top_r_by_score(dev, blend_ratio));
       }
       std::vector<int32_t> next = active_positions(lay, plans);
       compact_rows(x, act, next, E);
@@ -434,22 +438,21 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     double blend_ratio = -1;
     if (kind == PolicyKind::kCacheBlend) {
       blend_ratio = opt.policy.ratio;
-      for (ChunkPlan& p : plans) set_selection(p, {}, false);
+      for (ChunkPlan& p : plans) set_selection(p, {});
     } else if (kind == PolicyKind::kProphetKV) {
       // Pass 1: full reuse, recording the query rows' attention; pass 2 recomputes the chunk
       // tokens that attention favoured.
-      for (ChunkPlan& p : plans) set_selection(p, {}, true);
+      for (ChunkPlan& p : plans) set_selection(p, {});
       PrefillBreakdown bd1;
       PassResult first = run_pass(m, lay, plans, kv, ws, true, -1, opt.pipeline, bd1);
       for (ChunkPlan& p : plans) {
         std::vector<float> score(p.c->meta().n_tok);
         for (int t = 0; t < p.c->meta().n_tok; ++t) score[t] = first.attn[p.offset + t];
-        set_selection(p, top_r_by_score(score, opt.policy.ratio), false);
+        set_selection(p, top_r_by_score(score, opt.policy.ratio));
       }
     } else {
       for (ChunkPlan& p : plans) {
-        const bool prefix_of_ranking = kind == PolicyKind::kCacheTune;
-        set_selection(p, select_offline(*p.c, opt.policy), prefix_of_ranking);
+        set_selection(p, select_offline(*p.c, opt.policy));
       }
     }
     bd.select_ms += st.ms();
