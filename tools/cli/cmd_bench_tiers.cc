@@ -229,8 +229,8 @@ std::string load_average() {
 // One prefill measurement: TTFT = selective prefill + choosing and detokenising the first token.
 struct Sample {
   double ttft_ms = 0;
-  // Process CPU time during the run. On a machine shared with other jobs TTFT stretches while
-  // this does not, so cpu_ms / ttft_ms below the core count shows time lost to other processes.
+  // Process CPU time during the run. On a machine shared with other jobs TTFT stretches more
+  // than this, so cpu_ms / ttft_ms well below the core count shows time lost to other processes.
   double cpu_ms = 0;
   PrefillBreakdown bd;
   uint64_t bytes_read = 0;  // from the disk tier, when there is one
@@ -260,11 +260,11 @@ class Runner {
     Timer t;
     const std::vector<float> logits = selective_prefill(m_, p.req, sel, kv, ws_, &s.bd);
     const int32_t first = argmax(logits.data(), (int)logits.size());
+    // The first token's text is part of TTFT (what a streaming client waits for).
     const std::string piece = m_.tokenizer().token_to_piece(first);
     s.ttft_ms = t.ms();
     s.cpu_ms = process_cpu_ms() - cpu0;
     if (disk) s.bytes_read = disk->bytes_read() - b0;
-    sink_ += piece.size();  // keeps the detokenisation from being optimised away
     return s;
   }
 
@@ -272,7 +272,6 @@ class Runner {
   const Model& m_;
   double ratio_;
   Workspace ws_;
-  size_t sink_ = 0;
 };
 
 Sample median_of(std::vector<Sample> v) {
@@ -345,7 +344,7 @@ std::string make_temp_dir(const std::string& parent, const std::string& what) {
   return templ;
 }
 
-// Builds the tier `name`; nullopt (after printing why) when it is unavailable (Redis).
+// Builds the tier `name` alone in a pool; nullptr (after printing why) when Redis is unavailable.
 std::unique_ptr<TierUnderTest> make_tier(const std::string& name, const BenchTiersArgs& a) {
   auto t = std::make_unique<TierUnderTest>();
   t->name = name;
@@ -362,7 +361,8 @@ std::unique_ptr<TierUnderTest> make_tier(const std::string& name, const BenchTie
     d.direct_io = name == "disk-direct";
     if (name == "hdd") d.read_bytes_per_sec = (double)parse_bytes(a.hdd_bw);
     t->spec = "disk:" + d.dir + (name == "hdd" ? ":bw=" + a.hdd_bw : "") +
-              (d.direct_io ? " (O_DIRECT)" : " (buffered: page cache)");
+              (d.direct_io ? " (O_DIRECT)" : " (buffered: page cache)") +
+              (name == "hdd" ? ", reads throttled" : "");
     auto disk = std::make_unique<store::DiskTier>(d);
     t->disk = disk.get();
     tier = std::move(disk);
@@ -413,6 +413,17 @@ void print_row(const std::string& tier, const std::string& config, const Summary
 void run_bench_tiers(const BenchTiersArgs& a) {
   CT_THROW_IF_NOT(a.repeats >= 1, "--repeats must be at least 1, got {}", a.repeats);
   CT_THROW_IF_NOT(a.ratio > 0 && a.ratio < 1, "--ratio must be in (0, 1), got {}", a.ratio);
+  for (const std::string& t : a.tiers) {
+    CT_THROW_IF_NOT(t == "device" || t == "host" || t == "disk" || t == "disk-direct" ||
+                        t == "hdd" || t == "redis",
+                    "unknown tier '{}' in --tiers, expected device, host, disk, disk-direct, hdd "
+                    "or redis",
+                    t);
+  }
+  if (std::find(a.tiers.begin(), a.tiers.end(), "hdd") != a.tiers.end()) {
+    CT_THROW_IF_NOT(parse_bytes(a.hdd_bw) > 0, "--hdd-bw must be a positive rate, got '{}'",
+                    a.hdd_bw);
+  }
   const std::vector<BenchRequest> requests = load_requests(a);
   auto model = Model::load(a.model);
   const Model& m = *model;
@@ -529,13 +540,15 @@ void run_bench_tiers(const BenchTiersArgs& a) {
       src[id] = keep.back().get();
     }
     const std::vector<Prepared> reqs = prepare(src);
-    // One warm-up run per request, then the steps interleaved round by round, so that a slow
-    // phase of the machine (the cores are shared) hits every step alike.
+    // One warm-up run per request, then the steps interleaved round by round, each round
+    // starting at the next step, so that a slow phase of the machine (the cores are shared) and
+    // the position within a round hit every step alike.
     std::vector<std::vector<std::vector<Sample>>> samples(
         std::size(kSteps), std::vector<std::vector<Sample>>(reqs.size()));
     for (const Prepared& p : reqs) runner.run(p, PolicyKind::kCacheTune, kSteps[0].pipe, t->disk);
     for (int r = 0; r < a.repeats; ++r) {
-      for (size_t si = 0; si < std::size(kSteps); ++si) {
+      for (size_t k = 0; k < std::size(kSteps); ++k) {
+        const size_t si = (r + k) % std::size(kSteps);
         for (size_t q = 0; q < reqs.size(); ++q) {
           samples[si][q].push_back(
               runner.run(reqs[q], PolicyKind::kCacheTune, kSteps[si].pipe, t->disk));
