@@ -586,15 +586,8 @@ bool RedisTier::erase(const std::string& id) {
 }
 
 std::vector<std::string> RedisTier::list() const {
-  std::vector<std::pair<uint64_t, std::string>> by_seq;
-  {
-    std::lock_guard lock(mu_);
-    for (const auto& [id, e] : entries_) by_seq.emplace_back(e.seq, id);
-  }
-  std::sort(by_seq.begin(), by_seq.end());
-  std::vector<std::string> ids;
-  for (auto& [seq, id] : by_seq) ids.push_back(std::move(id));
-  return ids;
+  std::lock_guard lock(mu_);
+  return ids_oldest_first(entries_);
 }
 
 }  // namespace ct::store

@@ -3,7 +3,9 @@
 // Implementations are thread-safe: any mix of concurrent calls leaves every entry intact.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,5 +56,17 @@ class Tier {
   // only when the record is present and intact.
   virtual bool verify(const std::string& id) = 0;
 };
+
+// Ids of an index whose entries carry a storing sequence number `seq`, oldest first (the order
+// Tier::list promises). The caller holds the index's lock.
+template <typename Index>
+std::vector<std::string> ids_oldest_first(const Index& entries) {
+  std::vector<std::pair<uint64_t, std::string>> by_seq;
+  for (const auto& [id, e] : entries) by_seq.emplace_back(e.seq, id);
+  std::sort(by_seq.begin(), by_seq.end());
+  std::vector<std::string> ids;
+  for (auto& [seq, id] : by_seq) ids.push_back(std::move(id));
+  return ids;
+}
 
 }  // namespace ct::store
