@@ -6,8 +6,8 @@
 // Known result on SmolLM2-135M (docs/RESULTS.md): cachetune is closer to full than full reuse,
 // but NOT closer than random selection (summed KL over the 4 prompts: cachetune 0.393, reuse 0.398,
 // random 0.369). On this model the tokens whose K/V drift most between isolated and in-context
-// encoding are the first tokens of each chunk (Recall@15% of the first 15% of positions: ~0.73),
-// and the low-frequency magnitude ranking does not find them (Recall@15% ~0.1, random ~0.15).
+// encoding are the first tokens of each chunk (docs/RESULTS.md, drift positions), and the
+// low-frequency magnitude ranking does not find them (Recall@15% ~0.1, random ~0.15).
 // The random comparison is therefore a disabled test that documents the open gap; run it with
 // --gtest_also_run_disabled_tests.
 #include <gtest/gtest.h>
