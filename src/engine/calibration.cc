@@ -361,6 +361,8 @@ CalibrationRun calibrate_top_tier(Engine& eng, const std::vector<CalibrationRequ
   g.r_min = opt.r_min;
   g.eps = opt.eps;
   g.r0 = run.analytic.r;
+  g.noise = opt.noise;
+  g.paired_rounds = opt.paired_rounds;
   run.search = sched::golden_section_search(objective, opt.r_min, opt.r_max, g);
 
   run.entry.key = key;

@@ -83,6 +83,10 @@ struct CalibrateOptions {
   double r_max = 1.0;
   double eps = 0.01;   // the search stops when its bracket is narrower than this
   int repeats = 1;     // per request and candidate r (see mean_ttft_seconds)
+  // Relative TTFT noise of this machine: closer comparisons are re-measured in paired rounds
+  // (sched::GoldenSectionOptions::noise). 0 trusts every single measurement.
+  double noise = 0.05;
+  int paired_rounds = 2;
   bool force = false;  // recalibrate even when the store holds this key
   ProfileOptions profile;
   // Replaces the measured mean TTFT as the search objective (tests); profiling still runs.

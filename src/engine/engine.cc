@@ -133,7 +133,8 @@ sched::CalibrationKey Engine::calibration_key(size_t tier) const {
                   opt_.tiers.size());
   // Read once per process: it parses /proc/cpuinfo, and auto mode asks on every request.
   static const std::string machine = sched::machine_identity();
-  return {model_->fingerprint(), "cpu", calibration_tier_key(opt_.tiers[tier]), machine};
+  return {model_->fingerprint(), "cpu", calibration_tier_key(opt_.tiers[tier]), machine,
+          kv_dtype_name(opt_.encode.dtype)};
 }
 
 RatioChoice Engine::auto_ratio(size_t tier) const {

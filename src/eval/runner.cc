@@ -236,6 +236,7 @@ json result_config(const Model& m, const EvalOptions& o) {
           {"seed", o.seed},
           {"n_bands", o.n_bands},
           {"kv_dtype", kv_dtype_name(o.dtype)},
+          {"sink", o.sink},
           {"decoding", "greedy"}};
 }
 
@@ -503,6 +504,7 @@ class Runner {
   static EncodeOptions encode_options(const EvalOptions& o) {
     EncodeOptions e;
     e.dtype = o.dtype;
+    e.sink = o.sink;
     e.rank.alpha = o.alpha;
     return e;
   }

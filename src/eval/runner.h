@@ -44,6 +44,7 @@ struct EvalOptions {
   uint64_t seed = 0;  // random policy, chunk shuffles
   int n_bands = 10;   // KV energy bands
   KvDtype dtype = KvDtype::F16;
+  bool sink = true;  // encode chunks after a BOS sink token (EncodeOptions::sink)
   size_t chunk_cache_bytes = size_t{1} << 30;
   std::string command;  // the command line, recorded in run.json
   std::function<void(const EvalProgress&)> progress;

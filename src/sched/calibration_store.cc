@@ -27,11 +27,14 @@ constexpr int kVersion = 1;
 
 json entry_to_json(const CalibrationEntry& e) {
   json probes = json::array();
-  for (const GoldenSectionProbe& p : e.probes) probes.push_back({{"r", p.r}, {"value", p.value}});
+  for (const GoldenSectionProbe& p : e.probes) {
+    probes.push_back({{"r", p.r}, {"value", p.value}, {"remeasure", p.remeasure}});
+  }
   return {{"model_fingerprint", e.key.model_fingerprint},
           {"backend", e.key.backend},
           {"tier", e.key.tier},
           {"machine", e.key.machine},
+          {"kv_dtype", e.key.kv_dtype},
           {"profile", {{"t_c", e.profile.t_c}, {"t_i", e.profile.t_i}, {"t_o", e.profile.t_o}}},
           {"analytic_r", e.analytic_r},
           {"chosen_r", e.chosen_r},
@@ -47,6 +50,9 @@ CalibrationEntry entry_from_json(const json& j) {
   e.key.backend = j.at("backend").get<std::string>();
   e.key.tier = j.at("tier").get<std::string>();
   e.key.machine = j.at("machine").get<std::string>();
+  // Entries written before the K/V type was part of the key read as "" and so match no engine:
+  // they are recalibrated rather than applied to a dtype they were not measured with.
+  e.key.kv_dtype = j.value("kv_dtype", std::string());
   const json& profile = j.at("profile");
   e.profile.t_c = profile.at("t_c").get<double>();
   e.profile.t_i = profile.at("t_i").get<double>();
@@ -56,7 +62,8 @@ CalibrationEntry entry_from_json(const json& j) {
   const json& probes = j.at("probes");
   if (!probes.is_array()) throw std::invalid_argument("\"probes\" is not an array");
   for (const json& p : probes) {
-    e.probes.push_back({p.at("r").get<double>(), p.at("value").get<double>()});
+    e.probes.push_back({p.at("r").get<double>(), p.at("value").get<double>(),
+                        p.value("remeasure", false)});
   }
   e.timestamp_unix = j.at("timestamp_unix").get<int64_t>();
   return e;

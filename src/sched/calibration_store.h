@@ -18,6 +18,7 @@ struct CalibrationKey {
   std::string backend;            // e.g. "cpu" or "cuda:H200"; include the device name on GPUs
   std::string tier;               // cache medium: "device", "host", "disk", ...
   std::string machine;            // machine_identity() of the calibrating host
+  std::string kv_dtype;           // stored K/V type ("f16", ...): it sets the bytes loaded per row
 
   bool operator==(const CalibrationKey&) const = default;
 };

@@ -20,41 +20,73 @@ struct PhaseEnds {
   int n_iter = 0;
 };
 
-double probe(const std::function<double(double)>& objective, double r, GoldenSectionResult& out) {
+double probe(const std::function<double(double)>& objective, double r, GoldenSectionResult& out,
+             bool remeasure = false) {
   const double value = objective(r);
   CT_THROW_IF_NOT(std::isfinite(value), "golden-section objective at r={} returned {}", r, value);
-  out.probes.push_back({r, value});
+  out.probes.push_back({r, value, remeasure});
+  if (remeasure) ++out.n_remeasure;
   return value;
 }
 
-PhaseEnds run_phase(const std::function<double(double)>& objective, double a, double b, double eps,
-                    GoldenSectionResult& out) {
-  PhaseEnds ends{a, b, false, false, golden_section_iterations(b - a, eps)};
+// A probe's running mean over its measurements.
+struct Point {
+  double x = 0, sum = 0;
+  int n = 0;
+  double f() const { return sum / n; }
+  void add(double v) {
+    sum += v;
+    ++n;
+  }
+};
+
+Point measure(const std::function<double(double)>& objective, double x, GoldenSectionResult& out) {
+  Point p{x, 0, 0};
+  p.add(probe(objective, x, out));
+  return p;
+}
+
+// True when the minimum is taken to lie on the lower-r side ([a, p2.x]). With noise > 0, values
+// inside the band are measured again in paired rounds that alternate which probe goes first, and
+// the comparison uses those paired measurements only (the retained probe's old value was taken
+// earlier, under another machine state). Their means decide, even when still inside the band:
+// a forced direction there would compound over the reductions (tested).
+bool lower_side(const std::function<double(double)>& objective, Point& p1, Point& p2,
+                const GoldenSectionOptions& opt, GoldenSectionResult& out) {
+  auto within = [&] {
+    return std::abs(p1.f() - p2.f()) <= opt.noise * std::min(std::abs(p1.f()), std::abs(p2.f()));
+  };
+  if (opt.noise <= 0 || opt.paired_rounds == 0 || !within()) return p1.f() <= p2.f();
+  p1 = Point{p1.x, 0, 0};
+  p2 = Point{p2.x, 0, 0};
+  for (int k = 0; k < opt.paired_rounds; ++k) {
+    Point& first = (k % 2 == 0) ? p1 : p2;
+    Point& second = (k % 2 == 0) ? p2 : p1;
+    first.add(probe(objective, first.x, out, true));
+    second.add(probe(objective, second.x, out, true));
+  }
+  ++out.n_paired;
+  return p1.f() <= p2.f();
+}
+
+PhaseEnds run_phase(const std::function<double(double)>& objective, double a, double b,
+                    const GoldenSectionOptions& opt, GoldenSectionResult& out) {
+  PhaseEnds ends{a, b, false, false, golden_section_iterations(b - a, opt.eps)};
   if (ends.n_iter == 0) return ends;
-  double x1 = b - kPhi * (b - a);
-  double x2 = a + kPhi * (b - a);
-  double f1 = probe(objective, x1, out);
-  double f2 = probe(objective, x2, out);
+  Point p1 = measure(objective, b - kPhi * (b - a), out);
+  Point p2 = measure(objective, a + kPhi * (b - a), out);
   for (int i = 0; i < ends.n_iter; ++i) {
     const bool last = i + 1 == ends.n_iter;
-    if (f1 <= f2) {  // a unimodal minimum lies in [a, x2]
-      b = x2;
+    if (lower_side(objective, p1, p2, opt, out)) {  // a unimodal minimum lies in [a, x2]
+      b = p2.x;
       ends.hi_moved = true;
-      x2 = x1;
-      f2 = f1;
-      if (!last) {
-        x1 = b - kPhi * (b - a);
-        f1 = probe(objective, x1, out);
-      }
+      p2 = p1;
+      if (!last) p1 = measure(objective, b - kPhi * (b - a), out);
     } else {  // ... in [x1, b]
-      a = x1;
+      a = p1.x;
       ends.lo_moved = true;
-      x1 = x2;
-      f1 = f2;
-      if (!last) {
-        x2 = a + kPhi * (b - a);
-        f2 = probe(objective, x2, out);
-      }
+      p1 = p2;
+      if (!last) p2 = measure(objective, a + kPhi * (b - a), out);
     }
   }
   ends.lo = a;
@@ -103,14 +135,18 @@ GoldenSectionResult golden_section_search(const std::function<double(double)>& o
   }
 
   GoldenSectionResult out;
-  PhaseEnds ends = run_phase(objective, a0, b0, options.eps, out);
+  CT_THROW_IF_NOT(std::isfinite(options.noise) && options.noise >= 0 && options.paired_rounds >= 0,
+                  "golden-section noise={} paired_rounds={}: expected noise >= 0 and "
+                  "paired_rounds >= 0",
+                  options.noise, options.paired_rounds);
+  PhaseEnds ends = run_phase(objective, a0, b0, options, out);
   out.n_iter = ends.n_iter;
   if (ends.n_iter > 0) {
     if (!ends.lo_moved && a0 > lo) {
-      ends = run_phase(objective, lo, ends.hi, options.eps, out);
+      ends = run_phase(objective, lo, ends.hi, options, out);
       out.expanded = true;
     } else if (!ends.hi_moved && b0 < hi) {
-      ends = run_phase(objective, ends.lo, hi, options.eps, out);
+      ends = run_phase(objective, ends.lo, hi, options, out);
       out.expanded = true;
     }
     if (out.expanded) out.n_iter += ends.n_iter;

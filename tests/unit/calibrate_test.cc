@@ -81,6 +81,7 @@ class CalibrateTest : public ::testing::Test {
     o.r_max = 0.30;
     o.eps = 0.01;
     o.profile.repeats = 1;
+    o.noise = 0;  // trust each value: the probe count is then the plain search's
     o.objective = f.fn();
     return o;
   }
@@ -154,6 +155,24 @@ TEST_F(CalibrateTest, DriverCallsObjectivePredictedTimesAndPersists) {
   EXPECT_GT(e->timestamp_unix, 0);
 }
 
+TEST_F(CalibrateTest, NoiseBandReMeasuresCloseProbesAndStoresThem) {
+  Engine eng(options(model_a_));
+  SyntheticTtft f;  // differences of at most ~1% between probes: all inside a 5% band
+  CalibrateOptions opt = synthetic(f);
+  opt.noise = 0.05;
+  const CalibrationRun run = calibrate_top_tier(eng, requests(), opt);
+  EXPECT_GT(run.search.n_paired, 0);
+  EXPECT_EQ(run.search.n_remeasure, 2 * opt.paired_rounds * run.search.n_paired);
+  EXPECT_EQ((int)f.calls.size(), run.search.n_eval);
+  EXPECT_NEAR(run.entry.chosen_r, 0.22, 0.01);  // a deterministic objective: same answer
+  const sched::CalibrationEntry* e =
+      sched::CalibrationStore::load(eng.options().calibration_path).find(eng.calibration_key(0));
+  ASSERT_NE(e, nullptr);
+  int flagged = 0;
+  for (const auto& p : e->probes) flagged += p.remeasure ? 1 : 0;
+  EXPECT_EQ(flagged, run.search.n_remeasure);
+}
+
 TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
   double chosen = 0;
   {
@@ -200,6 +219,14 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     EXPECT_FALSE(throttled.auto_ratio(0).calibrated);
     EXPECT_EQ(throttled.auto_ratio(0).tier_key, "disk:bw=104857600");
     EXPECT_NE(plain.calibration_key(0), throttled.calibration_key(0));
+  }
+  {
+    // The same model and tier with another stored K/V type: another load cost, another key.
+    EngineOptions o = options(model_a_);
+    o.encode.dtype = KvDtype::F32;
+    Engine eng(o);
+    EXPECT_FALSE(eng.auto_ratio(0).calibrated);
+    EXPECT_EQ(eng.calibration_key(0).kv_dtype, "f32");
   }
 }
 

@@ -178,6 +178,56 @@ TEST(GoldenSection, NoExpansionAtAGlobalBound) {
   EXPECT_LT(std::abs(res.r - 0.15), opt.eps);
 }
 
+// A machine whose load grows while the search runs: every measurement is the true TTFT times
+// (1 + drift * calls so far). The true objective rises from r_min, so the optimum is r_min.
+struct DriftingObjective {
+  double drift;
+  std::function<double(double)> truth;
+  int calls = 0;
+  std::function<double(double)> fn() {
+    return [this](double r) { return truth(r) * (1 + drift * ++calls); };
+  }
+};
+
+TEST(GoldenSection, LoadDriftMisleadsThePlainSearchButNotThePairedOne) {
+  auto rising = [](double r) { return 1 + (r - 0.15); };  // +1% TTFT per 0.01 of r
+  GoldenSectionOptions opt;
+  opt.r0 = 0.30;  // bracket [0.15, 0.45]
+  // Plain: each fresh probe is measured under more load than the retained one and loses.
+  DriftingObjective plain{0.03, rising};
+  const GoldenSectionResult p = golden_section_search(plain.fn(), 0, 1, opt);
+  EXPECT_GT(p.r - opt.r_min, 0.05) << "the drift should have pushed the plain search up";
+  EXPECT_EQ(p.n_remeasure, 0);
+  // Paired: close comparisons are re-measured back to back, alternating the order.
+  opt.noise = 0.05;
+  DriftingObjective paired{0.03, rising};
+  const GoldenSectionResult q = golden_section_search(paired.fn(), 0, 1, opt);
+  EXPECT_LT(q.r - opt.r_min, opt.eps);
+  EXPECT_GT(q.n_paired, 0);
+  EXPECT_EQ(q.n_eval, paired.calls);
+  EXPECT_EQ(q.n_remeasure, 2 * opt.paired_rounds * q.n_paired);
+  int flagged = 0;
+  for (const auto& pr : q.probes) flagged += pr.remeasure ? 1 : 0;
+  EXPECT_EQ(flagged, q.n_remeasure);
+  // Bounded cost: at most 2 * paired_rounds extra calls per reduction.
+  EXPECT_LE(q.n_eval, golden_section_evaluations(0.30, opt.eps) +
+                          2 * opt.paired_rounds * golden_section_iterations(0.30, opt.eps));
+}
+
+TEST(GoldenSection, PairedSearchStillFindsAnInteriorMinimumWithoutNoise) {
+  // Deterministic objective: re-measurements change nothing, and the means must still decide
+  // (a tie rule that favoured one side would drift off the minimum over the reductions).
+  for (double c : {2.0, 10.0}) {
+    CountingObjective obj{[c](double r) { return 1 + c * (r - 0.3) * (r - 0.3); }, {}};
+    GoldenSectionOptions opt;
+    opt.noise = 0.05;
+    const GoldenSectionResult res = golden_section_search(obj.fn(), 0, 1, opt);
+    EXPECT_LT(std::abs(res.r - 0.3), opt.eps) << "curvature " << c;
+    EXPECT_GT(res.n_paired, 0);
+    for (double r : obj.calls) EXPECT_GE(r, opt.r_min);
+  }
+}
+
 TEST(GoldenSection, RejectsBadInput) {
   auto f = [](double r) { return r; };
   GoldenSectionOptions opt;
@@ -186,6 +236,12 @@ TEST(GoldenSection, RejectsBadInput) {
   EXPECT_THROW(golden_section_search([](double) { return std::nan(""); }, 0, 1), Error);
   opt = {};
   opt.eps = 0;
+  EXPECT_THROW(golden_section_search(f, 0, 1, opt), Error);
+  opt = {};
+  opt.noise = -0.1;
+  EXPECT_THROW(golden_section_search(f, 0, 1, opt), Error);
+  opt = {};
+  opt.paired_rounds = -1;
   EXPECT_THROW(golden_section_search(f, 0, 1, opt), Error);
 }
 
@@ -335,11 +391,11 @@ class CalibrationStoreTest : public ::testing::Test {
 
   static CalibrationEntry sample_entry() {
     CalibrationEntry e;
-    e.key = {"sha256:abc123", "cpu", "disk", machine_identity()};
+    e.key = {"sha256:abc123", "cpu", "disk", machine_identity(), "f16"};
     e.profile = {3e-5, 1.2e-5, 2e-4};
     e.analytic_r = 0.3125;
     e.chosen_r = 0.309;
-    e.probes = {{0.2, 0.131}, {0.3, 0.1234567890123}, {0.35, 0.127}};
+    e.probes = {{0.2, 0.131}, {0.3, 0.1234567890123}, {0.35, 0.127}, {0.3, 0.125, true}};
     e.timestamp_unix = 1760000000;
     return e;
   }
@@ -367,6 +423,7 @@ TEST_F(CalibrationStoreTest, RoundTripsAndFindsTheSameKey) {
   for (size_t i = 0; i < want.probes.size(); ++i) {
     EXPECT_DOUBLE_EQ(got->probes[i].r, want.probes[i].r);
     EXPECT_DOUBLE_EQ(got->probes[i].value, want.probes[i].value);
+    EXPECT_EQ(got->probes[i].remeasure, want.probes[i].remeasure);
   }
   EXPECT_EQ(got->timestamp_unix, want.timestamp_unix);
 
@@ -394,6 +451,28 @@ TEST_F(CalibrationStoreTest, OtherFingerprintOrTierIsNotFound) {
   key = sample_entry().key;
   key.machine = "host=elsewhere;cpu=x;cores=1";
   EXPECT_EQ(loaded.find(key), nullptr);
+  key = sample_entry().key;
+  key.kv_dtype = "f32";  // four bytes a row element instead of two: another load cost
+  EXPECT_EQ(loaded.find(key), nullptr);
+}
+
+TEST_F(CalibrationStoreTest, EntryWithoutKvDtypeMatchesNoEngineKey) {
+  // A store written before the K/V type was part of the key: readable, but never applied.
+  CalibrationStore store;
+  store.store(sample_entry());
+  store.save(path_);
+  std::ifstream in(path_);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string field = "\"kv_dtype\": \"f16\",";
+  const size_t at = text.find(field);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.erase(at, field.size());
+  std::ofstream(path_) << text;
+  const CalibrationStore loaded = CalibrationStore::load(path_);
+  ASSERT_EQ(loaded.entries().size(), 1u);
+  EXPECT_EQ(loaded.entries()[0].key.kv_dtype, "");
+  EXPECT_EQ(loaded.find(sample_entry().key), nullptr);
 }
 
 TEST_F(CalibrationStoreTest, StoreReplacesTheEntryWithTheSameKey) {

@@ -74,10 +74,11 @@ void print_profile(const CalibrationRun& run, const CalibrateOptions& o) {
 }
 
 void print_result(const CalibrationRun& run) {
-  std::printf("search: %d probes, %d bracket reductions%s, final bracket [%.4f, %.4f]\n",
-              run.search.n_eval, run.search.n_iter,
-              run.search.expanded ? " (warm bracket expanded once)" : "", run.search.lo,
-              run.search.hi);
+  std::printf(
+      "search: %d probes (%d of them paired re-measurements for %d close comparisons), %d "
+      "bracket reductions%s, final bracket [%.4f, %.4f]\n",
+      run.search.n_eval, run.search.n_remeasure, run.search.n_paired, run.search.n_iter,
+      run.search.expanded ? " (warm bracket expanded once)" : "", run.search.lo, run.search.hi);
   std::printf("chosen r = %.4f\n", run.entry.chosen_r);
 }
 
@@ -187,6 +188,13 @@ void register_calibrate(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--rmax", a->cal.r_max, "Largest ratio searched")->capture_default_str();
   c->add_option("--eps", a->cal.eps, "Stop when the search bracket is narrower than this")
+      ->capture_default_str();
+  c->add_option("--noise", a->cal.noise,
+                "Relative TTFT noise: probes closer than this are re-measured back to back "
+                "(0: trust single measurements)")
+      ->capture_default_str();
+  c->add_option("--paired-rounds", a->cal.paired_rounds,
+                "Back-to-back re-measurement rounds of a close comparison")
       ->capture_default_str();
   c->add_option("--data", a->data,
                 "Calibration set: a task .jsonl (first --limit examples) or a directory of .txt "

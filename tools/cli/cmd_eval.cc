@@ -46,6 +46,7 @@ struct EvalArgs {
   std::string sweep_policies = "cachetune";
   uint64_t seed = 0;
   int cache_mib = 1024;
+  bool no_sink = false;
   std::string command;
 };
 
@@ -169,6 +170,7 @@ void run_eval_cmd(const EvalArgs& a) {
   if (a.sweep_alpha) o.sweep_alphas = parse_numbers(a.sweep_alphas, "--sweep-alphas");
   o.sweep_policies = parse_policies(a.sweep_policies);
   o.seed = a.seed;
+  o.sink = !a.no_sink;
   o.chunk_cache_bytes = (size_t)a.cache_mib << 20;
   o.command = a.command;
   o.log = [](const std::string& s) { std::fprintf(stderr, "eval: %s\n", s.c_str()); };
@@ -237,6 +239,8 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--chunk-cache-mib", a->cache_mib, "In-memory chunk encoding cache")
       ->capture_default_str();
+  c->add_flag("--no-sink", a->no_sink,
+              "Encode chunks from position 0 without a BOS sink token (the drift reference too)");
   c->callback([a] {
     a->command = command_line();
     run_eval_cmd(*a);
