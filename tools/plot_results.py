@@ -525,22 +525,26 @@ def main():
              "units skipped):\n")
     L.append("```")
     for inv in run.get("invocations", []):
+        took = ""
+        if isinstance(inv.get("seconds"), (int, float)):
+            m, sec = divmod(int(round(inv["seconds"])), 60)
+            took = f", took {m} min {sec:02d} s for {inv.get('units_run', '?')} units"
         L.append(f"OMP_WAIT_POLICY={mach.get('omp_wait_policy') or ''} {inv['command']}"
-                 f"    # {inv.get('started')}, load {inv.get('loadavg_at_start', '?')}")
+                 f"    # {inv.get('started')}, load {inv.get('loadavg_at_start', '?')}{took}")
     L.append("```\n")
 
     L.append("Regenerate this page (figures included) from the run directory with the command "
-             "below; the archived copy in `docs/results/main/` works too, except for the drift "
+             "below; the archived copy in `docs/results/` works too, except for the drift "
              "positions, which are read from the run directory's `refs/`.\n")
     L.append("```")
     L.append("pip install -r tools/deps/requirements-eval.txt")
     L.append("python3 tools/plot_results.py " + " ".join(
         "'" + x + "'" if (" " in x or ";" in x) else x for x in sys.argv[1:]))
     L.append("```\n")
-    L.append("The default full run, `cachetune eval --data /work/shared/data --out DIR` (all five "
+    L.append("The default run is `cachetune eval --data ../shared/data --out DIR` (all five "
              "tasks, `--limit 2`, policies full, reuse, cachetune, cacheblend, epic, random, "
-             "highfreq, prophetkv), is sized from the per-example times of the runs above to take "
-             "about an hour on this machine; it is not part of the tests.\n")
+             "highfreq, prophetkv); each invocation's wall time, where recorded, is in the "
+             "comment after its command above. It is not part of the tests.\n")
     L.append("## Targets\n")
     tl, verdict = targets(summary)
     L.append("Targets: cachetune at r = 0.15 keeps ≥ 95% of full recompute's task score, beats "

@@ -81,8 +81,8 @@ struct CalibrationRun;
 struct CalibrateOptions {
   double r_min = 0.15;  // quality floor: nothing below is probed or chosen
   double r_max = 1.0;
-  double eps = 0.01;   // the search stops when its bracket is narrower than this
-  int repeats = 1;     // per request and candidate r (see mean_ttft_seconds)
+  double eps = 0.01;  // the search stops when its bracket is narrower than this
+  int repeats = 1;    // per request and candidate r (see mean_ttft_seconds)
   // Relative TTFT noise of this machine: closer comparisons are re-measured in paired rounds
   // (sched::GoldenSectionOptions::noise). 0 trusts every single measurement.
   double noise = 0.05;

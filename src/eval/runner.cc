@@ -240,6 +240,14 @@ json result_config(const Model& m, const EvalOptions& o) {
           {"decoding", "greedy"}};
 }
 
+void write_run_json(const std::string& path, const json& run) {
+  std::ofstream out(path + ".tmp");
+  out << run.dump(2) << "\n";
+  out.close();
+  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", path + ".tmp");
+  fs::rename(path + ".tmp", path);
+}
+
 void update_run_json(const Model& m, const EvalOptions& o, const std::string& dir) {
   const std::string path = dir + "/" + kRunFile;
   const json cfg = result_config(m, o);
@@ -282,11 +290,21 @@ void update_run_json(const Model& m, const EvalOptions& o, const std::string& di
                                 {"sweep_ratios", o.sweep_ratios},
                                 {"sweep_alphas", o.sweep_alphas},
                                 {"sweep_policies", sweep}});
-  std::ofstream out(path + ".tmp");
-  out << run.dump(2) << "\n";
-  out.close();
-  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", path + ".tmp");
-  fs::rename(path + ".tmp", path);
+  write_run_json(path, run);
+}
+
+// Records the wall time and unit count of this invocation (the last one in run.json), so that
+// the cost of a run is part of its record.
+void finish_run_json(const std::string& dir, double seconds, int units_run) {
+  const std::string path = dir + "/" + kRunFile;
+  std::ifstream in(path);
+  json run = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  CT_THROW_IF_NOT(!run.is_discarded() && run.contains("invocations") &&
+                      run["invocations"].is_array() && !run["invocations"].empty(),
+                  "{}: expected the run record written at the start of this invocation", path);
+  run["invocations"].back()["seconds"] = seconds;
+  run["invocations"].back()["units_run"] = units_run;
+  write_run_json(path, run);
 }
 
 // ---- one example
@@ -812,6 +830,7 @@ EvalStats Runner::run() {
   summarize_eval(o_.out_dir);
   stats_.summary_path = o_.out_dir + "/" + kSummaryFile;
   stats_.seconds = run_t_.seconds();
+  finish_run_json(o_.out_dir, stats_.seconds, stats_.n_run);
   return stats_;
 }
 

@@ -62,8 +62,8 @@ CalibrationEntry entry_from_json(const json& j) {
   const json& probes = j.at("probes");
   if (!probes.is_array()) throw std::invalid_argument("\"probes\" is not an array");
   for (const json& p : probes) {
-    e.probes.push_back({p.at("r").get<double>(), p.at("value").get<double>(),
-                        p.value("remeasure", false)});
+    e.probes.push_back(
+        {p.at("r").get<double>(), p.at("value").get<double>(), p.value("remeasure", false)});
   }
   e.timestamp_unix = j.at("timestamp_unix").get<int64_t>();
   return e;

@@ -110,8 +110,20 @@ TEST(EvalSmoke, WritesResultsSummaryAndResumes) {
   for (const auto& n : notes) noted = noted || n.find("unfinished last line") != std::string::npos;
   EXPECT_TRUE(noted);
 
+  // run.json: one record per invocation, each with its wall time and units run.
+  const json run = json::parse(std::ifstream(dir + "/run.json"));
+  ASSERT_EQ(run["invocations"].size(), 3u);
+  EXPECT_EQ(run["invocations"][0]["units_run"], 6);
+  EXPECT_EQ(run["invocations"][1]["units_run"], 0);
+  EXPECT_EQ(run["invocations"][2]["units_run"], 2);
+  EXPECT_GT(run["invocations"][0]["seconds"].get<double>(), 0.0);
+  EXPECT_EQ(run["config"]["sink"], true);
+
   // Result-affecting settings cannot change within one directory.
   o.ratio = 0.2;
+  EXPECT_THROW(run_eval(*m, o), Error);
+  o.ratio = 0.15;
+  o.sink = false;
   EXPECT_THROW(run_eval(*m, o), Error);
   fs::remove_all(dir);
 }
