@@ -33,13 +33,14 @@ def parse(path):
     d["t_o"] = num(r"t_o =\s+([\d.]+) us", text)
     d["r_bal"] = num(r"r_balance = (-?[\d.]+)", text)
     d["r0"] = num(r"-> r0 = ([\d.]+)", text)
-    m = re.search(r"search: (\d+) probes \((\d+) of them paired re-measurements for (\d+) close "
+    m = re.search(r"search: (\d+) probes \((\d+) of them in paired rounds for (\d+) "
                   r"comparisons\)", text)
     if m:
         d["probes"], d["remeasured"], d["paired"] = (int(m.group(i)) for i in (1, 2, 3))
     else:  # output of a build before paired re-measurement
         d["probes"], d["remeasured"], d["paired"] = num(r"search: (\d+) probes", text, int), 0, 0
     d["chosen"] = num(r"^chosen r = ([\d.]+)", text)
+    d["bound"] = num(r"^lower-bound check: r_min was (faster|slower)", text, str, "")
     d["cal_s"] = num(r"calibration took ([\d.]+) s", text)
     d["sweep"] = [(float(r), float(t)) for r, t in
                   re.findall(r"^  r = ([\d.]+)  mean TTFT ([\d.]+) ms", text, re.M)]
@@ -61,18 +62,20 @@ def main():
     if not rows:
         sys.exit(f"{a.dir}: none of {', '.join(t + '.txt' for t in TIERS)}")
     out = []
-    out.append("| tier | t_c us | t_i us | t_o ms | analytic r0 | probes (re-measured) | chosen r "
+    out.append("| tier | t_c us | t_i us | t_o ms | analytic r0 | probes (paired) | r_min check "
+               "| chosen r "
                "| sweep best r | chosen vs best (re-measured) | criterion | full TTFT "
                "| speedup at r_min | speedup at chosen r | calibration |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for d in rows:
         tier = LABEL[os.path.basename(d["path"])[:-4]]
         verdict = "holds" if d["holds"] else "**fails**"
+        check = {"faster": "r_min won", "slower": "kept"}.get(d["bound"], "–")
         why = " (dr)" if d["holds"] and d["dr"] <= 0.02 else (" (TTFT)" if d["holds"] else "")
         out.append(
             f"| {tier} | {d['t_c']:.0f} | {d['t_i']:.1f} | {d['t_o'] / 1e3:.1f} "
             f"| {d['r0']:.3f} (r_bal {d['r_bal']:.3f}) | {d['probes']} ({d['remeasured']}) "
-            f"| {d['chosen']:.4f} | {d['best_r']:.2f} | dr {d['dr']:.3f}, {d['dt']:+.1f}% "
+            f"| {check} | {d['chosen']:.4f} | {d['best_r']:.2f} | dr {d['dr']:.3f}, {d['dt']:+.1f}% "
             f"| {verdict}{why} | {d['t_full'] / 1e3:.1f} s | {d['t_full'] / d['t_rmin']:.2f}x "
             f"| {d['t_full'] / d['t_chosen']:.2f}x | {d['cal_s']:.0f} s |")
     out.append("")

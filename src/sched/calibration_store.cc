@@ -28,7 +28,7 @@ constexpr int kVersion = 1;
 json entry_to_json(const CalibrationEntry& e) {
   json probes = json::array();
   for (const GoldenSectionProbe& p : e.probes) {
-    probes.push_back({{"r", p.r}, {"value", p.value}, {"remeasure", p.remeasure}});
+    probes.push_back({{"r", p.r}, {"value", p.value}, {"paired", p.paired}});
   }
   return {{"model_fingerprint", e.key.model_fingerprint},
           {"backend", e.key.backend},
@@ -63,7 +63,7 @@ CalibrationEntry entry_from_json(const json& j) {
   if (!probes.is_array()) throw std::invalid_argument("\"probes\" is not an array");
   for (const json& p : probes) {
     e.probes.push_back(
-        {p.at("r").get<double>(), p.at("value").get<double>(), p.value("remeasure", false)});
+        {p.at("r").get<double>(), p.at("value").get<double>(), p.value("paired", false)});
   }
   e.timestamp_unix = j.at("timestamp_unix").get<int64_t>();
   return e;

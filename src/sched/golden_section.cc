@@ -21,52 +21,52 @@ struct PhaseEnds {
 };
 
 double probe(const std::function<double(double)>& objective, double r, GoldenSectionResult& out,
-             bool remeasure = false) {
+             bool paired = false) {
   const double value = objective(r);
   CT_THROW_IF_NOT(std::isfinite(value), "golden-section objective at r={} returned {}", r, value);
-  out.probes.push_back({r, value, remeasure});
-  if (remeasure) ++out.n_remeasure;
+  out.probes.push_back({r, value, paired});
+  if (paired) ++out.n_paired_probes;
   return value;
 }
 
-// A probe's running mean over its measurements.
 struct Point {
-  double x = 0, sum = 0;
-  int n = 0;
-  double f() const { return sum / n; }
-  void add(double v) {
-    sum += v;
-    ++n;
-  }
+  double x = 0, f = 0;
 };
 
 Point measure(const std::function<double(double)>& objective, double x, GoldenSectionResult& out) {
-  Point p{x, 0, 0};
-  p.add(probe(objective, x, out));
-  return p;
+  return {x, probe(objective, x, out)};
 }
 
-// True when the minimum is taken to lie on the lower-r side ([a, p2.x]). With noise > 0, values
-// inside the band are measured again in paired rounds that alternate which probe goes first, and
-// the comparison uses those paired measurements only (the retained probe's old value was taken
-// earlier, under another machine state). Their means decide, even when still inside the band:
-// a forced direction there would compound over the reductions (tested).
+// Measures p1 and p2 again in `rounds` back-to-back rounds, alternating which goes first, and
+// replaces each value with its fastest paired measurement.
+void paired_rounds(const std::function<double(double)>& objective, Point& p1, Point& p2,
+                   int rounds, GoldenSectionResult& out) {
+  double f1 = INFINITY, f2 = INFINITY;
+  for (int k = 0; k < rounds; ++k) {
+    if (k % 2 == 0) {
+      f1 = std::min(f1, probe(objective, p1.x, out, true));
+      f2 = std::min(f2, probe(objective, p2.x, out, true));
+    } else {
+      f2 = std::min(f2, probe(objective, p2.x, out, true));
+      f1 = std::min(f1, probe(objective, p1.x, out, true));
+    }
+  }
+  p1.f = f1;
+  p2.f = f2;
+  ++out.n_paired;
+}
+
+// True when the minimum is taken to lie on the lower-r side ([a, p2.x]); see
+// GoldenSectionOptions::noise for when the two values are measured again first. The paired
+// values decide even when they are still inside the band: a rule that forced one side on a
+// tie would compound over the reductions (tested).
 bool lower_side(const std::function<double(double)>& objective, Point& p1, Point& p2,
                 const GoldenSectionOptions& opt, GoldenSectionResult& out) {
-  auto within = [&] {
-    return std::abs(p1.f() - p2.f()) <= opt.noise * std::min(std::abs(p1.f()), std::abs(p2.f()));
-  };
-  if (opt.noise <= 0 || opt.paired_rounds == 0 || !within()) return p1.f() <= p2.f();
-  p1 = Point{p1.x, 0, 0};
-  p2 = Point{p2.x, 0, 0};
-  for (int k = 0; k < opt.paired_rounds; ++k) {
-    Point& first = (k % 2 == 0) ? p1 : p2;
-    Point& second = (k % 2 == 0) ? p2 : p1;
-    first.add(probe(objective, first.x, out, true));
-    second.add(probe(objective, second.x, out, true));
+  const bool close = std::abs(p1.f - p2.f) <= opt.noise * std::min(std::abs(p1.f), std::abs(p2.f));
+  if (opt.noise > 0 && opt.paired_rounds > 0 && close) {
+    paired_rounds(objective, p1, p2, opt.paired_rounds, out);
   }
-  ++out.n_paired;
-  return p1.f() <= p2.f();
+  return p1.f <= p2.f;
 }
 
 PhaseEnds run_phase(const std::function<double(double)>& objective, double a, double b,
@@ -154,6 +154,15 @@ GoldenSectionResult golden_section_search(const std::function<double(double)>& o
   out.lo = ends.lo;
   out.hi = ends.hi;
   out.r = 0.5 * (ends.lo + ends.hi);
+  if (options.noise > 0 && options.paired_rounds > 0 && out.r - lo >= options.eps) {
+    Point bound{lo, 0}, chosen{out.r, 0};
+    paired_rounds(objective, bound, chosen, options.paired_rounds, out);
+    out.lower_bound_checked = true;
+    if (bound.f <= chosen.f) {
+      out.lower_bound_won = true;
+      out.r = lo;
+    }
+  }
   out.n_eval = static_cast<int>(out.probes.size());
   return out;
 }

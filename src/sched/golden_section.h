@@ -16,15 +16,20 @@ struct GoldenSectionOptions {
   // warm_width)] within the global bounds [lo, hi] = [max(a, r_min), b].
   std::optional<double> r0;
   double warm_width = 0.15;
-  // Measurement noise, relative (e.g. 0.03 = 3%). 0 (default) is the plain search: every
-  // comparison trusts one measurement per probe. With noise > 0, when two probes' values differ
-  // by no more than noise * min(f1, f2), both are measured again in paired_rounds back-to-back
-  // rounds that alternate which one goes first (so a load trend over the rounds weighs on both
-  // alike), and compared on the means of those paired measurements alone: the retained probe's
-  // first value was taken earlier, under another machine state. On a shared machine two
-  // measurements of the same r minutes apart differ by more than the slope near the optimum, so
-  // one-shot comparisons of a fresh probe against a stale retained one walk the search off in
-  // the direction of the load trend; this is what the paired rounds guard against.
+  // Measurement noise, relative (e.g. 0.05 = 5%). 0 (default) is the plain search: every
+  // comparison trusts one measurement per probe. noise > 0 switches on the robust mode for
+  // measured TTFT on a shared machine, where two measurements of the same r minutes apart differ
+  // by more than the slope near the optimum:
+  //  - Paired comparisons. When two probes' values differ by no more than noise * min(f1, f2),
+  //    both are measured again in paired_rounds back-to-back rounds that alternate which one
+  //    goes first, and compared on the fastest of those paired measurements alone: the retained
+  //    probe's first value was taken earlier, under another machine state, and interference from
+  //    other work only ever adds time, so the fastest run is the least disturbed one (as
+  //    CalibrationWorkload keeps each request's fastest repeat).
+  //  - Lower-bound check. The optimum often sits at the quality floor (fast media: App. E.4),
+  //    where every wrong step of the search lands the midpoint above it. If the result is at
+  //    least eps above the lower bound, the two are compared in paired rounds and the faster
+  //    one is returned.
   double noise = 0;
   int paired_rounds = 2;
 };
@@ -32,16 +37,19 @@ struct GoldenSectionOptions {
 struct GoldenSectionProbe {
   double r = 0;
   double value = 0;        // objective at r, e.g. mean TTFT in seconds
-  bool remeasure = false;  // a paired repeat of an earlier probe's r (noise > 0 only)
+  bool paired = false;     // taken in a paired comparison round (noise > 0 only)
 };
 
 struct GoldenSectionResult {
-  double r = 0;                            // midpoint of the final bracket (App. C.2)
+  double r = 0;  // midpoint of the final bracket (App. C.2), or the lower bound if it won the
+                 // lower-bound check (noise > 0)
   double lo = 0, hi = 0;                   // final bracket; hi - lo < eps
   std::vector<GoldenSectionProbe> probes;  // every objective call, in call order
   int n_eval = 0;                          // == probes.size()
-  int n_remeasure = 0;                     // probes with remeasure set
-  int n_paired = 0;                        // comparisons decided by paired re-measurement
+  int n_paired_probes = 0;                 // probes with `paired` set
+  int n_paired = 0;                        // comparisons decided in paired rounds
+  bool lower_bound_checked = false;        // the lower-bound check ran (noise > 0)
+  bool lower_bound_won = false;            // ... and the lower bound was faster: r = lo bound
   int n_iter = 0;                          // bracket reductions over both phases
   bool expanded = false;                   // the warm bracket was widened once (see below)
 };
@@ -49,7 +57,8 @@ struct GoldenSectionResult {
 // Searches [max(a, r_min), b]. Each reduction keeps the side of the lower probe (ties keep the
 // lower-r side) and reuses the other probe, so a phase over width W costs
 // golden_section_evaluations(W, eps) objective calls: two to seed and one per later reduction
-// (plus, with options.noise > 0, at most 2 * paired_rounds repeats per reduction).
+// (plus, with options.noise > 0, at most 2 * paired_rounds per reduction and for the lower-bound
+// check).
 // The number of reductions is fixed up front from W (golden_section_iterations), so the
 // calibration cost is known before anything is measured and rounding in the bracket ends cannot
 // add a stray measurement.

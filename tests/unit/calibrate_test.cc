@@ -162,15 +162,15 @@ TEST_F(CalibrateTest, NoiseBandReMeasuresCloseProbesAndStoresThem) {
   opt.noise = 0.05;
   const CalibrationRun run = calibrate_top_tier(eng, requests(), opt);
   EXPECT_GT(run.search.n_paired, 0);
-  EXPECT_EQ(run.search.n_remeasure, 2 * opt.paired_rounds * run.search.n_paired);
+  EXPECT_EQ(run.search.n_paired_probes, 2 * opt.paired_rounds * run.search.n_paired);
   EXPECT_EQ((int)f.calls.size(), run.search.n_eval);
   EXPECT_NEAR(run.entry.chosen_r, 0.22, 0.01);  // a deterministic objective: same answer
   const sched::CalibrationEntry* e =
       sched::CalibrationStore::load(eng.options().calibration_path).find(eng.calibration_key(0));
   ASSERT_NE(e, nullptr);
   int flagged = 0;
-  for (const auto& p : e->probes) flagged += p.remeasure ? 1 : 0;
-  EXPECT_EQ(flagged, run.search.n_remeasure);
+  for (const auto& p : e->probes) flagged += p.paired ? 1 : 0;
+  EXPECT_EQ(flagged, run.search.n_paired_probes);
 }
 
 TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {

@@ -189,7 +189,7 @@ struct DriftingObjective {
   }
 };
 
-TEST(GoldenSection, LoadDriftMisleadsThePlainSearchButNotThePairedOne) {
+TEST(GoldenSection, LoadDriftMisleadsThePlainSearchButNotTheRobustOne) {
   auto rising = [](double r) { return 1 + (r - 0.15); };  // +1% TTFT per 0.01 of r
   GoldenSectionOptions opt;
   opt.r0 = 0.30;  // bracket [0.15, 0.45]
@@ -197,26 +197,28 @@ TEST(GoldenSection, LoadDriftMisleadsThePlainSearchButNotThePairedOne) {
   DriftingObjective plain{0.03, rising};
   const GoldenSectionResult p = golden_section_search(plain.fn(), 0, 1, opt);
   EXPECT_GT(p.r - opt.r_min, 0.05) << "the drift should have pushed the plain search up";
-  EXPECT_EQ(p.n_remeasure, 0);
-  // Paired: close comparisons are re-measured back to back, alternating the order.
+  EXPECT_EQ(p.n_paired_probes, 0);
+  EXPECT_FALSE(p.lower_bound_checked);
+  // Robust: close comparisons are measured again back to back, alternating the order.
   opt.noise = 0.05;
-  DriftingObjective paired{0.03, rising};
-  const GoldenSectionResult q = golden_section_search(paired.fn(), 0, 1, opt);
+  DriftingObjective robust{0.03, rising};
+  const GoldenSectionResult q = golden_section_search(robust.fn(), 0, 1, opt);
   EXPECT_LT(q.r - opt.r_min, opt.eps);
   EXPECT_GT(q.n_paired, 0);
-  EXPECT_EQ(q.n_eval, paired.calls);
-  EXPECT_EQ(q.n_remeasure, 2 * opt.paired_rounds * q.n_paired);
+  EXPECT_EQ(q.n_eval, robust.calls);
+  EXPECT_EQ(q.n_paired_probes, 2 * opt.paired_rounds * q.n_paired);
   int flagged = 0;
-  for (const auto& pr : q.probes) flagged += pr.remeasure ? 1 : 0;
-  EXPECT_EQ(flagged, q.n_remeasure);
-  // Bounded cost: at most 2 * paired_rounds extra calls per reduction.
+  for (const auto& pr : q.probes) flagged += pr.paired ? 1 : 0;
+  EXPECT_EQ(flagged, q.n_paired_probes);
+  // Bounded cost: at most 2 * paired_rounds extra calls per reduction and for the final check.
   EXPECT_LE(q.n_eval, golden_section_evaluations(0.30, opt.eps) +
-                          2 * opt.paired_rounds * golden_section_iterations(0.30, opt.eps));
+                          2 * opt.paired_rounds * (golden_section_iterations(0.30, opt.eps) + 1));
 }
 
-TEST(GoldenSection, PairedSearchStillFindsAnInteriorMinimumWithoutNoise) {
-  // Deterministic objective: re-measurements change nothing, and the means must still decide
-  // (a tie rule that favoured one side would drift off the minimum over the reductions).
+TEST(GoldenSection, RobustSearchStillFindsAnInteriorMinimumWithoutNoise) {
+  // Deterministic objective: re-measurements change nothing, the paired values must still
+  // decide (a tie rule that favoured one side would drift off the minimum over the reductions),
+  // and the lower-bound check must keep the interior answer.
   for (double c : {2.0, 10.0}) {
     CountingObjective obj{[c](double r) { return 1 + c * (r - 0.3) * (r - 0.3); }, {}};
     GoldenSectionOptions opt;
@@ -224,8 +226,40 @@ TEST(GoldenSection, PairedSearchStillFindsAnInteriorMinimumWithoutNoise) {
     const GoldenSectionResult res = golden_section_search(obj.fn(), 0, 1, opt);
     EXPECT_LT(std::abs(res.r - 0.3), opt.eps) << "curvature " << c;
     EXPECT_GT(res.n_paired, 0);
+    EXPECT_TRUE(res.lower_bound_checked);
+    EXPECT_FALSE(res.lower_bound_won);
     for (double r : obj.calls) EXPECT_GE(r, opt.r_min);
   }
+}
+
+// TTFT at the quality floor with interference: every measurement is the true time plus a
+// positive, exponentially distributed delay (mean 6%); the true optimum is r_min and the slope
+// is +17% per 0.05 of r (the device tier of docs/PERFORMANCE.md). Over many seeded machines the
+// robust mode must land within the criterion (|r - r_min| <= 0.02, or a true TTFT within
+// 3%) far more often than the plain search, whose midpoint climbs with every noisy step.
+TEST(GoldenSection, RobustModeHoldsTheFloorUnderInterference) {
+  auto truth = [](double r) { return 1 + 3.4 * (r - 0.15); };
+  auto success_rate = [&](double noise, int* bound_wins) {
+    int ok = 0;
+    for (unsigned seed = 0; seed < 200; ++seed) {
+      std::mt19937 gen(seed);
+      std::exponential_distribution<double> delay(1 / 0.06);
+      GoldenSectionOptions opt;
+      opt.r0 = 0.30;
+      opt.noise = noise;
+      const GoldenSectionResult res = golden_section_search(
+          [&](double r) { return truth(r) * (1 + delay(gen)); }, 0, 1, opt);
+      ok += (res.r - 0.15 <= 0.02 || truth(res.r) <= 1.03 * truth(0.15)) ? 1 : 0;
+      if (bound_wins) *bound_wins += res.lower_bound_won ? 1 : 0;
+    }
+    return ok / 200.0;
+  };
+  int wins = 0;
+  const double plain = success_rate(0, nullptr);
+  const double robust = success_rate(0.05, &wins);
+  EXPECT_LT(plain, 0.75);
+  EXPECT_GT(robust, 0.9);
+  EXPECT_GT(wins, 0) << "the lower-bound check should have rescued some searches";
 }
 
 TEST(GoldenSection, RejectsBadInput) {
@@ -423,7 +457,7 @@ TEST_F(CalibrationStoreTest, RoundTripsAndFindsTheSameKey) {
   for (size_t i = 0; i < want.probes.size(); ++i) {
     EXPECT_DOUBLE_EQ(got->probes[i].r, want.probes[i].r);
     EXPECT_DOUBLE_EQ(got->probes[i].value, want.probes[i].value);
-    EXPECT_EQ(got->probes[i].remeasure, want.probes[i].remeasure);
+    EXPECT_EQ(got->probes[i].paired, want.probes[i].paired);
   }
   EXPECT_EQ(got->timestamp_unix, want.timestamp_unix);
 

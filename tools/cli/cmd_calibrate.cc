@@ -74,11 +74,16 @@ void print_profile(const CalibrationRun& run, const CalibrateOptions& o) {
 }
 
 void print_result(const CalibrationRun& run) {
+  const sched::GoldenSectionResult& g = run.search;
   std::printf(
-      "search: %d probes (%d of them paired re-measurements for %d close comparisons), %d "
-      "bracket reductions%s, final bracket [%.4f, %.4f]\n",
-      run.search.n_eval, run.search.n_remeasure, run.search.n_paired, run.search.n_iter,
-      run.search.expanded ? " (warm bracket expanded once)" : "", run.search.lo, run.search.hi);
+      "search: %d probes (%d of them in paired rounds for %d comparisons), %d bracket "
+      "reductions%s, final bracket [%.4f, %.4f]\n",
+      g.n_eval, g.n_paired_probes, g.n_paired, g.n_iter,
+      g.expanded ? " (warm bracket expanded once)" : "", g.lo, g.hi);
+  if (g.lower_bound_checked) {
+    std::printf("lower-bound check: r_min %s the bracket midpoint %.4f in paired rounds\n",
+                g.lower_bound_won ? "was faster than" : "was slower than", 0.5 * (g.lo + g.hi));
+  }
   std::printf("chosen r = %.4f\n", run.entry.chosen_r);
 }
 
