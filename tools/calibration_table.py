@@ -33,8 +33,8 @@ def parse(path):
     d["t_o"] = num(r"t_o =\s+([\d.]+) us", text)
     d["r_bal"] = num(r"r_balance = (-?[\d.]+)", text)
     d["r0"] = num(r"-> r0 = ([\d.]+)", text)
-    m = re.search(r"search: (\d+) probes \((\d+) of them in paired rounds for (\d+) "
-                  r"comparisons\)", text)
+    m = re.search(r"search: (\d+) probes \((\d+) of them (?:in paired rounds|paired "
+                  r"re-measurements) for (\d+) (?:close )?comparisons\)", text)
     if m:
         d["probes"], d["remeasured"], d["paired"] = (int(m.group(i)) for i in (1, 2, 3))
     else:  # output of a build before paired re-measurement
