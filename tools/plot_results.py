@@ -507,8 +507,8 @@ def main():
              f"Answer budget {cfg.get('max_tokens_qa')} tokens for QA, "
              f"{cfg.get('max_tokens_summary')} for summaries; KL over the first "
              f"{cfg.get('kl_positions')} teacher-forced tokens of full's answer.")
-    L.append(f"- Machine: {mach.get('cpu')}, {mach.get('cores')} cores, shared with other jobs "
-             f"(load averages at the start of each invocation below); "
+    L.append(f"- Machine: {mach.get('cpu')}, {mach.get('cores')} cores (the load average at the "
+             f"start of each invocation below shows what else was running); "
              f"OMP_WAIT_POLICY={mach.get('omp_wait_policy') or '(unset)'}. TTFT = wall time of "
              "`selective_prefill` + first-token sample, single request, chunk records in memory.")
     data = sorted({d for inv in run.get("invocations", []) for d in inv.get("data", [])})
