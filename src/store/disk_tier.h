@@ -5,7 +5,7 @@
 //
 // File "<dir>/<id>.ctkv" is exactly the record of record_format.h with align = 4096: header, zero
 // padding to the next 4 KiB, then one interleaved K|V slab per layer, each padded to 4 KiB. Rows
-// [a, b) of layer l (keys and values) are therefore ONE pread of the covering 64-row groups; every
+// [a, b) of layer l (keys and values) are therefore ONE pread of the covering 16-row groups; every
 // group read is checked against its CRC32C before any byte reaches the caller.
 // Temporary files are ".<id>.ctkv.tmp.<pid>.<n>"; the startup scan deletes them (a crash left
 // them behind), and deletes files with a bad magic, version or header checksum, or whose size is

@@ -17,7 +17,7 @@
 // put into the migrating slot fails (Redis answers TRYAGAIN to multi-key transactions there).
 // The tier keeps an in-memory index (id -> header, version) filled by put() and, at start, by a
 // SCAN of the first node (on a cluster that node's keys only). Reads widen the rows to whole
-// 64-row groups, GETRANGE them from the indexed version's layer key and verify each group's
+// 16-row groups, GETRANGE them from the indexed version's layer key and verify each group's
 // CRC32C. A missing layer value makes the tier re-read the header: a newer version (replaced by
 // another writer) is indexed and the read retried; no header means the record is gone (erased
 // elsewhere, server restarted): dropped from the index. Errors never throw into the request path:

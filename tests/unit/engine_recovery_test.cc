@@ -60,15 +60,16 @@ class EngineRecoveryTest : public ::testing::Test {
     return dynamic_cast<store::DiskTier&>(eng.pool().tier(0));
   }
 
-  // Byte offset of layer 0's first slab row in a stored record (covered by a row-group CRC and
-  // read by every request, since row group 0 holds the selected rows' neighbours).
-  static uint64_t first_slab_byte(const std::string& path) {
+  // Byte offset of layer 0's last slab row in a stored record: the lowest-ranked token, covered
+  // by a row-group CRC and read by every request with r < 1 (it is always in the complement).
+  static uint64_t last_slab_row_byte(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
     std::string err;
     std::optional<store::RecordHeader> h = store::decode_header(bytes.data(), bytes.size(), &err);
     EXPECT_TRUE(h.has_value()) << path << ": " << err;
-    return h ? h->slab_offset(0) : 0;
+    return h ? h->slab_offset(0) + (uint64_t)(h->meta.n_tok - 1) * store::slab_row_bytes(h->meta)
+             : 0;
   }
 
   static void flip_byte(const std::string& path, uint64_t offset) {
@@ -121,7 +122,7 @@ test::TempDir* EngineRecoveryTest::model_dir_ = nullptr;
 std::string* EngineRecoveryTest::model_path_ = nullptr;
 
 TEST_F(EngineRecoveryTest, FlippedByteInAStoredRecord) {
-  expect_recovers([](const std::string& path) { flip_byte(path, first_slab_byte(path) + 10); });
+  expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
 TEST_F(EngineRecoveryTest, DeletedRecord) {

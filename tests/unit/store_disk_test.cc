@@ -87,11 +87,12 @@ TEST_F(DiskTierTest, FlippedSlabByteFailsOnlyReadsOfItsGroupThenTheEntryIsDroppe
   DiskTier tier(options());
   const ChunkKV kv = chunk("flip", 4);
   ASSERT_TRUE(tier.put(kv));
-  flip_byte(tier.path_of("flip"), slab_byte(kv, 1, 100, 5));  // layer 1, group 1 (rows 64-127)
-  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 0, 64));           // group 0 only: still verifiable
-  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 128, 200));        // group 2 only
+  static_assert(kGroupRows == 16, "the row numbers below assume 16-row groups");
+  flip_byte(tier.path_of("flip"), slab_byte(kv, 1, 100, 5));  // layer 1, group 6 (rows 96-111)
+  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 0, 96));           // groups 0-5: still verifiable
+  EXPECT_TRUE(read_layer_rows(tier, kv, 1, 112, 200));        // groups 7-12
   EXPECT_TRUE(read_layer_rows(tier, kv, 0, 90, 110));         // another layer
-  EXPECT_FALSE(read_layer_rows(tier, kv, 1, 120, 130));       // touches group 1
+  EXPECT_FALSE(read_layer_rows(tier, kv, 1, 108, 114));       // touches group 6
   EXPECT_FALSE(tier.contains("flip"));
   EXPECT_FALSE(fs::exists(tier.path_of("flip")));
   EXPECT_EQ(tier.used_bytes(), 0u);
@@ -182,7 +183,7 @@ TEST_F(DiskTierTest, ThrottleMakesReadsTakeAtLeastBytesOverBandwidth) {
   ASSERT_TRUE(read_layer_rows(tier, kv, 1, 20, 200));
   double elapsed = seconds_since(t0);
   const uint64_t n_rows = tier.bytes_read() - before;
-  EXPECT_EQ(n_rows, 200 * slab_row_bytes(kv.meta));  // rows 20-199 widen to groups 0-3
+  EXPECT_EQ(n_rows, (200 - 16) * slab_row_bytes(kv.meta));  // rows 20-199 widen to 16-199
   EXPECT_GE(elapsed, (double)n_rows / o.read_bytes_per_sec);
 
   before = tier.bytes_read();

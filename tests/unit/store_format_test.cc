@@ -68,7 +68,8 @@ TEST_F(HeaderTest, RoundTrip) {
   ChunkKV meta_only{h->meta, kv_.k, kv_.v};
   EXPECT_TRUE(test::chunks_equal(meta_only, kv_));
   EXPECT_EQ(h->group_crc, crcs_);
-  EXPECT_EQ(h->n_groups, 3);  // 130 rows = 64 + 64 + 2
+  EXPECT_EQ(h->group_rows, kGroupRows);
+  EXPECT_EQ(h->n_groups, (130 + (int)kGroupRows - 1) / (int)kGroupRows);
   EXPECT_EQ(h->data_offset % 4096, 0u);
   EXPECT_EQ(h->slab_stride % 4096, 0u);
   EXPECT_EQ(h->total_bytes, layout_.total_bytes);

@@ -92,7 +92,8 @@ TEST_F(RedisTierTest, CorruptMissingAndTruncatedValuesAreMissesAndDropped) {
   const ChunkKV c1 = chunk("x1", 5), c2 = chunk("x2", 6), c3 = chunk("x3", 7), c4 = chunk("x4", 8);
   for (const ChunkKV* kv : {&c1, &c2, &c3, &c4}) ASSERT_TRUE(tier.put(*kv));
 
-  // A flipped byte in layer 2, row 70 (group 1): reads of group 0 still verify.
+  // A flipped byte in layer 2, row 70 (rows 64-79 with 16-row groups): reads of rows 0-63
+  // still verify.
   const size_t off = 70 * slab_row_bytes(c1.meta) + 3;
   std::string key = tier.layer_key("x1", 2);
   std::string byte = server_.command({"GETRANGE", key, std::to_string(off), std::to_string(off)});
