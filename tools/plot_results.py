@@ -155,22 +155,15 @@ def fig_sweep(summary, out, prefix, xlabel, fname):
             ax_q.axhline(full_q, color="k", ls=":", label="full score")
         if first.get("full_ttft_ms") is not None:
             ax_t.axhline(first["full_ttft_ms"], color="k", ls=":", label="full TTFT")
-        ax_q.set_title(f"{task}: quality vs {xlabel}")
-        ax_q.set_xlabel(xlabel)
-        ax_q.set_ylabel("score")
-        ax_q.grid(alpha=0.3)
-        ax_q.legend(fontsize=7)
-        ax_k.set_title(f"{task}: KL(full || policy) vs {xlabel}")
-        ax_k.set_xlabel(xlabel)
-        ax_k.set_ylabel("mean KL, first answer tokens")
+        for ax, what, ylabel in ((ax_q, "quality", "score"),
+                                 (ax_k, "KL(full || policy)", "mean KL, first answer tokens"),
+                                 (ax_t, "TTFT", "mean TTFT (ms)")):
+            ax.set_title(f"{task}: {what} vs {xlabel}")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
         ax_k.set_ylim(bottom=0)
-        ax_k.grid(alpha=0.3)
-        ax_k.legend(fontsize=7)
-        ax_t.set_title(f"{task}: TTFT vs {xlabel}")
-        ax_t.set_xlabel(xlabel)
-        ax_t.set_ylabel("mean TTFT (ms)")
-        ax_t.grid(alpha=0.3)
-        ax_t.legend(fontsize=7)
     return save(fig, os.path.join(out, fname))
 
 

@@ -96,6 +96,25 @@ std::vector<int> timed_layers(int n_layer, int n) {
   return layers;
 }
 
+// Each case is timed once per round, rounds interleave the cases, and each case keeps its
+// fastest round: a burst of load from other processes then slows one round of every case
+// instead of every round of one case, which would bend the fitted slope. An untimed first run of
+// the case with the most rows warms the workspace (it grows to the largest n) and the caches.
+// Case has `pos` (one entry per row); time(case) returns seconds per layer.
+template <class Case, class TimeFn>
+std::vector<sched::CostSample> fastest_of_rounds(const std::vector<Case>& cases, int repeats,
+                                                 TimeFn&& time) {
+  const auto by_rows = [](const Case& a, const Case& b) { return a.pos.size() < b.pos.size(); };
+  time(*std::max_element(cases.begin(), cases.end(), by_rows));
+  std::vector<double> best(cases.size(), std::numeric_limits<double>::infinity());
+  for (int round = 0; round < repeats; ++round) {
+    for (size_t k = 0; k < cases.size(); ++k) best[k] = std::min(best[k], time(cases[k]));
+  }
+  std::vector<sched::CostSample> out;
+  for (size_t k = 0; k < cases.size(); ++k) out.push_back({(double)cases[k].pos.size(), best[k]});
+  return out;
+}
+
 }  // namespace
 
 std::vector<CalibrationRequest> load_calibration_requests(const std::string& path, int limit) {
@@ -191,10 +210,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
   const std::vector<int> layers = timed_layers(c.n_layer, opt.max_layers);
   sched::ProfileSamples out;
 
-  // Each size is timed once per round, rounds interleave the sizes, and each size keeps its
-  // fastest round: a burst of load from other processes then slows one round of every size
-  // instead of every round of one size, which would bend the fitted slope. An untimed first run of
-  // the largest size warms the workspace (it grows to the largest n) and the caches.
+  // Both paths are timed with fastest_of_rounds.
   //
   // Recompute path: n rows through the timed layers, at positions spread over the prompt so each
   // row attends over a prompt-length context, as recomputed chunk tokens do.
@@ -224,17 +240,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
     for (int l : layers) m.forward_layer(l, x.data(), cc.pos.data(), (int)cc.pos.size(), kv_, ws_);
     return t.seconds() / (double)layers.size();
   };
-  const auto by_rows = [](const auto& a, const auto& b) { return a.pos.size() < b.pos.size(); };
-  time_compute(*std::max_element(compute_cases.begin(), compute_cases.end(), by_rows));
-  std::vector<double> best(compute_cases.size(), std::numeric_limits<double>::infinity());
-  for (int round = 0; round < opt.repeats; ++round) {
-    for (size_t k = 0; k < compute_cases.size(); ++k) {
-      best[k] = std::min(best[k], time_compute(compute_cases[k]));
-    }
-  }
-  for (size_t k = 0; k < compute_cases.size(); ++k) {
-    out.compute.push_back({(double)compute_cases[k].pos.size(), best[k]});
-  }
+  out.compute = fastest_of_rounds(compute_cases, opt.repeats, time_compute);
 
   // Load path: each chunk's complement rank rows [n_select(r), N) read from the tier, unpacked to
   // F32 at their global positions and rotated there, exactly the loader's work per layer. It runs
@@ -291,16 +297,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
         }
         return t.seconds() / (double)layers.size();
       };
-      time_load(*std::max_element(load_cases.begin(), load_cases.end(), by_rows));
-      std::vector<double> best_load(load_cases.size(), std::numeric_limits<double>::infinity());
-      for (int round = 0; round < opt.repeats; ++round) {
-        for (size_t k = 0; k < load_cases.size(); ++k) {
-          best_load[k] = std::min(best_load[k], time_load(load_cases[k]));
-        }
-      }
-      for (size_t k = 0; k < load_cases.size(); ++k) {
-        out.load.push_back({(double)load_cases[k].pos.size(), best_load[k]});
-      }
+      out.load = fastest_of_rounds(load_cases, opt.repeats, time_load);
     } catch (...) {
       error = std::current_exception();
     }

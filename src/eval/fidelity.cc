@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
 
 namespace ct {
@@ -166,6 +167,26 @@ PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens,
   const double n_q = (double)(n - std::max(0, query_begin)) * c.n_layer;
   for (float& a : out.query_attention) a = (float)(a / n_q);
   return out;
+}
+
+std::vector<float> chunk_drift(const ChunkKV& rec, const PrefillKV& ctx, int offset,
+                               double* max_abs_diff) {
+  const int L = rec.meta.n_layer, n = rec.meta.n_tok, KV = rec.meta.kv_dim;
+  CT_THROW_IF_NOT(offset >= 0 && offset + n <= ctx.n_tok && !ctx.k.empty() &&
+                      ctx.k.size() == (size_t)L * ctx.n_tok * KV && ctx.v.size() == ctx.k.size(),
+                  "chunk_drift: chunk of {} rows x {} layers x {} at offset {} does not fit a "
+                  "captured prefill of {} rows ({} K values)",
+                  n, L, KV, offset, ctx.n_tok, ctx.k.size());
+  const ChunkKVF32 f = unpack_text_order(rec);
+  std::vector<const float*> ki(L), vi(L), kc(L), vc(L);
+  for (int l = 0; l < L; ++l) {
+    ki[l] = f.k_layer(l, n, KV);
+    vi[l] = f.v_layer(l, n, KV);
+    kc[l] = ctx.k_rows(l, offset, KV);
+    vc[l] = ctx.v_rows(l, offset, KV);
+  }
+  if (max_abs_diff) *max_abs_diff = kv_max_abs_diff(ki, vi, kc, vc, n, KV);
+  return kv_drift(ki, vi, kc, vc, n, KV);
 }
 
 }  // namespace ct

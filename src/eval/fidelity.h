@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "store/chunk.h"
 
 namespace ct {
 
@@ -77,5 +78,12 @@ struct PrefillKV {
 };
 PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens,
                              int query_begin = -1);
+
+// kv_drift of one stored chunk: its isolated K/V (the record, unpacked to text order) against
+// its rows [offset, offset + n_tok) of a captured full-context prefill. With max_abs_diff, also
+// kv_max_abs_diff of the same pair. Throws ct::Error when the rows do not fit in ctx or the
+// shapes disagree.
+std::vector<float> chunk_drift(const ChunkKV& rec, const PrefillKV& ctx, int offset,
+                               double* max_abs_diff = nullptr);
 
 }  // namespace ct

@@ -587,7 +587,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
   const int max_tokens = spec.kind == TaskKind::kSummary ? o_.max_tokens_summary : o_.max_tokens_qa;
   const Tokenizer& tok = m_.tokenizer();
   const ModelConfig& c = m_.config();
-  const int V = c.n_vocab, KV = c.kv_dim(), L = c.n_layer;
+  const int V = c.n_vocab;
   const RagPromptTokens prompt = build_rag_prompt(tok, ex.chunks, ex.question, spec.instruction);
 
   const double enc_before = cache_.encode_ms();
@@ -692,17 +692,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         ref.attn = ctx.query_attention;
         ref.drift.clear();
         for (size_t b = 0; b < base_req.chunks.size(); ++b) {
-          const ChunkKV& r = *recs[order[b]];
-          const int n = r.meta.n_tok, off = lay.chunk_offset[b];
-          const ChunkKVF32 f = unpack_text_order(r);
-          std::vector<const float*> ki(L), vi(L), kc(L), vc(L);
-          for (int l = 0; l < L; ++l) {
-            ki[l] = f.k_layer(l, n, KV);
-            vi[l] = f.v_layer(l, n, KV);
-            kc[l] = ctx.k_rows(l, off, KV);
-            vc[l] = ctx.v_rows(l, off, KV);
-          }
-          ref.drift.push_back(kv_drift(ki, vi, kc, vc, n, KV));
+          ref.drift.push_back(chunk_drift(*recs[order[b]], ctx, lay.chunk_offset[b]));
         }
       }
       write_reference(ref_file, ref);

@@ -59,8 +59,8 @@ struct EvalStats {
 };
 
 // Runs the evaluation into o.out_dir (created if needed): results.jsonl (appended and fsynced
-// line by line), run.json (settings, machine, every invocation's command, and its wall time and units
-// run once it finishes) and summary.json.
+// line by line), run.json (settings, machine, every invocation's command, and once it finishes
+// its wall time and units run) and summary.json.
 // Units already in results.jsonl are skipped. Throws ct::Error for bad options, unreadable
 // data, or an out_dir whose run.json was produced with different result-affecting settings.
 EvalStats run_eval(const Model& m, const EvalOptions& o);

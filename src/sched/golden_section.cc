@@ -39,8 +39,8 @@ Point measure(const std::function<double(double)>& objective, double x, GoldenSe
 
 // Measures p1 and p2 again in `rounds` back-to-back rounds, alternating which goes first, and
 // replaces each value with its fastest paired measurement.
-void paired_rounds(const std::function<double(double)>& objective, Point& p1, Point& p2,
-                   int rounds, GoldenSectionResult& out) {
+void remeasure_in_pairs(const std::function<double(double)>& objective, Point& p1, Point& p2,
+                        int rounds, GoldenSectionResult& out) {
   double f1 = INFINITY, f2 = INFINITY;
   for (int k = 0; k < rounds; ++k) {
     if (k % 2 == 0) {
@@ -64,7 +64,7 @@ bool lower_side(const std::function<double(double)>& objective, Point& p1, Point
                 const GoldenSectionOptions& opt, GoldenSectionResult& out) {
   const bool close = std::abs(p1.f - p2.f) <= opt.noise * std::min(std::abs(p1.f), std::abs(p2.f));
   if (opt.noise > 0 && opt.paired_rounds > 0 && close) {
-    paired_rounds(objective, p1, p2, opt.paired_rounds, out);
+    remeasure_in_pairs(objective, p1, p2, opt.paired_rounds, out);
   }
   return p1.f <= p2.f;
 }
@@ -156,7 +156,7 @@ GoldenSectionResult golden_section_search(const std::function<double(double)>& o
   out.r = 0.5 * (ends.lo + ends.hi);
   if (options.noise > 0 && options.paired_rounds > 0 && out.r - lo >= options.eps) {
     Point bound{lo, 0}, chosen{out.r, 0};
-    paired_rounds(objective, bound, chosen, options.paired_rounds, out);
+    remeasure_in_pairs(objective, bound, chosen, options.paired_rounds, out);
     out.lower_bound_checked = true;
     if (bound.f <= chosen.f) {
       out.lower_bound_won = true;

@@ -24,9 +24,10 @@
 // so records written with another group size (64 before) stay readable. 16 rows: a partial read
 // of the complement [ceil(rN), N) then skips every whole group below ceil(rN), which for r = 0.15
 // starts paying off at 101-token chunks (with 64 rows it took 421), at the cost of a CRC table of
-// 4 bytes per 16 rows and layer (0.03% of an F16 slab at kv_dim 192). CRC32C rather than SHA-256: the job is
-// catching media and transfer corruption, not tampering, and with SSE4.2 it costs a few percent
-// of a read's time where SHA-256 (~0.5 GB/s) would cost more than an NVMe read of the block.
+// 4 bytes per 16 rows and layer (0.03% of an F16 slab at kv_dim 192).
+// CRC32C rather than SHA-256: the job is catching media and transfer corruption, not tampering,
+// and with SSE4.2 it costs a few percent of a read's time where SHA-256 (~0.5 GB/s) would cost
+// more than an NVMe read of the block.
 #pragma once
 
 #include <cstddef>

@@ -181,4 +181,12 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
   return path;
 }
 
+std::vector<int32_t> random_byte_tokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> d(0, 255);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
 }  // namespace ct::test

@@ -52,6 +52,9 @@ TinyVocab tiny_vocab();
 // The ChatML template stored as tokenizer.chat_template.
 extern const char* const kTinyChatTemplate;
 
+// n seeded random token ids in [0, 255]: the byte tokens of the tiny vocabulary (std::mt19937).
+std::vector<int32_t> random_byte_tokens(int n, uint32_t seed);
+
 // Writes the model to `path` (atomically) and returns `path`. Throws ct::Error for inconsistent
 // options (unknown arch, n_head not a multiple of n_head_kv, row lengths a quantised type cannot
 // hold).

@@ -120,28 +120,6 @@ class EvalTinyModelTest : public ::testing::Test {
     delete model_;
     model_ = nullptr;
   }
-  static std::vector<int32_t> random_tokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> d(0, 255);
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng);
-    return t;
-  }
-  // Isolated K/V of the record next to the chunk's rows of a captured prefill.
-  static std::vector<float> drift_of(const ChunkKV& rec, const PrefillKV& ctx, int offset,
-                                     double* max_diff) {
-    const int L = rec.meta.n_layer, n = rec.meta.n_tok, KV = rec.meta.kv_dim;
-    const ChunkKVF32 f = unpack_text_order(rec);
-    std::vector<const float*> ki(L), vi(L), kc(L), vc(L);
-    for (int l = 0; l < L; ++l) {
-      ki[l] = f.k_layer(l, n, KV);
-      vi[l] = f.v_layer(l, n, KV);
-      kc[l] = ctx.k_rows(l, offset, KV);
-      vc[l] = ctx.v_rows(l, offset, KV);
-    }
-    *max_diff = kv_max_abs_diff(ki, vi, kc, vc, n, KV);
-    return kv_drift(ki, vi, kc, vc, n, KV);
-  }
   static Model* model_;
 };
 Model* EvalTinyModelTest::model_ = nullptr;
@@ -150,22 +128,23 @@ TEST_F(EvalTinyModelTest, DriftIsZeroInTheEncodingContextAndPositiveElsewhere) {
   const Model& m = *model_;
   EncodeOptions eo;
   eo.dtype = KvDtype::F32;  // no storage rounding: the same context must give the same K/V
-  const auto chunk = random_tokens(40, 1);
+  const auto chunk = test::random_byte_tokens(40, 1);
   const ChunkKV rec = encode_chunk(m, chunk, eo);
   // The encoding context is [sink][chunk]: the same rows in a longer prompt do not change
   // (causal attention), so the drift is zero up to kernel rounding.
   std::vector<int32_t> same = {m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0};
   same.insert(same.end(), chunk.begin(), chunk.end());
-  const auto tail = random_tokens(5, 2);
+  const auto tail = test::random_byte_tokens(5, 2);
   same.insert(same.end(), tail.begin(), tail.end());
   double diff_same = 0;
-  const auto drift_same = drift_of(rec, capture_prefill_kv(m, same), 1, &diff_same);
+  const auto drift_same = chunk_drift(rec, capture_prefill_kv(m, same), 1, &diff_same);
   EXPECT_LT(diff_same, 1e-4);
+  EXPECT_THROW(chunk_drift(rec, capture_prefill_kv(m, same), 10), Error);  // rows 10..49 of 46
   // After 30 other tokens every layer above the first sees a different context.
-  std::vector<int32_t> other = random_tokens(30, 3);
+  std::vector<int32_t> other = test::random_byte_tokens(30, 3);
   other.insert(other.end(), chunk.begin(), chunk.end());
   double diff_other = 0;
-  const auto drift = drift_of(rec, capture_prefill_kv(m, other), 30, &diff_other);
+  const auto drift = chunk_drift(rec, capture_prefill_kv(m, other), 30, &diff_other);
   EXPECT_GT(diff_other, 1e-3);
   double sum = 0, sum_same = 0;
   for (size_t t = 0; t < drift.size(); ++t) {
@@ -180,10 +159,11 @@ TEST_F(EvalTinyModelTest, DriftIsZeroInTheEncodingContextAndPositiveElsewhere) {
 
 TEST_F(EvalTinyModelTest, CaptureAttentionMatchesSelectiveFullPrefill) {
   const Model& m = *model_;
-  const ChunkKV a = encode_chunk(m, random_tokens(24, 4), EncodeOptions{});
-  const ChunkKV b = encode_chunk(m, random_tokens(17, 5), EncodeOptions{});
+  const ChunkKV a = encode_chunk(m, test::random_byte_tokens(24, 4), EncodeOptions{});
+  const ChunkKV b = encode_chunk(m, test::random_byte_tokens(17, 5), EncodeOptions{});
   InMemoryChunk sa(a), sb(b);
-  const ComposedRequest req{random_tokens(6, 6), {&sa, &sb}, random_tokens(5, 7)};
+  const ComposedRequest req{
+      test::random_byte_tokens(6, 6), {&sa, &sb}, test::random_byte_tokens(5, 7)};
   const RequestLayout lay = layout_request(req);
   KVCache kv = m.make_cache(lay.n_total);
   Workspace ws;
@@ -212,7 +192,7 @@ TEST_F(EvalTinyModelTest, CaptureAttentionMatchesSelectiveFullPrefill) {
 
 TEST_F(EvalTinyModelTest, RerankedRecordKeepsValuesAndFollowsTheNewRanking) {
   const Model& m = *model_;
-  const ChunkKV rec = encode_chunk(m, random_tokens(50, 8), EncodeOptions{});
+  const ChunkKV rec = encode_chunk(m, test::random_byte_tokens(50, 8), EncodeOptions{});
   RankOptions ro;
   ro.alpha = 0.1;
   const ChunkKV re = rerank_record(rec, ro);
@@ -237,7 +217,7 @@ TEST_F(EvalTinyModelTest, RerankedRecordKeepsValuesAndFollowsTheNewRanking) {
 
 TEST_F(EvalTinyModelTest, ChunkCacheHitsAndEvictsByBytes) {
   const Model& m = *model_;
-  const auto t1 = random_tokens(20, 9), t2 = random_tokens(20, 10);
+  const auto t1 = test::random_byte_tokens(20, 9), t2 = test::random_byte_tokens(20, 10);
   const size_t one = encode_chunk(m, t1, EncodeOptions{}).meta.kv_bytes();
   ChunkCache cache(m, EncodeOptions{}, one + one / 2);  // room for one record
   auto a = cache.get(t1);

@@ -22,14 +22,6 @@
 namespace ct {
 namespace {
 
-std::vector<int32_t> random_tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(0, 255);  // byte tokens
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
-}
-
 // All eight switch combinations, the unoptimised one first.
 std::vector<PipelineOptions> all_pipelines() {
   std::vector<PipelineOptions> v;
@@ -52,9 +44,9 @@ class PipelineTest : public ::testing::Test {
     model_ = Model::load(test::write_tiny_model(dir_->path() + "/tiny.gguf", o)).release();
     EncodeOptions eo;  // F16 storage, sink, low-frequency ranking: the defaults the CLI uses
     // Chunk lengths straddle the 16-row checksum groups of the disk and Redis records.
-    chunks_ = new std::vector<ChunkKV>{encode_chunk(*model_, random_tokens(150, 1), eo),
-                                       encode_chunk(*model_, random_tokens(41, 2), eo),
-                                       encode_chunk(*model_, random_tokens(90, 3), eo)};
+    chunks_ = new std::vector<ChunkKV>{encode_chunk(*model_, test::random_byte_tokens(150, 1), eo),
+                                       encode_chunk(*model_, test::random_byte_tokens(41, 2), eo),
+                                       encode_chunk(*model_, test::random_byte_tokens(90, 3), eo)};
   }
   static void TearDownTestSuite() {
     delete chunks_;
@@ -63,7 +55,7 @@ class PipelineTest : public ::testing::Test {
   }
 
   static ComposedRequest request(const std::vector<const ChunkSource*>& srcs) {
-    return ComposedRequest{random_tokens(6, 10), srcs, random_tokens(5, 11)};
+    return ComposedRequest{test::random_byte_tokens(6, 10), srcs, test::random_byte_tokens(5, 11)};
   }
 
   // Prefill logits followed by the logits of a few greedy decode steps, so a difference anywhere
@@ -221,7 +213,8 @@ TEST_F(PipelineTest, SparseLoadingReadsFewerBytesFromDisk) {
   auto tier = disk_tier(dir.path());
   store::DiskTier* disk = tier.get();
   PoolSources ps = pooled(std::move(tier));
-  const ComposedRequest req{random_tokens(4, 12), {ps.srcs[0]}, random_tokens(3, 13)};
+  const ComposedRequest req{
+      test::random_byte_tokens(4, 12), {ps.srcs[0]}, test::random_byte_tokens(3, 13)};
   PipelineOptions dense{true, false, true}, sparse{true, true, true};
   const uint64_t b0 = disk->bytes_read();
   const auto a = generate_logits(req, PolicyKind::kCacheTune, 0.5, dense);

@@ -1,6 +1,8 @@
 // Selective recomputation on a tiny random model: r = 1 equals full recompute in any chunk
 // order, r = 0 on a lone chunk at offset 0 equals plain prefill, deferred RoPE equals keys
 // computed in place, reordering leaves chunk records untouched, and every policy's budget.
+#include "reuse/selective.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include "core/sha256.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
-#include "reuse/selective.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -29,14 +30,6 @@ class SelectiveTest : public ::testing::Test {
   static void TearDownTestSuite() {
     delete model_;
     model_ = nullptr;
-  }
-
-  static std::vector<int32_t> random_tokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> d(0, 255);  // byte tokens
-    std::vector<int32_t> t(n);
-    for (auto& x : t) x = d(rng);
-    return t;
   }
 
   static std::vector<float> full_logits(const std::vector<int32_t>& toks) {
@@ -87,10 +80,10 @@ Model* SelectiveTest::model_ = nullptr;
 
 TEST_F(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(37, 1), eo);
-  ChunkKV b = encode_chunk(*model_, random_tokens(50, 2), eo);
-  ChunkKV c = encode_chunk(*model_, random_tokens(21, 3), eo);
-  const auto prefix = random_tokens(5, 4), query = random_tokens(7, 5);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(37, 1), eo);
+  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(50, 2), eo);
+  ChunkKV c = encode_chunk(*model_, test::random_byte_tokens(21, 3), eo);
+  const auto prefix = test::random_byte_tokens(5, 4), query = test::random_byte_tokens(7, 5);
   for (std::vector<const ChunkSource*> order :
        {std::vector<const ChunkSource*>{src(a), src(b), src(c)},
         std::vector<const ChunkSource*>{src(c), src(a), src(b)},
@@ -106,7 +99,7 @@ TEST_F(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
   EncodeOptions eo;
   eo.dtype = KvDtype::F32;
   eo.sink = false;  // encoded exactly as it sits in the request: position 0, no sink
-  const auto toks = random_tokens(64, 6), query = random_tokens(6, 7);
+  const auto toks = test::random_byte_tokens(64, 6), query = test::random_byte_tokens(6, 7);
   ChunkKV a = encode_chunk(*model_, toks, eo);
   ComposedRequest req{{}, {src(a)}, query};
   const auto want = full_logits(layout_request(req).tokens);
@@ -124,7 +117,7 @@ TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   // must equal the keys a full prefill computes at p.
   EncodeOptions eo;
   eo.dtype = KvDtype::F32;
-  const auto prefix = random_tokens(29, 8), toks = random_tokens(40, 9);
+  const auto prefix = test::random_byte_tokens(29, 8), toks = test::random_byte_tokens(40, 9);
   ChunkKV a = encode_chunk(*model_, toks, eo);
   std::vector<int32_t> all = prefix;
   all.insert(all.end(), toks.begin(), toks.end());
@@ -145,8 +138,8 @@ TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   float worst = 0;
   for (int t = 0; t < a.meta.n_tok; ++t) {
     for (int i = 0; i < KV; ++i) {
-      worst = std::max(worst, std::fabs(buf[(size_t)(off + t) * KV + i] -
-                                        kv.k(0)[(size_t)(off + t) * KV + i]));
+      worst = std::max(
+          worst, std::fabs(buf[(size_t)(off + t) * KV + i] - kv.k(0)[(size_t)(off + t) * KV + i]));
     }
   }
   EXPECT_LT(worst, 1e-5f);
@@ -154,13 +147,15 @@ TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
 
 TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(45, 10), eo);
-  ChunkKV b = encode_chunk(*model_, random_tokens(33, 11), eo);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(45, 10), eo);
+  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(33, 11), eo);
   const std::string ha = record_hash(a), hb = record_hash(b);
-  const auto query = random_tokens(5, 12);
+  const auto query = test::random_byte_tokens(5, 12);
   SelectionReport r1, r2;
-  run(ComposedRequest{random_tokens(3, 13), {src(a), src(b)}, query}, PolicyKind::kCacheTune, 0.2, &r1);
-  run(ComposedRequest{random_tokens(300, 14), {src(b), src(a)}, query}, PolicyKind::kCacheTune, 0.2, &r2);
+  run(ComposedRequest{test::random_byte_tokens(3, 13), {src(a), src(b)}, query},
+      PolicyKind::kCacheTune, 0.2, &r1);
+  run(ComposedRequest{test::random_byte_tokens(300, 14), {src(b), src(a)}, query},
+      PolicyKind::kCacheTune, 0.2, &r2);
   EXPECT_EQ(record_hash(a), ha);
   EXPECT_EQ(record_hash(b), hb);
   EXPECT_EQ(r1.selected[0], r2.selected[1]);
@@ -174,7 +169,7 @@ TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
 
 TEST_F(SelectiveTest, EncodingAndRankingAreDeterministic) {
   EncodeOptions eo;
-  const auto toks = random_tokens(80, 15);
+  const auto toks = test::random_byte_tokens(80, 15);
   ChunkKV a = encode_chunk(*model_, toks, eo), b = encode_chunk(*model_, toks, eo);
   EXPECT_EQ(record_hash(a), record_hash(b));
   EXPECT_EQ(a.meta.scores, b.meta.scores);
@@ -186,10 +181,11 @@ TEST_F(SelectiveTest, EncodingAndRankingAreDeterministic) {
 
 TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(61, 16), eo);
-  ChunkKV b = encode_chunk(*model_, random_tokens(10, 17), eo);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(61, 16), eo);
+  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(10, 17), eo);
   const double r = 0.15;
-  ComposedRequest req{random_tokens(4, 18), {src(a), src(b)}, random_tokens(6, 19)};
+  ComposedRequest req{
+      test::random_byte_tokens(4, 18), {src(a), src(b)}, test::random_byte_tokens(6, 19)};
   for (PolicyKind k : all_policies()) {
     if (k == PolicyKind::kPrefix) continue;  // reuses whole prefixes, no per-chunk selection
     SelectionReport rep;
@@ -209,9 +205,10 @@ TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
 
 TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(100, 20), eo);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(100, 20), eo);
   SelectionReport rep;
-  run(ComposedRequest{{}, {src(a)}, random_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1, &rep);
+  run(ComposedRequest{{}, {src(a)}, test::random_byte_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1,
+      &rep);
   std::vector<int32_t> top(a.meta.order.begin(), a.meta.order.begin() + 10);
   std::sort(top.begin(), top.end());
   EXPECT_EQ(rep.selected[0], top);
@@ -219,12 +216,12 @@ TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
 
 TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(30, 22), eo);
-  ChunkKV b = encode_chunk(*model_, random_tokens(30, 23), eo);
-  const auto prefix = random_tokens(8, 24);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(30, 22), eo);
+  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(30, 23), eo);
+  const auto prefix = test::random_byte_tokens(8, 24);
   PrefixCache pc(2);
-  ComposedRequest first{prefix, {src(a), src(b)}, random_tokens(5, 25)};
-  ComposedRequest second{prefix, {src(a), src(b)}, random_tokens(5, 26)};
+  ComposedRequest first{prefix, {src(a), src(b)}, test::random_byte_tokens(5, 25)};
+  ComposedRequest second{prefix, {src(a), src(b)}, test::random_byte_tokens(5, 26)};
   run(first, PolicyKind::kPrefix, 0, nullptr, &pc);
   const auto want = full_logits(layout_request(second).tokens);
   const RequestLayout lay = layout_request(second);
@@ -241,9 +238,9 @@ TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
 
 TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, random_tokens(10, 27), eo);
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(10, 27), eo);
   EXPECT_THROW(layout_request(ComposedRequest{{}, {src(a)}, {}}), Error);
-  ComposedRequest req{{}, {src(a)}, random_tokens(3, 28)};
+  ComposedRequest req{{}, {src(a)}, test::random_byte_tokens(3, 28)};
   KVCache small = model_->make_cache(5);
   Workspace ws;
   SelectiveOptions opt;
@@ -255,7 +252,7 @@ TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   }
   ChunkKV wrong = a;
   wrong.meta.model_fingerprint = "0123456789abcdef";
-  ComposedRequest req2{{}, {src(wrong)}, random_tokens(3, 29)};
+  ComposedRequest req2{{}, {src(wrong)}, test::random_byte_tokens(3, 29)};
   KVCache kv = model_->make_cache(20);
   EXPECT_THROW(selective_prefill(*model_, req2, opt, kv, ws), Error);
   EXPECT_THROW(parse_policy("magic"), Error);
