@@ -1,6 +1,8 @@
 // The decoder on tiny random models: the fast path against the plain-loop reference forward for
 // several weight types and both architectures, batched prefill against token-by-token decode,
 // sampling, and load errors that name the file, tensor and expectation.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 
 #include "model/generate.h"
 #include "model/gguf.h"
-#include "model/model.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -17,14 +18,6 @@ namespace {
 
 std::string tmp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("ct_model_test_" + name)).string();
-}
-
-std::vector<int32_t> tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> d(0, 255);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = d(rng);
-  return t;
 }
 
 std::vector<float> prefill_all(const Model& m, const std::vector<int32_t>& t, bool ref) {
@@ -53,7 +46,7 @@ TEST_P(ModelForwardTest, FastPathMatchesReference) {
   auto m = Model::load(path);
   EXPECT_EQ(m->config().has_qkv_bias, c.arch == "qwen2");
   EXPECT_EQ(m->config().tied_output, c.tied);
-  const auto t = tokens(70, 1);
+  const auto t = test::random_byte_tokens(70, 1);
   const auto fast = prefill_all(*m, t, false), ref = prefill_all(*m, t, true);
   float worst = 0, scale = 0;
   for (size_t i = 0; i < fast.size(); ++i) {
@@ -76,7 +69,7 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   const std::string path = tmp_path("incr.gguf");
   test::write_tiny_model(path, {});
   auto m = Model::load(path);
-  const auto t = tokens(40, 2);
+  const auto t = test::random_byte_tokens(40, 2);
   const auto batch = prefill_all(*m, t, false);
   KVCache kv = m->make_cache((int)t.size());
   Workspace ws;
@@ -104,7 +97,7 @@ TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
     const std::string path = tmp_path(std::string("packed_") + ggml_type_name(t) + ".gguf");
     test::write_tiny_model(path, o);
     auto m = Model::load(path);
-    const auto tk = tokens(24, 5);
+    const auto tk = test::random_byte_tokens(24, 5);
     const auto batch = prefill_all(*m, tk, false);
     KVCache kv = m->make_cache((int)tk.size());
     Workspace ws;
@@ -112,7 +105,8 @@ TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
     float worst = 0;
     for (int i = 0; i < (int)tk.size(); ++i) {
       const auto step = m->prefill(&tk[i], 1, i, kv, ws);
-      for (int j = 0; j < V; ++j) worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
+      for (int j = 0; j < V; ++j)
+        worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
     }
     EXPECT_LT(worst, 1e-3f) << ggml_type_name(t);
   }
@@ -122,7 +116,7 @@ TEST(ModelTest, GreedyDecodeIsDeterministicAndSamplingIsSeeded) {
   const std::string path = tmp_path("dec.gguf");
   test::write_tiny_model(path, {});
   auto m = Model::load(path);
-  const auto t = tokens(12, 3);
+  const auto t = test::random_byte_tokens(12, 3);
   auto gen = [&](SamplingParams sp) {
     KVCache kv = m->make_cache(64);
     Workspace ws;
