@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what cachetune needs on a Debian machine (packages from tools/deps/apt.txt, the default
 # model from PyPI) and builds it into build/. Idempotent: re-running only rebuilds what changed.
-# Environment: CT_BUILD_DIR (default build), CT_WERROR (ON in CI), CT_SKIP_APT=1 to skip apt-get.
+# Environment: CT_BUILD_DIR (default build), CT_WERROR (ON in CI), CT_SKIP_APT=1 to skip apt-get,
+# CT_CUDA (ON/OFF; default ON when nvcc is on the PATH: the CUDA backend then compiles and its
+# tests run where a GPU is, and skip themselves elsewhere).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -21,5 +23,9 @@ fi
 
 tools/fetch_model.sh
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCT_WERROR="${CT_WERROR:-OFF}" >/dev/null
+if [[ -z "${CT_CUDA:-}" ]]; then
+  if command -v nvcc >/dev/null; then CT_CUDA=ON; else CT_CUDA=OFF; fi
+fi
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCT_WERROR="${CT_WERROR:-OFF}" \
+  -DCT_CUDA="$CT_CUDA" >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"

@@ -14,12 +14,23 @@ enum class RankMode {
   kL2,        // no spectral filtering: raw K/V magnitudes (equals kLowFreq with alpha = 1)
 };
 
+// Where the per-layer filtering and norms run. Both give the same scores to float rounding
+// (tests/cuda compares them); near-tied tokens may swap places.
+enum class RankDevice {
+  kCpu,   // FFTW, OpenMP over layers: the reference backend, always built
+  kCuda,  // cuFFT on the first CUDA device; needs a CT_CUDA build and a device, else ct::Error
+};
+
 struct RankOptions {
   RankMode mode = RankMode::kLowFreq;
   // Fraction of the floor(N/2)+1 rFFT bins kept, in [0, 1]; at least one bin is always kept.
   // Ignored by kL2.
   double alpha = 0.5;
+  RankDevice device = RankDevice::kCpu;  // not part of the ranking's definition (or chunk id)
 };
+
+// True when this build has the CUDA backend and a CUDA device is present.
+bool cuda_ranking_available();
 
 // scores: F32 [n_tok], higher = recompute first. order: [n_tok] token indices sorted by
 // descending score, ties broken by the lower index. A prefix of `order` of length
@@ -43,6 +54,9 @@ struct ChunkRanking {
 // made once per distinct (n_tok, kv_dim) under a mutex private to this file and kept for the
 // process lifetime; other code in the process that calls the FFTW planner concurrently would
 // need to share that lock. Cost is O(L * kv_dim * N log N): about 2 GFLOP for 30 x 192 x 3,000.
+// With opt.device = kCuda the filtering and norms run on the GPU (backend/cuda/band_norms.h;
+// device buffers and plans kept per shape, calls serialised by a lock) and the scoring below is
+// the same code.
 ChunkRanking rank_chunk_tokens(const std::vector<const float*>& k_layers,
                                const std::vector<const float*>& v_layers, int n_tok, int kv_dim,
                                const RankOptions& opt);

@@ -16,87 +16,20 @@
 #include <vector>
 
 #include "core/error.h"
+#include "support/ranking_check.h"
 
 namespace ct {
 namespace {
 
-// One chunk's KV: F32 [n_layer][n_tok][kv_dim] for K and for V.
-struct Kv {
-  int n_layer, n_tok, kv_dim;
-  std::vector<std::vector<float>> k, v;
-  Kv(int l, int n, int d)
-      : n_layer(l),
-        n_tok(n),
-        kv_dim(d),
-        k(l, std::vector<float>(static_cast<size_t>(n) * d)),
-        v(l, std::vector<float>(static_cast<size_t>(n) * d)) {}
-  std::vector<const float*> kp() const {
-    std::vector<const float*> p;
-    for (const auto& x : k) p.push_back(x.data());
-    return p;
-  }
-  std::vector<const float*> vp() const {
-    std::vector<const float*> p;
-    for (const auto& x : v) p.push_back(x.data());
-    return p;
-  }
-};
-
-// Random KV with per-layer scales that differ by orders of magnitude, so the per-layer
-// normalisation matters, and a per-channel offset so DC is not negligible.
-Kv random_kv(int n_layer, int n_tok, int kv_dim, uint32_t seed) {
-  Kv kv(n_layer, n_tok, kv_dim);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int l = 0; l < n_layer; ++l) {
-    const float scale = std::pow(10.0f, static_cast<float>(l % 3) - 1.0f);
-    for (auto* m : {&kv.k[l], &kv.v[l]}) {
-      for (int t = 0; t < n_tok; ++t) {
-        for (int c = 0; c < kv_dim; ++c) {
-          (*m)[static_cast<size_t>(t) * kv_dim + c] = scale * (0.3f * (c % 5) + nd(rng));
-        }
-      }
-    }
-  }
-  return kv;
-}
+using test::expect_rankings_match;
+using test::Kv;
+using test::random_kv;
 
 ChunkRanking fast(const Kv& kv, RankMode mode, double alpha) {
   return rank_chunk_tokens(kv.kp(), kv.vp(), kv.n_tok, kv.kv_dim, {mode, alpha});
 }
 ChunkRanking ref(const Kv& kv, RankMode mode, double alpha) {
   return rank_chunk_tokens_reference(kv.kp(), kv.vp(), kv.n_tok, kv.kv_dim, {mode, alpha});
-}
-
-// Scores within `rel` of each other relative to the mean score (the scores average 1 by
-// construction, so this is also close to an absolute tolerance). Orders may differ only where
-// tokens are tied to within that tolerance: position by position, the reference scores of the
-// tokens each ranking puts there must agree.
-void expect_rankings_match(const ChunkRanking& got, const ChunkRanking& want, double rel,
-                           const std::string& what) {
-  ASSERT_EQ(got.scores.size(), want.scores.size()) << what;
-  ASSERT_EQ(got.order.size(), want.order.size()) << what;
-  double mean = 0.0;
-  for (float s : want.scores) mean += std::fabs(s);
-  mean = std::max(mean / std::max<size_t>(want.scores.size(), 1), 1e-30);
-  int bad = 0;
-  for (size_t t = 0; t < want.scores.size() && bad < 5; ++t) {
-    const double tol = rel * std::max<double>(std::fabs(want.scores[t]), mean);
-    if (std::fabs(got.scores[t] - want.scores[t]) > tol) {
-      ADD_FAILURE() << what << ": score[" << t << "] = " << got.scores[t] << ", reference "
-                    << want.scores[t];
-      ++bad;
-    }
-  }
-  for (size_t i = 0; i < want.order.size() && bad < 5; ++i) {
-    const double a = want.scores[got.order[i]], b = want.scores[want.order[i]];
-    if (std::fabs(a - b) > rel * std::max(std::fabs(b), mean)) {
-      ADD_FAILURE() << what << ": rank " << i << " holds token " << got.order[i]
-                    << ", reference token " << want.order[i] << " (reference scores " << a << " vs "
-                    << b << ")";
-      ++bad;
-    }
-  }
 }
 
 TEST(FreqRank, FftwMatchesReference) {
@@ -247,6 +180,20 @@ TEST(FreqRank, RejectsBadInput) {
   EXPECT_THROW(rank_chunk_tokens_reference(kv.kp(), kv.vp(), 10, 4, {}), Error);
   const ChunkRanking empty = rank_chunk_tokens(kp, vp, 0, 4, {});
   EXPECT_TRUE(empty.scores.empty() && empty.order.empty());
+}
+
+TEST(FreqRank, CudaDeviceWithoutCudaIsAClearError) {
+  if (cuda_ranking_available()) GTEST_SKIP() << "a CUDA device is present: tests/cuda covers it";
+  const Kv kv = random_kv(2, 16, 4, 3);
+  RankOptions opt;
+  opt.device = RankDevice::kCuda;
+  try {
+    rank_chunk_tokens(kv.kp(), kv.vp(), kv.n_tok, kv.kv_dim, opt);
+    FAIL() << "expected ct::Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(msg.find("CUDA") != std::string::npos) << msg;
+  }
 }
 
 TEST(FreqRank, AllZeroLayerContributesNothing) {

@@ -16,16 +16,23 @@ struct EngineFlags {
   std::string dtype = "f16";
   double alpha = 0.5;
   bool no_sink = false;
+  std::string rank_device = "cpu";
 
   void add(CLI::App* c) {
     c->add_option("-m,--model", model, "GGUF model file (default: the cached SmolLM2)");
-    c->add_option("--tiers", tiers,
-                  "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
-                  "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
+    c->add_option(
+        "--tiers", tiers,
+        "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
+        "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
     c->add_option("--kv-dtype", dtype, "Stored K/V type: f16, bf16, f32")->capture_default_str();
     c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
         ->capture_default_str();
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
+    c->add_option("--rank-device", rank_device,
+                  "Where new chunks' frequency ranking runs: cpu (FFTW) or cuda (cuFFT; needs a "
+                  "CT_CUDA build and a GPU)")
+        ->check(CLI::IsMember({"cpu", "cuda"}))
+        ->capture_default_str();
   }
 
   EngineOptions options() const {
@@ -35,6 +42,7 @@ struct EngineFlags {
     o.encode.dtype = parse_kv_dtype(dtype);
     o.encode.rank.alpha = alpha;
     o.encode.sink = !no_sink;
+    o.encode.rank.device = rank_device == "cuda" ? RankDevice::kCuda : RankDevice::kCpu;
     return o;
   }
 };

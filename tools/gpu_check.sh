@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over the binaries tools/gpu_pack.sh packed into .gpu/: the CUDA tests
+# (GPU paths against the CPU reference) and the ranking benchmarks, CPU and GPU in the same run.
+# Results go to $OUT (the device tool's return folder) or ./gpu-out.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PACK="$ROOT/.gpu"
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+cufft="$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcufft.so.12' 2>/dev/null | head -1)"
+export LD_LIBRARY_PATH="$PACK/lib:$(dirname "${cufft:-/nonexistent/x}"):${LD_LIBRARY_PATH:-}"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nproc
+  echo "libcufft: ${cufft:-not found}"
+} | tee "$OUT/machine.txt"
+rc=0
+"$PACK/ct_cuda_tests" --gtest_output="json:$OUT/cuda_tests.json" 2>&1 | tee "$OUT/cuda_tests.txt" |
+  grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|error' || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+OMP_NUM_THREADS="${CT_BENCH_THREADS:-2}" "$PACK/ct_micro_bench" --benchmark_filter='Rank|BandNorms' \
+  --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$OUT/rank_bench.json" --benchmark_out_format=json 2>&1 | tee "$OUT/rank_bench.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+exit $rc
