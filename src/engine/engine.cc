@@ -188,13 +188,14 @@ ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::st
 
 Answer Engine::answer(const std::vector<std::string>& docs, const std::string& question,
                       const SelectiveOptions& sel_in, const GenerateOptions& gen,
-                      const std::string& instruction,
-                      const std::function<void(const std::string&)>& on_piece) {
+                      const AnswerOptions& opt) {
   Answer ans;
   Timer ttft;
-  const RagPromptTokens p = build_rag_prompt(model_->tokenizer(), docs, question, instruction);
+  const RagPromptTokens p =
+      build_rag_prompt(model_->tokenizer(), docs, question, opt.instruction, opt.history);
   SelectiveOptions sel = sel_in;
-  if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache) sel.prefix_cache = &prefix_cache_;
+  if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache)
+    sel.prefix_cache = &prefix_cache_;
   for (int attempt = 0;; ++attempt) {
     Timer lookup;
     ans.chunks.clear();
@@ -207,7 +208,7 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
       req.chunks.push_back(srcs.back().get());
     }
     ans.lookup_ms = lookup.ms();
-    if (opt_.auto_ratio) {
+    if (opt.auto_ratio.value_or(opt_.auto_ratio)) {
       int slowest = 0;
       for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
       const RatioChoice choice = auto_ratio((size_t)slowest);
@@ -236,7 +237,7 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
     double first = -1;
     DecodeResult r = decode(*model_, kv, ws, std::move(logits), gen, [&](const std::string& s) {
       if (first < 0) first = ttft.ms();
-      if (on_piece) on_piece(s);
+      if (opt.on_piece) opt.on_piece(s);
     });
     ans.ttft_ms = first >= 0 ? first : ttft.ms();
     ans.decode_ms = r.decode_s * 1e3;

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,10 @@
 namespace ct {
 
 struct TierSpec {
-  std::string kind;         // "device" | "host" | "disk" | "redis"
+  std::string kind;  // "device" | "host" | "disk" | "redis"
   size_t capacity = SIZE_MAX;
-  std::string dir;          // disk
-  double read_bytes_per_sec = 0;  // disk throttle (0 = none)
+  std::string dir;                 // disk
+  double read_bytes_per_sec = 0;   // disk throttle (0 = none)
   std::string host = "127.0.0.1";  // redis
   int port = 6379;
 };
@@ -38,7 +39,7 @@ size_t parse_bytes(const std::string& text);  // "512M", "2G", "100000"
 std::string calibration_tier_key(const TierSpec& t);
 
 struct EngineOptions {
-  std::string model_path;     // default: default_model_path()
+  std::string model_path;       // default: default_model_path()
   std::vector<TierSpec> tiers;  // default: device 2 GiB, host 8 GiB, disk in default_cache_dir()
   EncodeOptions encode;
   // Recompute ratio chosen per request from the persisted calibration of the tier holding the
@@ -64,9 +65,9 @@ struct RatioChoice {
 struct ChunkInfo {
   std::string id;
   int n_tok = 0;
-  bool hit = false;        // found in the pool (no encoding needed)
-  std::string tier;        // tier holding it after the call
-  double encode_ms = 0;    // isolated prefill + ranking, when encoded
+  bool hit = false;      // found in the pool (no encoding needed)
+  std::string tier;      // tier holding it after the call
+  double encode_ms = 0;  // isolated prefill + ranking, when encoded
   double rank_ms = 0;
 };
 
@@ -79,9 +80,16 @@ struct Answer {
   double ttft_ms = 0;    // lookup + prefill + first token
   double decode_ms = 0;
   int n_prompt = 0;
-  int retries = 0;       // re-encodings after a failed chunk read
-  double ratio = 0;      // recompute ratio the prefill ran with (auto mode: the chosen one)
+  int retries = 0;         // re-encodings after a failed chunk read
+  double ratio = 0;        // recompute ratio the prefill ran with (auto mode: the chosen one)
   std::string ratio_note;  // auto mode: RatioChoice::note; empty otherwise
+};
+
+struct AnswerOptions {
+  std::string instruction = kQaInstruction;          // empty: plain chat (see build_rag_prompt)
+  std::vector<ChatMessage> history;                  // system and earlier turns before the question
+  std::optional<bool> auto_ratio;                    // unset: EngineOptions::auto_ratio
+  std::function<void(const std::string&)> on_piece;  // each generated piece, as produced
 };
 
 class Engine {
@@ -105,13 +113,14 @@ class Engine {
   // read on the first call and kept: calibrate in one process, then start a new engine.
   RatioChoice auto_ratio(size_t tier) const;
 
-  // Answers a question over documents with the given policy. With options().auto_ratio the ratio
-  // comes from auto_ratio() for the lowest tier holding any of the chunks after lookup: the
-  // loader reads every chunk each layer, so the slowest medium sets the load path.
+  // Answers a question over documents with the given policy (prompt layout: build_rag_prompt).
+  // With auto ratio (AnswerOptions::auto_ratio, default options().auto_ratio) the ratio comes
+  // from auto_ratio() for the lowest tier holding any of the chunks after lookup, replacing
+  // sel.policy.ratio: the loader reads every chunk each layer, so the slowest medium sets the
+  // load path. Not thread-safe: one request at a time per Engine.
   Answer answer(const std::vector<std::string>& docs, const std::string& question,
                 const SelectiveOptions& sel, const GenerateOptions& gen,
-                const std::string& instruction = kQaInstruction,
-                const std::function<void(const std::string&)>& on_piece = nullptr);
+                const AnswerOptions& opt = {});
 
  private:
   int tier_index(const std::string& name) const;

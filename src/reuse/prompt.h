@@ -24,9 +24,14 @@ inline constexpr const char* kQaInstruction =
 // Chunk text as stored: the document followed by a blank line separating it from the next.
 std::vector<int32_t> tokenize_chunk(const Tokenizer& tok, const std::string& text);
 
+// The conversation `history` (system and earlier user/assistant turns, in order) is rendered
+// by the chat template before the final user turn, which holds the instruction, the documents and
+// the question: prefix = template head + history + "<instruction>\n\n", query = "Question:
+// <question>" + the assistant header. An empty instruction means plain chat: no instruction, no
+// "Question: " label, the user's text as it is (documents, if any, still come first).
 RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
                                  const std::string& question,
                                  const std::string& instruction = kQaInstruction,
-                                 const std::string& system = "");
+                                 const std::vector<ChatMessage>& history = {});
 
 }  // namespace ct

@@ -53,24 +53,15 @@ void run_chunked(const GenerateArgs& a) {
   if (!a.model.empty() && ef.model.empty()) ef.model = a.model;
   EngineOptions eo = ef.options();
   eo.calibration_path = a.calibration;
-  eo.auto_ratio = a.ratio == "auto";
-  double ratio = eo.r_min;
-  if (!eo.auto_ratio) {
-    size_t used = 0;
-    try {
-      ratio = std::stod(a.ratio, &used);
-    } catch (const std::exception&) {
-    }
-    CT_THROW_IF_NOT(used == a.ratio.size() && ratio >= 0 && ratio <= 1,
-                    "--ratio '{}': expected a number in [0, 1] or 'auto'", a.ratio);
-  }
+  const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &eo.auto_ratio);
   Engine eng(std::move(eo));
   std::vector<std::string> docs;
   for (const auto& f : a.chunks) docs.push_back(read_file(f));
   // Offline stage first, so that TTFT measures requests over cached chunks.
   Timer enc;
   int n_new = 0;
-  for (const auto& d : docs) n_new += !eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), d)).hit;
+  for (const auto& d : docs)
+    n_new += !eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), d)).hit;
   std::fprintf(stderr, "%zu chunks ready (%d encoded now, %.2f s, offline)\n", docs.size(), n_new,
                enc.seconds());
   GenerateOptions gen;
@@ -85,10 +76,13 @@ void run_chunked(const GenerateArgs& a) {
     std::printf("[%s r=%s] ", a.policies[i].c_str(),
                 eng.options().auto_ratio ? "auto" : fmt::format("{:.2f}", ratio).c_str());
     std::fflush(stdout);
-    Answer ans = eng.answer(docs, a.question, sel, gen, a.instruction, [](const std::string& p) {
+    AnswerOptions ao;
+    ao.instruction = a.instruction;
+    ao.on_piece = [](const std::string& p) {
       std::fwrite(p.data(), 1, p.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+    Answer ans = eng.answer(docs, a.question, sel, gen, ao);
     std::printf("\n");
     std::fflush(stdout);
     if (!ans.ratio_note.empty()) std::fprintf(stderr, "  ratio: %s\n", ans.ratio_note.c_str());

@@ -6,9 +6,26 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/engine.h"
 
 namespace ct::cli {
+
+// A --ratio value: a number in [0, 1], or "auto" (the calibrated ratio of the chunks' tier;
+// *is_auto is set and the return value is r_min).
+inline double parse_ratio_flag(const std::string& text, double r_min, bool* is_auto) {
+  *is_auto = text == "auto";
+  if (*is_auto) return r_min;
+  size_t used = 0;
+  double ratio = -1;
+  try {
+    ratio = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  CT_THROW_IF_NOT(used == text.size() && ratio >= 0 && ratio <= 1,
+                  "--ratio '{}': expected a number in [0, 1] or 'auto'", text);
+  return ratio;
+}
 
 struct EngineFlags {
   std::string model;

@@ -1,0 +1,291 @@
+// Parsing and formatting of the OpenAI-compatible chat API (see api.h).
+#include "server/api.h"
+
+#include <cmath>
+
+namespace ct::server {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw RequestError(400, param, message);
+}
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+int int_field(const json& obj, const char* name, int lo, int hi, int fallback) {
+  const json* v = field(obj, name);
+  if (!v) return fallback;
+  if (!v->is_number_integer()) {
+    bad(name,
+        fmt::format("'{}' is a {}; expected an integer in [{}, {}]", name, type_name(*v), lo, hi));
+  }
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) {
+    bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, x, lo, hi));
+  }
+  return static_cast<int>(x);
+}
+
+double number_field(const json& obj, const char* name, double lo, double hi, double fallback) {
+  const json* v = field(obj, name);
+  if (!v) return fallback;
+  if (!v->is_number()) {
+    bad(name,
+        fmt::format("'{}' is a {}; expected a number in [{}, {}]", name, type_name(*v), lo, hi));
+  }
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) {
+    bad(name, fmt::format("'{}' = {}; expected a number in [{}, {}]", name, x, lo, hi));
+  }
+  return x;
+}
+
+// Messages and their parts are reported under param "messages", as OpenAI does.
+std::string string_field(const json& obj, const char* name, const std::string& where) {
+  const json* v = field(obj, name);
+  if (!v) bad("messages", fmt::format("{} has no '{}'; expected a string", where, name));
+  if (!v->is_string()) {
+    bad("messages", fmt::format("{}.{} is a {}; expected a string", where, name, type_name(*v)));
+  }
+  return v->get<std::string>();
+}
+
+// OpenAI allows content as a string or as an array of parts; only text parts mean anything here.
+std::string message_content(const json& m, const std::string& where) {
+  const json* c = field(m, "content");
+  if (!c) bad("messages", where + " has no 'content'");
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) {
+    bad("messages", fmt::format("{}.content is a {}; expected a string or an array of text parts",
+                                where, type_name(*c)));
+  }
+  std::string text;
+  for (size_t i = 0; i < c->size(); ++i) {
+    const json& part = (*c)[i];
+    const std::string pw = fmt::format("{}.content[{}]", where, i);
+    if (!part.is_object() || string_field(part, "type", pw) != "text") {
+      bad("messages", pw + ": only parts of type \"text\" are supported");
+    }
+    text += string_field(part, "text", pw);
+  }
+  return text;
+}
+
+}  // namespace
+
+json parse_json_body(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw RequestError(400, "", fmt::format("request body is not valid JSON: {}", e.what()));
+  }
+}
+
+ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
+  if (!body.is_object())
+    bad("", "request body is a JSON " + type_name(body) + "; expected an object");
+  ChatRequest r;
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) bad("model", "'model' is a " + type_name(*m) + "; expected a string");
+    r.model = m->get<std::string>();
+  }
+
+  // Messages: everything before the final user message is history; that message is the question.
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty()) {
+    bad("messages", "'messages' must be a non-empty array of {role, content} objects");
+  }
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad("messages", where + " is a " + type_name(m) + "; expected an object");
+    const std::string role = string_field(m, "role", where);
+    if (role != "system" && role != "user" && role != "assistant") {
+      bad("messages",
+          fmt::format("{}.role = \"{}\"; expected system, user or assistant", where, role));
+    }
+    const std::string content = message_content(m, where);
+    if (i + 1 == msgs->size()) {
+      if (role != "user") {
+        bad("messages", fmt::format("the last message has role \"{}\"; expected \"user\" (the "
+                                    "question the answer is for)",
+                                    role));
+      }
+      r.question = content;
+    } else {
+      r.answer.history.push_back({role, content});
+    }
+  }
+
+  // Chunk-aware extension: documents reused from the chunk cache.
+  if (const json* chunks = field(body, "chunks")) {
+    if (!chunks->is_array()) {
+      bad("chunks", "'chunks' is a " + type_name(*chunks) + "; expected an array of strings");
+    }
+    if (chunks->size() > static_cast<size_t>(limits.max_chunks)) {
+      bad("chunks", fmt::format("{} chunks given; this server takes at most {}", chunks->size(),
+                                limits.max_chunks));
+    }
+    for (size_t i = 0; i < chunks->size(); ++i) {
+      const json& c = (*chunks)[i];
+      if (!c.is_string() || c.get_ref<const std::string&>().empty()) {
+        bad("chunks", fmt::format("chunks[{}] is a {}; expected a non-empty string", i,
+                                  c.is_string() ? "empty string" : type_name(c)));
+      }
+      if (c.get_ref<const std::string&>().size() > limits.max_chunk_bytes) {
+        bad("chunks",
+            fmt::format("chunks[{}] has {} bytes; this server takes at most {} per chunk", i,
+                        c.get_ref<const std::string&>().size(), limits.max_chunk_bytes));
+      }
+      r.chunks.push_back(c.get<std::string>());
+    }
+  }
+
+  r.sel.policy = limits.default_policy;
+  r.answer.auto_ratio = limits.default_auto_ratio;
+  r.answer.instruction = r.chunks.empty() ? "" : kQaInstruction;
+  if (const json* ct = field(body, "cachetune")) {
+    if (!ct->is_object())
+      bad("cachetune", "'cachetune' is a " + type_name(*ct) + "; expected an object");
+    for (const auto& [key, _] : ct->items()) {
+      if (key != "policy" && key != "ratio" && key != "alpha" && key != "instruction" &&
+          key != "seed") {
+        bad("cachetune", fmt::format("cachetune.{} is not a known option; expected policy, ratio, "
+                                     "alpha, instruction or seed",
+                                     key));
+      }
+    }
+    if (const json* p = field(*ct, "policy")) {
+      if (!p->is_string()) bad("cachetune.policy", "cachetune.policy must be a string");
+      try {
+        r.sel.policy.kind = parse_policy(p->get<std::string>());
+      } catch (const Error& e) {
+        bad("cachetune.policy", e.what());
+      }
+    }
+    if (const json* ratio = field(*ct, "ratio")) {
+      if (ratio->is_string() && ratio->get<std::string>() == "auto") {
+        r.answer.auto_ratio = true;
+      } else {
+        r.sel.policy.ratio = number_field(*ct, "ratio", 0.0, 1.0, 0.0);
+        r.answer.auto_ratio = false;
+      }
+    }
+    r.sel.policy.alpha = number_field(*ct, "alpha", 0.0, 1.0, r.sel.policy.alpha);
+    if (const json* ins = field(*ct, "instruction")) {
+      if (!ins->is_string()) bad("cachetune.instruction", "cachetune.instruction must be a string");
+      r.answer.instruction = ins->get<std::string>();
+    }
+    if (const json* s = field(*ct, "seed")) {
+      if (!s->is_number_unsigned() && !(s->is_number_integer() && s->get<int64_t>() >= 0)) {
+        bad("cachetune.seed", "cachetune.seed must be a non-negative integer");
+      }
+      r.sel.policy.seed = s->get<uint64_t>();
+    }
+  }
+
+  // Generation.
+  const char* max_name =
+      field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  r.gen.max_tokens =
+      int_field(body, max_name, 1, limits.max_tokens_limit, limits.default_max_tokens);
+  r.gen.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0, 0.0));
+  r.gen.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 1.0));
+  if (r.gen.sampling.top_p <= 0.0f) bad("top_p", "'top_p' = 0; expected a number in (0, 1]");
+  r.gen.sampling.top_k = 0;  // OpenAI has no top_k: nucleus sampling alone
+  if (const json* s = field(body, "seed")) {
+    if (!s->is_number_integer())
+      bad("seed", "'seed' is a " + type_name(*s) + "; expected an integer");
+    r.gen.sampling.seed = static_cast<uint64_t>(s->get<int64_t>());
+  }
+  if (const json* n = field(body, "n"); n && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
+    bad("n", "'n' must be 1: one choice per request");
+  }
+  if (field(body, "stop")) bad("stop", "'stop' sequences are not supported");
+  if (field(body, "tools") || field(body, "functions"))
+    bad("tools", "tool calls are not supported");
+  if (const json* s = field(body, "stream")) {
+    if (!s->is_boolean()) bad("stream", "'stream' is a " + type_name(*s) + "; expected a boolean");
+    r.stream = s->get<bool>();
+  }
+  return r;
+}
+
+json error_body(int status, const std::string& message, const std::string& param) {
+  return {{"error",
+           {{"message", message},
+            {"type", status >= 500 ? "server_error" : "invalid_request_error"},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", nullptr}}}};
+}
+
+std::string finish_reason(const Answer& a, const ChatRequest& r) {
+  return static_cast<int>(a.tokens.size()) >= r.gen.max_tokens ? "length" : "stop";
+}
+
+json answer_stats(const Answer& a, const ChatRequest& r) {
+  json chunks = json::array();
+  for (const ChunkInfo& c : a.chunks) {
+    chunks.push_back({{"id", c.id}, {"n_tok", c.n_tok}, {"hit", c.hit}, {"tier", c.tier}});
+  }
+  json out = {{"policy", policy_name(r.sel.policy.kind)},
+              {"ratio", a.ratio},
+              {"ttft_ms", a.ttft_ms},
+              {"lookup_ms", a.lookup_ms},
+              {"select_ms", a.prefill.select_ms},
+              {"compute_ms", a.prefill.compute_ms},
+              {"load_ms", a.prefill.load_ms},
+              {"load_wait_ms", a.prefill.load_wait_ms},
+              {"logits_ms", a.prefill.logits_ms},
+              {"decode_ms", a.decode_ms},
+              {"recomputed_rows", a.prefill.n_active},
+              {"loaded_rows", a.prefill.n_loaded},
+              {"retries", a.retries},
+              {"chunks", chunks}};
+  if (!a.ratio_note.empty()) out["ratio_note"] = a.ratio_note;
+  return out;
+}
+
+json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
+                   const std::string& model_id, int64_t created) {
+  const int n_out = static_cast<int>(a.tokens.size());
+  return {{"id", id},
+          {"object", "chat.completion"},
+          {"created", created},
+          {"model", model_id},
+          {"choices",
+           {{{"index", 0},
+             {"message", {{"role", "assistant"}, {"content", a.text}}},
+             {"finish_reason", finish_reason(a, r)}}}},
+          {"usage",
+           {{"prompt_tokens", a.n_prompt},
+            {"completion_tokens", n_out},
+            {"total_tokens", a.n_prompt + n_out}}},
+          {"cachetune", answer_stats(a, r)}};
+}
+
+json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,
+                const std::optional<std::string>& content, const std::optional<std::string>& role,
+                const std::string& finish_reason) {
+  json delta = json::object();
+  if (role) delta["role"] = *role;
+  if (content) delta["content"] = *content;
+  return {{"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", created},
+          {"model", model_id},
+          {"choices",
+           {{{"index", 0},
+             {"delta", delta},
+             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
+}
+
+}  // namespace ct::server

@@ -1,0 +1,79 @@
+// The OpenAI-compatible request/response format of `cachetune serve`, kept apart from the HTTP
+// transport so it can be tested without sockets. A chat completion request may carry the
+// chunk-aware extension: "chunks" (documents, each cached and reused on its own) and a
+// "cachetune" object (policy, ratio, instruction). docs/SERVER.md describes the wire format.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace ct::server {
+
+// A request the server refuses, with the HTTP status and OpenAI error fields to send.
+class RequestError : public std::runtime_error {
+ public:
+  RequestError(int status, std::string param, const std::string& message)
+      : std::runtime_error(message), status_(status), param_(std::move(param)) {}
+  int status() const { return status_; }
+  const std::string& param() const { return param_; }  // offending field, may be empty
+
+ private:
+  int status_;
+  std::string param_;
+};
+
+// Server-wide defaults and limits a request is checked against.
+struct ApiLimits {
+  int default_max_tokens = 128;
+  int max_tokens_limit = 1024;       // larger max_tokens is refused (400)
+  int max_chunks = 64;               // more chunks is refused (400)
+  size_t max_chunk_bytes = 1 << 20;  // one document's text
+  PolicyOptions default_policy;      // kind, ratio, alpha when the request gives none
+  bool default_auto_ratio = false;   // `serve --ratio auto`
+};
+
+struct ChatRequest {
+  std::vector<std::string> chunks;  // documents, in prompt order
+  std::string question;             // content of the final user message
+  AnswerOptions answer;             // instruction, history, auto ratio (no on_piece)
+  SelectiveOptions sel;             // policy and ratio
+  GenerateOptions gen;
+  bool stream = false;
+  std::string model;  // as the client named it (echoed back); may be empty
+};
+
+// Parses and validates a /v1/chat/completions body. Throws RequestError (400) naming the field,
+// the value and what was expected.
+ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
+
+// Parses the request body text as JSON; malformed JSON is a RequestError (400) with the parser's
+// position.
+nlohmann::json parse_json_body(const std::string& text);
+
+// {"error": {"message", "type", "param", "code"}} in OpenAI's shape. type follows the status:
+// invalid_request_error (4xx) or server_error (5xx).
+nlohmann::json error_body(int status, const std::string& message, const std::string& param = "");
+
+// Per-request engine figures returned under "cachetune" in responses.
+nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
+
+// A whole (non-streamed) chat.completion response.
+nlohmann::json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
+                             const std::string& model_id, int64_t created);
+
+// One chat.completion.chunk event of a streamed response: a content delta, or (finish_reason
+// set, delta empty) the last event, which also carries usage and the cachetune figures.
+nlohmann::json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,
+                          const std::optional<std::string>& content,
+                          const std::optional<std::string>& role,
+                          const std::string& finish_reason = "");
+
+// "stop" when generation ended at an end-of-generation token, "length" when it hit max_tokens.
+std::string finish_reason(const Answer& a, const ChatRequest& r);
+
+}  // namespace ct::server

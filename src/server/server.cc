@@ -1,0 +1,267 @@
+// HTTP transport of the OpenAI-compatible server (cpp-httplib); the format is in api.cc.
+#include "server/server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+
+#include "core/error.h"
+#include "reuse/prompt.h"
+
+namespace ct::server {
+namespace {
+
+using nlohmann::json;
+
+// Dumps with invalid UTF-8 replaced (U+FFFD) rather than throwing: generated text is bytes.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void send_error(httplib::Response& res, int status, const std::string& msg,
+                const std::string& param = "") {
+  send_json(res, status, error_body(status, msg, param));
+}
+
+// Thrown from the streaming callback when the client has gone; ends generation early.
+struct ClientGone {};
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+std::string take_complete_utf8(std::string& pending) {
+  // Walk back over at most 3 continuation bytes to the last lead byte; keep it (and what
+  // follows) if its sequence is not complete yet.
+  size_t n = pending.size();
+  size_t i = n;
+  int back = 0;
+  while (i > 0 && back < 4) {
+    const unsigned char c = static_cast<unsigned char>(pending[i - 1]);
+    if ((c & 0xC0) != 0x80) {  // ASCII or a lead byte
+      const int need = c < 0x80           ? 1
+                       : (c >> 5) == 0x6  ? 2
+                       : (c >> 4) == 0xE  ? 3
+                       : (c >> 3) == 0x1E ? 4
+                                          : 1;
+      if (static_cast<int>(n - (i - 1)) < need) n = i - 1;  // incomplete: hold it back
+      break;
+    }
+    --i;
+    ++back;
+  }
+  std::string out = pending.substr(0, n);
+  pending.erase(0, n);
+  return out;
+}
+
+struct Server::Impl {
+  Engine& engine;
+  ServerOptions opt;
+  httplib::Server http;
+  std::mutex engine_mu;  // one engine request at a time
+  std::atomic<uint64_t> next_id{0};
+  int port = -1;
+  const int64_t started = unix_now();
+
+  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {}
+
+  std::string new_id(const char* prefix) {
+    return fmt::format("{}-{:x}-{}", prefix, started, next_id.fetch_add(1));
+  }
+
+  void routes() {
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // a handler already wrote a JSON error
+      std::string msg;
+      if (res.status == 413) {
+        msg =
+            fmt::format("request body exceeds this server's limit of {} bytes", opt.max_body_bytes);
+      } else if (res.status == 404) {
+        msg = fmt::format(
+            "no route for {} {}; expected GET /health, GET /v1/models, POST "
+            "/v1/chat/completions or POST /v1/chunks",
+            req.method, req.path);
+      } else {
+        msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
+      }
+      send_error(res, res.status, msg);
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+          std::string msg = "internal error";
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& e) {
+            msg = e.what();
+          } catch (...) {
+          }
+          send_error(res, 500, msg);
+        });
+
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200, {{"status", "ok"}, {"model", opt.model_id}});
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      send_json(res, 200,
+                {{"object", "list"},
+                 {"data",
+                  {{{"id", opt.model_id},
+                    {"object", "model"},
+                    {"created", started},
+                    {"owned_by", "cachetune"}}}}});
+    });
+    http.Post("/v1/chunks", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(res, [&] { ingest(req, res); });
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      handle(res, [&] { chat(req, res); });
+    });
+  }
+
+  // Maps the two error tiers onto HTTP: a refused request keeps its status; ct::Error (bad input
+  // the engine found, e.g. a prompt longer than the model's context) is 400.
+  template <typename F>
+  void handle(httplib::Response& res, F&& f) {
+    try {
+      f();
+    } catch (const RequestError& e) {
+      send_error(res, e.status(), e.what(), e.param());
+    } catch (const Error& e) {
+      send_error(res, 400, e.what());
+    }
+  }
+
+  void ingest(const httplib::Request& req, httplib::Response& res) {
+    const json body = parse_json_body(req.body);
+    if (!body.is_object() || !body.contains("chunks") || !body["chunks"].is_array()) {
+      throw RequestError(400, "chunks", "expected {\"chunks\": [\"document text\", ...]}");
+    }
+    // The same checks as chunks in a chat request.
+    ChatRequest probe = parse_chat_request(
+        {{"messages", {{{"role", "user"}, {"content", ""}}}}, {"chunks", body["chunks"]}},
+        opt.limits);
+    std::string tier;
+    if (body.contains("tier")) {
+      if (!body["tier"].is_string()) throw RequestError(400, "tier", "'tier' must be a string");
+      tier = body["tier"].get<std::string>();
+    }
+    json data = json::array();
+    std::lock_guard<std::mutex> lock(engine_mu);
+    for (const std::string& text : probe.chunks) {
+      const ChunkInfo c =
+          engine.ensure_chunk(tokenize_chunk(engine.model().tokenizer(), text), tier);
+      data.push_back({{"id", c.id},
+                      {"n_tok", c.n_tok},
+                      {"hit", c.hit},
+                      {"tier", c.tier},
+                      {"encode_ms", c.encode_ms},
+                      {"rank_ms", c.rank_ms}});
+    }
+    send_json(res, 200, {{"object", "list"}, {"data", data}});
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    auto r =
+        std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
+    const std::string id = new_id("chatcmpl");
+    const int64_t created = unix_now();
+    if (!r->stream) {
+      Answer a;
+      {
+        std::lock_guard<std::mutex> lock(engine_mu);
+        a = engine.answer(r->chunks, r->question, r->sel, r->gen, r->answer);
+      }
+      send_json(res, 200, chat_response(a, *r, id, opt.model_id, created));
+      return;
+    }
+    // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
+    // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, r, id, created](size_t, httplib::DataSink& sink) {
+          auto send_raw = [&](const std::string& s) {
+            if (!sink.write(s.data(), s.size())) throw ClientGone{};
+          };
+          auto send = [&](const json& j) { send_raw("data: " + dump(j) + "\n\n"); };
+          try {
+            send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
+            std::string pending;
+            AnswerOptions ao = r->answer;
+            ao.on_piece = [&](const std::string& piece) {
+              pending += piece;
+              const std::string ready = take_complete_utf8(pending);
+              if (!ready.empty()) send(chat_chunk(id, opt.model_id, created, ready, std::nullopt));
+            };
+            Answer a;
+            {
+              std::lock_guard<std::mutex> lock(engine_mu);
+              a = engine.answer(r->chunks, r->question, r->sel, r->gen, ao);
+            }
+            if (!pending.empty())
+              send(chat_chunk(id, opt.model_id, created, pending, std::nullopt));
+            json last = chat_chunk(id, opt.model_id, created, std::nullopt, std::nullopt,
+                                   finish_reason(a, *r));
+            const int n_out = static_cast<int>(a.tokens.size());
+            last["usage"] = {{"prompt_tokens", a.n_prompt},
+                             {"completion_tokens", n_out},
+                             {"total_tokens", a.n_prompt + n_out}};
+            last["cachetune"] = answer_stats(a, *r);
+            send(last);
+            send_raw("data: [DONE]\n\n");
+          } catch (const ClientGone&) {
+            return false;  // the client closed the connection; generation stopped with it
+          } catch (const std::exception& e) {
+            // Headers are gone already: report the failure as an event, then end the stream.
+            try {
+              send(error_body(dynamic_cast<const Error*>(&e) ? 400 : 500, e.what()));
+            } catch (const ClientGone&) {
+              return false;
+            }
+          }
+          sink.done();
+          return true;
+        });
+  }
+};
+
+Server::Server(Engine& engine, ServerOptions opt)
+    : impl_(std::make_unique<Impl>(engine, std::move(opt))) {
+  impl_->routes();
+}
+
+Server::~Server() { stop(); }
+
+int Server::bind() {
+  Impl& s = *impl_;
+  if (s.opt.port == 0) {
+    s.port = s.http.bind_to_any_port(s.opt.host);
+  } else {
+    s.port = s.http.bind_to_port(s.opt.host, s.opt.port) ? s.opt.port : -1;
+  }
+  CT_THROW_IF_NOT(s.port > 0,
+                  "serve: cannot listen on {}:{} (address in use, or not a local "
+                  "address)",
+                  s.opt.host, s.opt.port);
+  return s.port;
+}
+
+int Server::port() const { return impl_->port; }
+
+void Server::serve() {
+  CT_THROW_IF_NOT(impl_->port > 0, "serve: bind() first");
+  impl_->http.listen_after_bind();
+}
+
+void Server::stop() { impl_->http.stop(); }
+
+}  // namespace ct::server

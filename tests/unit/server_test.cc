@@ -1,0 +1,317 @@
+// The OpenAI-compatible server: request parsing and validation (every refusal names the field
+// and the expectation), UTF-8-safe streaming pieces, and the live HTTP server on a tiny random
+// model (port 0), whose answers must equal the engine's own for the same request, streamed or
+// not, with chunk reuse across requests and JSON errors for bad input.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "server/api.h"
+#include "support/chunk_fixtures.h"
+#include "support/tiny_model.h"
+
+namespace ct::server {
+namespace {
+
+using nlohmann::json;
+
+json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
+
+// Expects parse_chat_request to refuse `body` with status 400, naming `param`, with a message
+// containing `needle`.
+void expect_refused(const json& body, const std::string& param, const std::string& needle,
+                    const ApiLimits& limits = {}) {
+  try {
+    parse_chat_request(body, limits);
+    ADD_FAILURE() << "accepted: " << body.dump();
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.status(), 400) << body.dump();
+    EXPECT_EQ(e.param(), param) << body.dump() << " -> " << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << needle << "'";
+  }
+}
+
+TEST(ServerApi, ParsesHistoryQuestionAndDefaults) {
+  ApiLimits limits;
+  limits.default_policy.kind = PolicyKind::kCacheTune;
+  limits.default_policy.ratio = 0.2;
+  const json body = {{"model", "whatever"},
+                     {"messages",
+                      {{{"role", "system"}, {"content", "Be brief."}},
+                       user("first"),
+                       {{"role", "assistant"}, {"content", "ok"}},
+                       user("Who?")}}};
+  const ChatRequest r = parse_chat_request(body, limits);
+  EXPECT_EQ(r.question, "Who?");
+  ASSERT_EQ(r.answer.history.size(), 3u);
+  EXPECT_EQ(r.answer.history[0].role, "system");
+  EXPECT_EQ(r.answer.history[2].content, "ok");
+  EXPECT_TRUE(r.chunks.empty());
+  EXPECT_EQ(r.answer.instruction, "");  // plain chat without chunks
+  EXPECT_EQ(r.sel.policy.kind, PolicyKind::kCacheTune);
+  EXPECT_DOUBLE_EQ(r.sel.policy.ratio, 0.2);
+  EXPECT_EQ(r.gen.max_tokens, limits.default_max_tokens);
+  EXPECT_FLOAT_EQ(r.gen.sampling.temperature, 0.0f);
+  EXPECT_FALSE(r.stream);
+  EXPECT_EQ(r.model, "whatever");
+}
+
+TEST(ServerApi, ParsesTheChunkExtension) {
+  const json body = {{"messages", {user("Q")}},
+                     {"chunks", {"doc one", "doc two"}},
+                     {"cachetune", {{"policy", "epic"}, {"ratio", 0.3}, {"seed", 5}}},
+                     {"max_completion_tokens", 7},
+                     {"temperature", 0.5},
+                     {"top_p", 0.9},
+                     {"seed", 11},
+                     {"stream", true}};
+  const ChatRequest r = parse_chat_request(body, {});
+  EXPECT_EQ(r.chunks, (std::vector<std::string>{"doc one", "doc two"}));
+  EXPECT_EQ(r.answer.instruction, kQaInstruction);
+  EXPECT_EQ(r.sel.policy.kind, PolicyKind::kEpic);
+  EXPECT_DOUBLE_EQ(r.sel.policy.ratio, 0.3);
+  EXPECT_EQ(r.sel.policy.seed, 5u);
+  EXPECT_FALSE(r.answer.auto_ratio.value_or(true));
+  EXPECT_EQ(r.gen.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.gen.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.gen.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.gen.sampling.seed, 11u);
+  EXPECT_TRUE(r.stream);
+
+  const ChatRequest a = parse_chat_request(
+      {{"messages", {user("Q")}}, {"cachetune", {{"ratio", "auto"}, {"instruction", "Hi."}}}}, {});
+  EXPECT_TRUE(a.answer.auto_ratio.value_or(false));
+  EXPECT_EQ(a.answer.instruction, "Hi.");
+
+  // Content given as text parts.
+  const ChatRequest p = parse_chat_request(
+      {{"messages",
+        {{{"role", "user"},
+          {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}}},
+      {});
+  EXPECT_EQ(p.question, "ab");
+}
+
+TEST(ServerApi, RefusesBadRequestsNamingTheField) {
+  expect_refused(json::array(), "", "expected an object");
+  expect_refused(json::object(), "messages", "non-empty array");
+  expect_refused({{"messages", json::array()}}, "messages", "non-empty array");
+  expect_refused({{"messages", {{{"role", "user"}}}}}, "messages", "no 'content'");
+  expect_refused({{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, "messages",
+                 "expected system, user or assistant");
+  expect_refused({{"messages", {user("q"), {{"role", "assistant"}, {"content", "a"}}}}}, "messages",
+                 "expected \"user\"");
+  expect_refused({{"messages", {user("q")}}, {"max_tokens", 0}}, "max_tokens", "[1, 1024]");
+  expect_refused({{"messages", {user("q")}}, {"max_tokens", "10"}}, "max_tokens", "integer");
+  expect_refused({{"messages", {user("q")}}, {"temperature", 3.0}}, "temperature", "[0, 2]");
+  expect_refused({{"messages", {user("q")}}, {"top_p", 0}}, "top_p", "(0, 1]");
+  expect_refused({{"messages", {user("q")}}, {"stream", "yes"}}, "stream", "boolean");
+  expect_refused({{"messages", {user("q")}}, {"stop", "\n"}}, "stop", "not supported");
+  expect_refused({{"messages", {user("q")}}, {"n", 2}}, "n", "must be 1");
+  expect_refused({{"messages", {user("q")}}, {"chunks", "doc"}}, "chunks", "array of strings");
+  expect_refused({{"messages", {user("q")}}, {"chunks", {"ok", 3}}}, "chunks", "chunks[1]");
+  expect_refused({{"messages", {user("q")}}, {"chunks", {""}}}, "chunks", "non-empty string");
+  expect_refused({{"messages", {user("q")}}, {"cachetune", {{"policy", "magic"}}}},
+                 "cachetune.policy", "unknown policy");
+  expect_refused({{"messages", {user("q")}}, {"cachetune", {{"ratio", 1.5}}}}, "ratio", "[0, 1]");
+  expect_refused({{"messages", {user("q")}}, {"cachetune", {{"ratoi", 0.1}}}}, "cachetune",
+                 "not a known option");
+  ApiLimits small;
+  small.max_chunks = 1;
+  small.max_chunk_bytes = 4;
+  expect_refused({{"messages", {user("q")}}, {"chunks", {"a", "b"}}}, "chunks", "at most 1", small);
+  expect_refused({{"messages", {user("q")}}, {"chunks", {"abcde"}}}, "chunks", "at most 4", small);
+  EXPECT_THROW(parse_json_body("{\"messages\": ["), RequestError);
+}
+
+TEST(ServerApi, StreamsWholeUtf8CharactersOnly) {
+  // "é" is C3 A9, "€" is E2 82 AC, U+1F600 is F0 9F 98 80: split each across pieces.
+  std::string pending = "ab\xC3";
+  EXPECT_EQ(take_complete_utf8(pending), "ab");
+  EXPECT_EQ(pending, "\xC3");
+  pending += "\xA9x\xE2\x82";
+  EXPECT_EQ(take_complete_utf8(pending), "\xC3\xA9x");
+  EXPECT_EQ(pending, "\xE2\x82");
+  pending += "\xAC\xF0\x9F\x98";
+  EXPECT_EQ(take_complete_utf8(pending), "\xE2\x82\xAC");
+  pending += "\x80";
+  EXPECT_EQ(take_complete_utf8(pending), "\xF0\x9F\x98\x80");
+  EXPECT_EQ(pending, "");
+  pending = "plain";
+  EXPECT_EQ(take_complete_utf8(pending), "plain");
+}
+
+// ---- the live server -------------------------------------------------------------------------
+
+const std::vector<std::string> kDocs = {
+    "The lighthouse on Gull Point was built in 1871 and painted red and white in 1903.",
+    "Marta Olsen kept the lighthouse for forty years and wrote a diary of every storm."};
+
+class LiveServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    test::TinyModelOptions o;
+    o.n_layer = 2;
+    o.context_length = 512;
+    EngineOptions eo;
+    eo.model_path = test::write_tiny_model(dir_->path() + "/tiny.gguf", o);
+    eo.tiers = {parse_tier_spec("host:64M")};
+    engine_ = new Engine(eo);
+    ServerOptions so;
+    so.port = 0;
+    so.max_body_bytes = 64 << 10;
+    so.model_id = "tiny";
+    server_ = new Server(*engine_, so);
+    port_ = server_->bind();
+    thread_ = new std::thread([] { server_->serve(); });
+  }
+  static void TearDownTestSuite() {
+    server_->stop();
+    thread_->join();
+    delete thread_;
+    delete server_;
+    delete engine_;
+    delete dir_;
+  }
+
+  static httplib::Result post(const std::string& path, const std::string& body) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    return c.Post(path.c_str(), body, "application/json");
+  }
+
+  // The engine's own answer for the request the body describes.
+  static Answer direct(const json& body) {
+    const ChatRequest r = parse_chat_request(body, ApiLimits{});
+    return engine_->answer(r.chunks, r.question, r.sel, r.gen, r.answer);
+  }
+
+  static inline test::TempDir* dir_ = nullptr;
+  static inline Engine* engine_ = nullptr;
+  static inline Server* server_ = nullptr;
+  static inline std::thread* thread_ = nullptr;
+  static inline int port_ = 0;
+};
+
+json chat_body(bool stream) {
+  return {{"messages", {{{"role", "system"}, {"content", "Be brief."}}, user("Who kept it?")}},
+          {"chunks", kDocs},
+          {"max_tokens", 6},
+          {"stream", stream}};
+}
+
+TEST_F(LiveServerTest, HealthAndModels) {
+  httplib::Client c("127.0.0.1", port_);
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "tiny");
+}
+
+TEST_F(LiveServerTest, ChatAnswerEqualsTheEngineAndReusesChunks) {
+  auto res = post("/v1/chat/completions", chat_body(false).dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["model"], "tiny");
+  const Answer want = direct(chat_body(false));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want.text);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], want.n_prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], static_cast<int>(want.tokens.size()));
+  EXPECT_EQ(j["cachetune"]["policy"], "cachetune");
+  ASSERT_EQ(j["cachetune"]["chunks"].size(), 2u);
+  // The direct call above found both chunks the server encoded: the cache is shared by content.
+  for (const ChunkInfo& c : want.chunks) EXPECT_TRUE(c.hit);
+  auto again = post("/v1/chat/completions", chat_body(false).dump());
+  ASSERT_TRUE(again);
+  const json j2 = json::parse(again->body);
+  for (const auto& c : j2["cachetune"]["chunks"]) EXPECT_TRUE(c["hit"].get<bool>());
+  EXPECT_EQ(j2["choices"][0]["message"]["content"], want.text);
+}
+
+TEST_F(LiveServerTest, StreamedDeltasConcatenateToTheAnswer) {
+  auto res = post("/v1/chat/completions", chat_body(true).dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_NE(res->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string text, finish;
+  bool done = false, role_seen = false;
+  json last;
+  size_t at = 0;
+  while ((at = res->body.find("data: ", at)) != std::string::npos) {
+    const size_t end = res->body.find("\n\n", at);
+    ASSERT_NE(end, std::string::npos);
+    const std::string payload = res->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (payload == "[DONE]") {
+      done = true;
+      continue;
+    }
+    ASSERT_FALSE(done) << "event after [DONE]";
+    const json e = json::parse(payload);
+    ASSERT_EQ(e["object"], "chat.completion.chunk") << payload;
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("role")) role_seen = true;
+    if (d.contains("content")) text += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) {
+      finish = e["choices"][0]["finish_reason"];
+      last = e;
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(role_seen);
+  EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  EXPECT_EQ(text, direct(chat_body(true)).text);
+  EXPECT_TRUE(last.contains("usage"));
+  EXPECT_TRUE(last.contains("cachetune"));
+}
+
+TEST_F(LiveServerTest, IngestEndpointEncodesOnceThenHits) {
+  const json body = {{"chunks", {"A note about the storm of 1911, which flooded the harbour."}}};
+  auto first = post("/v1/chunks", body.dump());
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const json a = json::parse(first->body)["data"][0];
+  EXPECT_FALSE(a["hit"].get<bool>());
+  EXPECT_GT(a["n_tok"].get<int>(), 0);
+  auto second = post("/v1/chunks", body.dump());
+  ASSERT_TRUE(second);
+  const json b = json::parse(second->body)["data"][0];
+  EXPECT_TRUE(b["hit"].get<bool>());
+  EXPECT_EQ(a["id"], b["id"]);
+}
+
+TEST_F(LiveServerTest, ErrorsAreJsonWithStatus) {
+  auto check = [](const httplib::Result& r, int status, const std::string& needle) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json e = json::parse(r->body);
+    ASSERT_TRUE(e.contains("error")) << r->body;
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(needle), std::string::npos) << r->body;
+  };
+  check(post("/v1/chat/completions", "{not json"), 400, "not valid JSON");
+  check(post("/v1/chat/completions", json{{"messages", {user("q")}}, {"max_tokens", -1}}.dump()),
+        400, "max_tokens");
+  check(post("/v1/chat/completions", std::string(70 << 10, ' ')), 413, "65536 bytes");
+  httplib::Client c("127.0.0.1", port_);
+  check(c.Get("/v2/nothing"), 404, "no route");
+  // A prompt longer than the model's context (512 tokens) is the engine's refusal, sent as 400.
+  std::string long_doc;
+  for (int i = 0; i < 400; ++i) long_doc += "storm ";
+  check(post("/v1/chat/completions",
+             json{{"messages", {user("q")}}, {"chunks", {long_doc, long_doc + "again"}}}.dump()),
+        400, "exceeds the model context");
+}
+
+}  // namespace
+}  // namespace ct::server

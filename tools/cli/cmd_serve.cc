@@ -1,0 +1,97 @@
+// `cachetune serve`: the OpenAI-compatible HTTP server (src/server, docs/SERVER.md) over an
+// engine built from the usual engine flags. Ctrl-C / SIGTERM stop it cleanly.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "core/paths.h"
+#include "server/server.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/engine_flags.h"
+
+namespace ct::cli {
+namespace {
+
+struct ServeArgs {
+  EngineFlags engine;
+  server::ServerOptions server;
+  std::string policy = "cachetune";
+  std::string ratio = "0.15";
+  std::string calibration;
+  std::string max_body = "8M";
+};
+
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_stop_signal(int) { g_stop_requested = true; }
+
+void run_serve(ServeArgs a) {
+  EngineOptions eo = a.engine.options();
+  eo.calibration_path = a.calibration;
+  bool auto_ratio = false;
+  const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &auto_ratio);
+  server::ServerOptions so = a.server;
+  so.max_body_bytes = parse_bytes(a.max_body);
+  so.limits.default_policy.kind = parse_policy(a.policy);
+  so.limits.default_policy.ratio = ratio;
+  so.limits.default_policy.alpha = a.engine.alpha;
+  so.limits.default_auto_ratio = auto_ratio;
+  Engine eng(std::move(eo));
+  if (so.model_id.empty()) {
+    const std::string path =
+        eng.options().model_path.empty() ? default_model_path() : eng.options().model_path;
+    so.model_id = std::filesystem::path(path).stem().string();
+  }
+  server::Server srv(eng, so);
+  const int port = srv.bind();
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  std::atomic<bool> done{false};
+  // Signal handlers may only set a flag; this thread turns it into a clean stop.
+  std::thread watcher([&] {
+    while (!done && !g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    srv.stop();
+  });
+  std::fprintf(stderr,
+               "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s (Ctrl-C stops)\n",
+               so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(), a.ratio.c_str());
+  srv.serve();
+  done = true;
+  watcher.join();
+  std::fprintf(stderr, "cachetune serve: stopped\n");
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  a->server.model_id.clear();  // default: the model file's name
+  CLI::App* c = app.add_subcommand(
+      "serve", "OpenAI-compatible HTTP server with chunk-aware requests (docs/SERVER.md)");
+  a->engine.add(c);
+  c->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  c->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
+  c->add_option("--policy", a->policy, "Default reuse policy of requests without one")
+      ->capture_default_str();
+  c->add_option("-r,--ratio", a->ratio,
+                "Default recompute ratio, or 'auto' (the calibrated ratio of the chunks' tier)")
+      ->capture_default_str();
+  c->add_option("--calibration", a->calibration, "Calibration store for --ratio auto");
+  c->add_option("--model-id", a->server.model_id,
+                "Model name in responses (default: the GGUF file's name)");
+  c->add_option("--max-body", a->max_body, "Largest request body (e.g. 8M)")->capture_default_str();
+  c->add_option("--max-tokens-limit", a->server.limits.max_tokens_limit,
+                "Largest max_tokens a request may ask for")
+      ->capture_default_str();
+  c->add_option("--default-max-tokens", a->server.limits.default_max_tokens,
+                "max_tokens of requests that give none")
+      ->capture_default_str();
+  c->add_option("--max-chunks", a->server.limits.max_chunks, "Most chunks in one request")
+      ->capture_default_str();
+  c->callback([a] { run_serve(*a); });
+}
+
+}  // namespace ct::cli
