@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over the binaries tools/gpu_pack.sh packed into .gpu/: the CUDA tests
-# (GPU paths against the CPU reference) and the ranking benchmarks, CPU and GPU in the same run.
+# (GPU paths against the CPU reference), the ranking benchmarks and the full-prefill benchmarks, CPU
+# and GPU in the same run.
 # Results go to $OUT (the device tool's return folder) or ./gpu-out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,8 +19,19 @@ rc=0
 "$PACK/ct_cuda_tests" --gtest_output="json:$OUT/cuda_tests.json" 2>&1 | tee "$OUT/cuda_tests.txt" |
   grep -E '^\[ *(OK|FAILED|SKIPPED|PASSED) *\]|Failure|error' || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+# CT_GPU_BENCH: which benchmark groups to run (default "rank prefill").
+BENCH="${CT_GPU_BENCH:-rank prefill}"
+if [[ " $BENCH " == *" rank "* ]]; then
 OMP_NUM_THREADS="${CT_BENCH_THREADS:-2}" "$PACK/ct_micro_bench" --benchmark_filter='Rank|BandNorms' \
   --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_out="$OUT/rank_bench.json" --benchmark_out_format=json 2>&1 | tee "$OUT/rank_bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
+# Prefill, CPU backend on every host core against the GPU decoder.
+if [[ " $BENCH " == *" prefill "* ]]; then
+OMP_NUM_THREADS="$(nproc)" "$PACK/ct_micro_bench" --benchmark_filter='Prefill|Selective' \
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$OUT/prefill_bench.json" --benchmark_out_format=json 2>&1 | tee "$OUT/prefill_bench.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+fi
 exit $rc

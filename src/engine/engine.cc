@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/paths.h"
 #include "core/timer.h"
+#include "model/cuda_decoder.h"
 #include "reuse/pooled_chunk.h"
 #include "store/disk_tier.h"
 #include "store/memory_tier.h"
@@ -115,9 +116,34 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
     }
   }
   pool_ = std::make_unique<store::CachePool>(std::move(tiers));
+  if (opt_.cuda) {
+#ifdef CT_HAVE_CUDA
+    CT_THROW_IF_NOT(opt_.gpu_ctx >= 1, "engine gpu_ctx = {}; expected >= 1", opt_.gpu_ctx);
+    gpu_.reset(
+        make_cuda_decoder(*model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train)).release());
+#else
+    CT_THROW("--device cuda: this build has no CUDA backend; configure with -DCT_CUDA=ON");
+#endif
+  }
 }
 
 Engine::~Engine() = default;
+
+void Engine::GpuDeleter::operator()(cuda::Decoder* d) const {
+#ifdef CT_HAVE_CUDA
+  delete d;
+#else
+  CT_ASSERT(d == nullptr, "a GPU decoder without a CUDA build");
+#endif
+}
+
+int Engine::gpu_ctx() const {
+#ifdef CT_HAVE_CUDA
+  return gpu_ ? gpu_->n_ctx() : 0;
+#else
+  return 0;
+#endif
+}
 
 int Engine::tier_index(const std::string& name) const {
   for (size_t i = 0; i < opt_.tiers.size(); ++i) {
@@ -221,6 +247,13 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
     CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
                     "prompt of {} tokens plus {} new tokens exceeds the model context of {}",
                     n_total, gen.max_tokens, model_->config().n_ctx_train);
+    // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
+    // stay on the CPU.
+    const bool on_gpu =
+        gpu_ && gpu_policy_available(sel.policy.kind) && n_total + gen.max_tokens <= gpu_ctx();
+    sel.gpu = on_gpu ? gpu_.get() : nullptr;
+    sel.gpu_kv_to_host = !on_gpu;  // decoding continues on the GPU, from its own cache
+    ans.device = on_gpu ? "cuda" : "cpu";
     KVCache kv = model_->make_cache(n_total + gen.max_tokens + 1);
     Workspace ws;
     std::vector<float> logits;
@@ -235,10 +268,20 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
       continue;
     }
     double first = -1;
-    DecodeResult r = decode(*model_, kv, ws, std::move(logits), gen, [&](const std::string& s) {
+    auto on_piece = [&](const std::string& s) {
       if (first < 0) first = ttft.ms();
       if (opt.on_piece) opt.on_piece(s);
-    });
+    };
+    DecodeResult r;
+    if (on_gpu) {
+#ifdef CT_HAVE_CUDA
+      r = decode_steps(
+          model_->tokenizer(), model_->config().n_vocab, n_total, std::move(logits), gen,
+          [&](int32_t id, int pos) { return cuda_prefill(*gpu_, *model_, &id, 1, pos); }, on_piece);
+#endif
+    } else {
+      r = decode(*model_, kv, ws, std::move(logits), gen, on_piece);
+    }
     ans.ttft_ms = first >= 0 ? first : ttft.ms();
     ans.decode_ms = r.decode_s * 1e3;
     ans.text = r.text;

@@ -48,6 +48,11 @@ struct EngineOptions {
   bool auto_ratio = false;
   double r_min = 0.15;           // quality floor (paper App. E.4); also the fallback ratio
   std::string calibration_path;  // default: default_calibration_path()
+  // Compute prefill and decoding on the GPU (CT_CUDA builds): the weights are uploaded once and
+  // one GPU sequence of gpu_ctx positions (at most the model's context) is kept. Policies the GPU
+  // path does not offer (SelectiveOptions::gpu) run on the CPU; Answer::device says which ran.
+  bool cuda = false;
+  int gpu_ctx = 8192;
 };
 
 std::string default_cache_dir();  // $CACHETUNE_CACHE_DIR or ~/.cache/cachetune/chunks
@@ -80,9 +85,10 @@ struct Answer {
   double ttft_ms = 0;    // lookup + prefill + first token
   double decode_ms = 0;
   int n_prompt = 0;
-  int retries = 0;         // re-encodings after a failed chunk read
-  double ratio = 0;        // recompute ratio the prefill ran with (auto mode: the chosen one)
-  std::string ratio_note;  // auto mode: RatioChoice::note; empty otherwise
+  int retries = 0;             // re-encodings after a failed chunk read
+  double ratio = 0;            // recompute ratio the prefill ran with (auto mode: the chosen one)
+  std::string ratio_note;      // auto mode: RatioChoice::note; empty otherwise
+  std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
 };
 
 struct AnswerOptions {
@@ -99,6 +105,8 @@ class Engine {
   const Model& model() const { return *model_; }
   store::CachePool& pool() { return *pool_; }
   const EngineOptions& options() const { return opt_; }
+  // Positions of the GPU sequence (0 without EngineOptions::cuda).
+  int gpu_ctx() const;
 
   // Makes sure the chunk (tokens as produced by tokenize_chunk) is stored; encodes it when
   // absent. `tier` names the tier to store a new encoding in (empty: the top tier).
@@ -128,6 +136,10 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
+  struct GpuDeleter {  // cuda::Decoder is complete only in CUDA builds
+    void operator()(cuda::Decoder* d) const;
+  };
+  std::unique_ptr<cuda::Decoder, GpuDeleter> gpu_;                 // EngineOptions::cuda
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };
 

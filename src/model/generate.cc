@@ -6,13 +6,12 @@
 
 namespace ct {
 
-DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<float> logits,
-                    const GenerateOptions& opt,
-                    const std::function<void(const std::string&)>& on_piece) {
+DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
+                          std::vector<float> logits, const GenerateOptions& opt,
+                          const DecodeStep& step,
+                          const std::function<void(const std::string&)>& on_piece) {
   DecodeResult r;
   Sampler sampler(opt.sampling);
-  const Tokenizer& tok = m.tokenizer();
-  const int n_vocab = m.config().n_vocab;
   Timer t;
   for (int i = 0; i < opt.max_tokens; ++i) {
     const int32_t id = sampler.sample(logits.data(), n_vocab);
@@ -23,13 +22,24 @@ DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<floa
     r.tokens.push_back(id);
     if (on_piece) on_piece(tok.token_to_piece(id));
     if (i + 1 == opt.max_tokens) break;
-    CT_THROW_IF_NOT(kv.n_pos < kv.n_ctx(), "KV cache full at {} positions while decoding",
-                    kv.n_ctx());
-    logits = m.prefill(&id, 1, kv.n_pos, kv, ws);
+    logits = step(id, start_pos + i);
   }
   r.decode_s = t.seconds();
   r.text = tok.decode(r.tokens);
   return r;
+}
+
+DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<float> logits,
+                    const GenerateOptions& opt,
+                    const std::function<void(const std::string&)>& on_piece) {
+  return decode_steps(
+      m.tokenizer(), m.config().n_vocab, kv.n_pos, std::move(logits), opt,
+      [&](int32_t id, int pos) {
+        CT_THROW_IF_NOT(pos < kv.n_ctx(), "KV cache full at {} positions while decoding",
+                        kv.n_ctx());
+        return m.prefill(&id, 1, pos, kv, ws);
+      },
+      on_piece);
 }
 
 std::vector<float> forced_decode_logits(const Model& m, KVCache& kv, Workspace& ws,

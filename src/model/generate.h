@@ -24,8 +24,21 @@ struct DecodeResult {
   bool stopped_at_eog = false;
 };
 
-// kv holds the prompt at [0, kv.n_pos); first_logits are the logits of its last position.
-// Calls on_piece with each new token's text as it is produced (may be empty).
+// One decode step of some backend: the next-token logits after feeding token `id` at position
+// `pos` (F32 [n_vocab]).
+using DecodeStep = std::function<std::vector<float>(int32_t id, int pos)>;
+
+// The decode loop over any backend's step: sample from `first_logits` (the prompt's last
+// position, which is start_pos - 1), stop at an end-of-generation token (opt.stop_at_eog) or
+// after opt.max_tokens, else feed the token at start_pos, start_pos + 1, ...
+DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
+                          std::vector<float> first_logits, const GenerateOptions& opt,
+                          const DecodeStep& step,
+                          const std::function<void(const std::string&)>& on_piece = nullptr);
+
+// decode_steps on the CPU model: kv holds the prompt at [0, kv.n_pos); first_logits are the
+// logits of its last position. Calls on_piece with each new token's text as it is produced (may
+// be empty).
 DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<float> first_logits,
                     const GenerateOptions& opt,
                     const std::function<void(const std::string&)>& on_piece = nullptr);

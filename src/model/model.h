@@ -89,6 +89,14 @@ class Model {
   KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
   const cpu::Rope& rope() const { return rope_; }
 
+  // The F32 weights, for other backends that upload them (src/model/cuda_decoder.h).
+  const LayerWeights& layer_weights(int l) const { return layers_[l]; }
+  const float* token_embedding() const { return tok_embd_.data(); }  // F32 [n_vocab][n_embd]
+  const float* output_matrix() const {  // F32 [n_vocab][n_embd]; the embedding when tied
+    return output_.empty() ? tok_embd_.data() : output_.data();
+  }
+  const float* output_norm() const { return out_norm_.data(); }  // F32 [n_embd]
+
  private:
   Model() = default;
   std::string path_;

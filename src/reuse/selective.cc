@@ -16,6 +16,9 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "reuse/freq_rank.h"
+#ifdef CT_HAVE_CUDA
+#include "backend/cuda/decoder.h"
+#endif
 
 namespace ct {
 
@@ -85,7 +88,7 @@ struct ChunkPlan {
   const ChunkSource* c = nullptr;
   int offset = 0;
   std::vector<uint8_t> selected;  // [n_tok] by text index
-  int load_begin = 0;  // rank rows [load_begin, n_tok) hold every non-selected token
+  int load_begin = 0;             // rank rows [load_begin, n_tok) hold every non-selected token
 };
 
 void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel) {
@@ -110,7 +113,11 @@ class LayerLoader {
  public:
   LayerLoader(const Model& m, const std::vector<ChunkPlan>& plans, KVCache& kv,
               const PipelineOptions& opt, int first_layer)
-      : m_(m), plans_(plans), kv_(kv), opt_(opt), n_layer_(m.config().n_layer),
+      : m_(m),
+        plans_(plans),
+        kv_(kv),
+        opt_(opt),
+        n_layer_(m.config().n_layer),
         ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
     // The loaded positions are the same in every layer: the non-selected tokens, in the order
@@ -302,8 +309,8 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
     LayerTap tap;
     if (tap_query) {
       tap.probs_accum = res.attn.data();
-      tap.probs_from_row = (int)(std::lower_bound(act.begin(), act.end(), lay.query_begin) -
-                                 act.begin());
+      tap.probs_from_row =
+          (int)(std::lower_bound(act.begin(), act.end(), lay.query_begin) - act.begin());
     }
     if (blend && l == 0) {
       k0.resize((size_t)lay.n_total * KV);
@@ -364,7 +371,106 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
   return res;
 }
 
+// The layer loop with the layers computed on the GPU decoder (SelectiveOptions::gpu). Each
+// layer's reused rows are read from the chunk sources as stored (the complement's rank rows, or
+// all rows without sparse loading) into pinned staging, copied to the device, and unpacked,
+// rotated to their global positions (deferred RoPE) and placed in that layer's cache there,
+// just before the layer is queued. The decoder's calls return before the GPU is done, so the
+// reading of layer l+1 overlaps the GPU computing layer l.
+PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout& lay,
+                        std::vector<ChunkPlan>& plans, KVCache& kv, const PipelineOptions& popt,
+                        bool kv_to_host, PrefillBreakdown& bd) {
+#ifdef CT_HAVE_CUDA
+  const ModelConfig& c = m.config();
+  const int KV = c.kv_dim();
+  CT_THROW_IF_NOT(
+      dec.n_ctx() >= lay.n_total && dec.dims().n_layer == c.n_layer && dec.dims().kv_dim() == KV,
+      "GPU decoder ({} positions, {} layers, kv_dim {}) does not fit this request "
+      "({} positions, {} layers, kv_dim {})",
+      dec.n_ctx(), dec.dims().n_layer, dec.dims().kv_dim(), lay.n_total, c.n_layer, KV);
+  PassResult res;
+  const std::vector<int32_t> act = active_positions(lay, plans);
+  std::vector<int32_t> toks(act.size());
+  for (size_t i = 0; i < act.size(); ++i) toks[i] = lay.tokens[act[i]];
+  std::vector<float> cos, sin;
+  m.rope().angle_table(act.data(), (int)act.size(), cos, sin);
+
+  // The raw rows read per layer, chunk after chunk, and where each goes (-1: recomputed).
+  const KvDtype dtype = plans.empty() ? KvDtype::F16 : plans[0].c->meta().dtype;
+  std::vector<int32_t> raw_pos;
+  std::vector<int> read_begin(plans.size());
+  for (size_t b = 0; b < plans.size(); ++b) {
+    const ChunkPlan& p = plans[b];
+    const ChunkMeta& meta = p.c->meta();
+    CT_THROW_IF_NOT(meta.dtype == dtype,
+                    "GPU prefill needs one K/V type per request; chunk {} is {}, chunk {} is {}",
+                    meta.id.substr(0, 12), kv_dtype_name(meta.dtype),
+                    plans[0].c->meta().id.substr(0, 12), kv_dtype_name(dtype));
+    read_begin[b] = popt.sparse ? p.load_begin : 0;
+    for (int j = read_begin[b]; j < meta.n_tok; ++j) {
+      const int t = meta.order[j];
+      raw_pos.push_back(p.selected[t] ? -1 : p.offset + t);
+    }
+  }
+  int n_loaded = 0;
+  for (int32_t g : raw_pos) n_loaded += g >= 0;
+  std::vector<float> rcos, rsin;
+  {
+    std::vector<int32_t> angle_pos(raw_pos);
+    for (int32_t& g : angle_pos) g = std::max(g, 0);
+    m.rope().angle_table(angle_pos.data(), (int)angle_pos.size(), rcos, rsin);
+  }
+  const cuda::RowType type = dtype == KvDtype::F32    ? cuda::RowType::kF32
+                             : dtype == KvDtype::BF16 ? cuda::RowType::kBF16
+                                                      : cuda::RowType::kF16;
+  const size_t row_bytes = (size_t)KV * kv_dtype_size(dtype);
+
+  Timer ct;
+  dec.begin(toks.data(), act.data(), (int)act.size(), cos.data(), sin.data());
+  dec.set_reused_rows(type, raw_pos.data(), (int)raw_pos.size(), rcos.data(), rsin.data());
+  double load_ms = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (!raw_pos.empty()) {
+      Timer lt;
+      auto [k_dst, v_dst] = dec.reused_staging(l);
+      size_t off = 0;
+      for (size_t b = 0; b < plans.size(); ++b) {
+        const int n_tok = plans[b].c->meta().n_tok;
+        if (read_begin[b] == n_tok) continue;
+        plans[b].c->read_rows(l, read_begin[b], n_tok, static_cast<uint8_t*>(k_dst) + off,
+                              static_cast<uint8_t*>(v_dst) + off);
+        off += row_bytes * (n_tok - read_begin[b]);
+      }
+      dec.write_reused(l);
+      load_ms += lt.ms();
+    }
+    dec.layer(l);
+  }
+  res.logits = dec.finish();
+  bd.compute_ms += ct.ms() - load_ms;
+  bd.load_ms += load_ms;
+  bd.load_wait_ms += load_ms;
+  res.n_active = (int)act.size();
+  res.n_loaded = n_loaded;
+  if (kv_to_host) {
+    Timer kt;
+    for (int l = 0; l < c.n_layer; ++l) dec.read_kv(l, lay.n_total, kv.k(l), kv.v(l));
+    bd.kv_to_host_ms += kt.ms();
+  }
+  return res;
+#else
+  (void)m, (void)dec, (void)lay, (void)plans, (void)kv, (void)popt, (void)kv_to_host, (void)bd;
+  CT_THROW(
+      "selective prefill on the GPU was requested, but this build has no CUDA backend; "
+      "configure with -DCT_CUDA=ON");
+#endif
+}
+
 }  // namespace
+
+bool gpu_policy_available(PolicyKind k) {
+  return !policy_is_online(k) && k != PolicyKind::kPrefix && k != PolicyKind::kLfOnly;
+}
 
 std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
                                      const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
@@ -380,8 +486,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   const RequestLayout lay = layout_request(req);
   const ModelConfig& c = m.config();
   CT_THROW_IF_NOT(lay.n_total <= kv.n_ctx(),
-                  "composed prompt of {} tokens does not fit the {}-position KV cache",
-                  lay.n_total, kv.n_ctx());
+                  "composed prompt of {} tokens does not fit the {}-position KV cache", lay.n_total,
+                  kv.n_ctx());
   for (const ChunkSource* ch : req.chunks) {
     const ChunkMeta& cm = ch->meta();
     CT_THROW_IF_NOT(cm.model_fingerprint == m.fingerprint() && cm.n_layer == c.n_layer &&
@@ -393,6 +499,9 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   }
   const PolicyKind kind = opt.policy.kind;
   std::vector<float> logits;
+  CT_THROW_IF_NOT(!opt.gpu || (gpu_policy_available(kind) && !opt.query_attention),
+                  "policy '{}'{} is not available with GPU compute yet; use the CPU path",
+                  policy_name(kind), opt.query_attention ? " with query attention" : "");
 
   if (kind == PolicyKind::kPrefix || kind == PolicyKind::kLfOnly) {
     // Both are plain prefills of a token list: the whole prompt after the reused prefix, or the
@@ -456,8 +565,10 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       }
     }
     bd.select_ms += st.ms();
-    PassResult r = run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr, blend_ratio,
-                            opt.pipeline, bd);
+    PassResult r =
+        opt.gpu ? run_pass_gpu(m, *opt.gpu, lay, plans, kv, opt.pipeline, opt.gpu_kv_to_host, bd)
+                : run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr, blend_ratio,
+                           opt.pipeline, bd);
     logits = std::move(r.logits);
     kv.n_pos = lay.n_total;
     bd.n_active = r.n_active;

@@ -14,10 +14,14 @@
 
 namespace ct {
 
+namespace cuda {
+class Decoder;  // backend/cuda/decoder.h (CT_CUDA builds)
+}
+
 struct ComposedRequest {
-  std::vector<int32_t> prefix;          // recomputed (system prompt, template head)
+  std::vector<int32_t> prefix;             // recomputed (system prompt, template head)
   std::vector<const ChunkSource*> chunks;  // reused, in prompt order; the same chunk may repeat
-  std::vector<int32_t> query;           // recomputed; must not be empty
+  std::vector<int32_t> query;              // recomputed; must not be empty
 };
 
 // Where each piece landed: chunk b occupies global positions [chunk_offset[b], +n_tok).
@@ -32,18 +36,21 @@ RequestLayout layout_request(const ComposedRequest& r);
 
 // TTFT breakdown of one prefill (milliseconds).
 struct PrefillBreakdown {
-  double select_ms = 0;     // choosing the recompute set (incl. online passes' extra work)
+  double select_ms = 0;  // choosing the recompute set (incl. online passes' extra work)
   // Complement K/V: read + unpack to F32 + deferred RoPE, on whichever thread did the work.
   double load_ms = 0;
   // The exposed load cost: time the layer loop waited for the loader or did load work itself
   // (all of load_ms without overlap; RoPE when it runs on the compute thread).
   double load_wait_ms = 0;
-  double compute_ms = 0;    // decoder layers on the active rows (projections, attention, MLP)
+  double compute_ms = 0;  // decoder layers on the active rows (projections, attention, MLP)
   double logits_ms = 0;
   double total_ms = 0;
-  int n_total = 0;          // prompt length
-  int n_active = 0;         // rows recomputed in the layers after selection
-  int n_loaded = 0;         // chunk rows loaded per layer
+  int n_total = 0;   // prompt length
+  int n_active = 0;  // rows recomputed in the layers after selection
+  int n_loaded = 0;  // chunk rows loaded per layer
+  // GPU path only: copying the finished K/V cache back to the host for CPU decoding (after the
+  // first token's logits, so not part of TTFT; included in total_ms).
+  double kv_to_host_ms = 0;
 };
 
 // Remembers earlier requests' full KV to serve the `prefix` policy (longest exactly matching
@@ -79,7 +86,22 @@ struct SelectiveOptions {
   // averaged over query rows, heads and layers. F32 [n_total] on return.
   std::vector<float>* query_attention = nullptr;
   PrefixCache* prefix_cache = nullptr;  // required for PolicyKind::kPrefix
+  // Compute the layers on this GPU decoder (built from the same model, n_ctx >= the prompt)
+  // instead of the CPU: each layer's reused rows are read as stored (sparse: the complement's
+  // rank rows) into pinned memory, copied to the device and unpacked and rotated there
+  // (pipeline.overlap and rope_in_loader do not apply). On return the host kv holds the whole
+  // cache, as on the CPU path. Offline-selection policies only (full, reuse, cachetune, epic,
+  // random, l2, highfreq) and one K/V type per request; the others, and query_attention, are
+  // refused. On the GPU, PrefillBreakdown::compute_ms includes the logits and the waiting for
+  // the device; load_ms = load_wait_ms is the host's reading and queueing of the reused rows.
+  cuda::Decoder* gpu = nullptr;
+  // GPU only: copy the finished cache back into the host kv (false when decoding continues on
+  // the GPU; the host kv then holds only the reused rows).
+  bool gpu_kv_to_host = true;
 };
+
+// Whether SelectiveOptions::gpu can run policy k.
+bool gpu_policy_available(PolicyKind k);
 
 // Runs the prefill into kv (reset by the caller to at least n_total positions; on return
 // kv.n_pos = n_total, or the compacted length for lfonly) and returns the last position's logits.

@@ -237,6 +237,7 @@ json answer_stats(const Answer& a, const ChatRequest& r) {
     chunks.push_back({{"id", c.id}, {"n_tok", c.n_tok}, {"hit", c.hit}, {"tier", c.tier}});
   }
   json out = {{"policy", policy_name(r.sel.policy.kind)},
+              {"device", a.device},
               {"ratio", a.ratio},
               {"ttft_ms", a.ttft_ms},
               {"lookup_ms", a.lookup_ms},

@@ -88,11 +88,11 @@ void run_chunked(const GenerateArgs& a) {
     if (!ans.ratio_note.empty()) std::fprintf(stderr, "  ratio: %s\n", ans.ratio_note.c_str());
     const PrefillBreakdown& b = ans.prefill;
     std::fprintf(stderr,
-                 "  prompt %d tokens, recomputed %d rows/layer, loaded %d | TTFT %.1f ms = lookup "
-                 "%.1f + select %.1f + recompute %.1f + load wait %.1f (loader %.1f) + logits "
-                 "%.1f | decode %.1f tok/s\n",
-                 ans.n_prompt, b.n_active, b.n_loaded, ans.ttft_ms, ans.lookup_ms, b.select_ms,
-                 b.compute_ms, b.load_wait_ms, b.load_ms, b.logits_ms,
+                 "  [%s] prompt %d tokens, recomputed %d rows/layer, loaded %d | TTFT %.1f ms = "
+                 "lookup %.1f + select %.1f + recompute %.1f + load wait %.1f (loader %.1f) + "
+                 "logits %.1f | decode %.1f tok/s\n",
+                 ans.device.c_str(), ans.n_prompt, b.n_active, b.n_loaded, ans.ttft_ms,
+                 ans.lookup_ms, b.select_ms, b.compute_ms, b.load_wait_ms, b.load_ms, b.logits_ms,
                  ans.tokens.size() > 1 ? (ans.tokens.size() - 1) / (ans.decode_ms / 1e3) : 0.0);
     if (i == 0) {
       first_ttft = ans.ttft_ms;
@@ -177,6 +177,12 @@ void register_generate(CLI::App& app) {
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");
+  c->add_option("--device", a->engine.device,
+                "Chunk mode: where prefill and decoding run, cpu or cuda (policies the GPU path "
+                "lacks run on the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  c->add_option("--rank-device", a->engine.rank_device, "Where new chunks are ranked: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("-p,--prompt", a->prompt, "Prompt text");
   c->add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from a file");
   c->add_option("--system", a->system, "System message (chat mode)");

@@ -34,6 +34,7 @@ struct EngineFlags {
   double alpha = 0.5;
   bool no_sink = false;
   std::string rank_device = "cpu";
+  std::string device = "cpu";
 
   void add(CLI::App* c) {
     c->add_option("-m,--model", model, "GGUF model file (default: the cached SmolLM2)");
@@ -45,6 +46,11 @@ struct EngineFlags {
     c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
         ->capture_default_str();
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
+    c->add_option("--device", device,
+                  "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
+                  "policies the GPU path lacks fall back to the CPU)")
+        ->check(CLI::IsMember({"cpu", "cuda"}))
+        ->capture_default_str();
     c->add_option("--rank-device", rank_device,
                   "Where new chunks' frequency ranking runs: cpu (FFTW) or cuda (cuFFT; needs a "
                   "CT_CUDA build and a GPU)")
@@ -60,6 +66,7 @@ struct EngineFlags {
     o.encode.rank.alpha = alpha;
     o.encode.sink = !no_sink;
     o.encode.rank.device = rank_device == "cuda" ? RankDevice::kCuda : RankDevice::kCpu;
+    o.cuda = device == "cuda";
     return o;
   }
 };

@@ -18,7 +18,7 @@ int device_count();
 // transforms every channel of every matrix as a contiguous sequence and the norm kernel reads
 // neighbouring tokens from neighbouring addresses. (Packing them token-major side by side and
 // transforming with stride n_mat * kv_dim measured 1.9 ms for 60 x 192 x 3,000 on an H200:
-// bench/results/gpu_rank/v1_token_major.)
+// bench/results/gpu/rank_v1_token_major.)
 // Not thread-safe: one BandNorms per thread, or a lock around it. Throws ct::Error naming the
 // failing CUDA/cuFFT call (out of device memory, no device).
 class BandNorms {

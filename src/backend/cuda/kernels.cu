@@ -1,4 +1,6 @@
 // Kernels of the GPU frequency ranking (see band_norms.h): layout transpose, band mask, norms.
+#include <cuda_fp16.h>
+
 #include "backend/cuda/kernels.h"
 
 namespace ct::cuda {
@@ -49,7 +51,217 @@ __global__ void channel_norms(const float* __restrict__ y, int n_tok, int n_mat,
   mag[static_cast<size_t>(m) * n_tok + t] = sqrtf(acc) * scale;
 }
 
+// ---- decoder kernels ---------------------------------------------------------------------------
+
+constexpr int kBlock = 256;
+
+unsigned blocks_for(size_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
+
+__global__ void embed_rows(const float* __restrict__ table, const int32_t* __restrict__ tokens,
+                           int n, int dim, float* __restrict__ x) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * dim) return;
+  const int r = static_cast<int>(i / dim), c = static_cast<int>(i % dim);
+  x[i] = table[static_cast<size_t>(tokens[r]) * dim + c];
+}
+
+// Sum over a block of kBlock threads; every thread gets the total.
+__device__ float block_sum(float v, float* scratch) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < kBlock / 32; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ float block_max(float v, float* scratch) {
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = scratch[0];
+  for (int w = 1; w < kBlock / 32; ++w) m = fmaxf(m, scratch[w]);
+  __syncthreads();
+  return m;
+}
+
+__global__ void rms_norm_rows(const float* __restrict__ x, const float* __restrict__ w,
+                              float* __restrict__ y, int dim, float eps) {
+  __shared__ float scratch[kBlock / 32];
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * dim;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < dim; j += kBlock) ss += xr[j] * xr[j];
+  ss = block_sum(ss, scratch);
+  const float s = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
+  for (int j = threadIdx.x; j < dim; j += kBlock) yr[j] = xr[j] * s * w[j];
+}
+
+__global__ void add_bias_rows(float* __restrict__ y, const float* __restrict__ b, int n, int cols) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < static_cast<size_t>(n) * cols) y[i] += b[i % cols];
+}
+
+__global__ void rope_rows(float* __restrict__ x, int n, int stride, int n_heads, int head_dim,
+                          int half, const float* __restrict__ cs, const float* __restrict__ sn,
+                          bool neox) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * n_heads * half) return;
+  const int p = static_cast<int>(i % half);
+  const int h = static_cast<int>((i / half) % n_heads);
+  const int r = static_cast<int>(i / (static_cast<size_t>(half) * n_heads));
+  float* hd = x + static_cast<size_t>(r) * stride + static_cast<size_t>(h) * head_dim;
+  const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+  const float c = cs[static_cast<size_t>(r) * half + p], s = sn[static_cast<size_t>(r) * half + p];
+  const float x0 = hd[a], x1 = hd[b];
+  hd[a] = x0 * c - x1 * s;
+  hd[b] = x0 * s + x1 * c;
+}
+
+__global__ void scatter_rows(const float* __restrict__ src, int src_stride, int n, int cols,
+                             const int32_t* __restrict__ pos, float* __restrict__ dst) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * cols) return;
+  const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
+  dst[static_cast<size_t>(pos[r]) * cols + c] = src[static_cast<size_t>(r) * src_stride + c];
+}
+
+__global__ void causal_softmax_rows(float* __restrict__ s, int n, int n_keys,
+                                    const int32_t* __restrict__ pos) {
+  __shared__ float scratch[kBlock / 32];
+  const int row = blockIdx.x;  // over n_mat * n
+  float* sr = s + static_cast<size_t>(row) * n_keys;
+  const int last = pos[row % n];  // keys [0, last] are visible
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j <= last; j += kBlock) m = fmaxf(m, sr[j]);
+  m = block_max(m, scratch);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j <= last; j += kBlock) {
+    const float e = expf(sr[j] - m);
+    sr[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum, scratch);
+  const float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < n_keys; j += kBlock) sr[j] = j <= last ? sr[j] * inv : 0.0f;
+}
+
+__global__ void silu_mul_rows(const float* __restrict__ gu, int n, int n_ff,
+                              float* __restrict__ h) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * n_ff) return;
+  const size_t r = i / n_ff, j = i % n_ff;
+  const float g = gu[r * 2 * n_ff + j], u = gu[r * 2 * n_ff + n_ff + j];
+  h[i] = g / (1.0f + expf(-g)) * u;
+}
+
+__device__ float load_elem(const void* base, int type, size_t i) {
+  if (type == 0) return static_cast<const float*>(base)[i];
+  const unsigned short bits = static_cast<const unsigned short*>(base)[i];
+  if (type == 1) return __half2float(__ushort_as_half(bits));
+  return __uint_as_float(static_cast<unsigned int>(bits) << 16);  // BF16: the top half of an F32
+}
+
+// One thread per (row, channel) of the kv_dim channels: V is copied; K channel d of head h is
+// combined with its RoPE partner.
+__global__ void unpack_reused(const void* __restrict__ raw_k, const void* __restrict__ raw_v,
+                              int type, const int32_t* __restrict__ pos,
+                              const float* __restrict__ cs, const float* __restrict__ sn, int n,
+                              int n_head_kv, int head_dim, int half, bool neox,
+                              float* __restrict__ kc, float* __restrict__ vc) {
+  const int kv_dim = n_head_kv * head_dim;
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * kv_dim) return;
+  const int r = static_cast<int>(i / kv_dim), ch = static_cast<int>(i % kv_dim);
+  const int p = pos[r];
+  if (p < 0) return;
+  const size_t dst = static_cast<size_t>(p) * kv_dim + ch;
+  vc[dst] = load_elem(raw_v, type, i);
+  const int d = ch % head_dim;  // channel within its head
+  const size_t head0 = i - d;
+  float out;
+  if (d >= 2 * half) {
+    out = load_elem(raw_k, type, i);
+  } else {
+    // The pair (a, b) this channel belongs to and its frequency index q.
+    const int q = neox ? (d < half ? d : d - half) : d / 2;
+    const int a = neox ? q : 2 * q, b = neox ? q + half : 2 * q + 1;
+    const float x0 = load_elem(raw_k, type, head0 + a), x1 = load_elem(raw_k, type, head0 + b);
+    const float c = cs[static_cast<size_t>(r) * half + q],
+                s = sn[static_cast<size_t>(r) * half + q];
+    out = d == a ? x0 * c - x1 * s : x0 * s + x1 * c;
+  }
+  kc[dst] = out;
+}
+
 }  // namespace
+
+cudaError_t launch_unpack_reused(const void* raw_k, const void* raw_v, int type, const int32_t* pos,
+                                 const float* cos, const float* sin, int n, int n_head_kv,
+                                 int head_dim, int half, bool neox, float* kc, float* vc,
+                                 cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * n_head_kv * head_dim;
+  if (total == 0) return cudaSuccess;
+  unpack_reused<<<blocks_for(total), kBlock, 0, stream>>>(raw_k, raw_v, type, pos, cos, sin, n,
+                                                          n_head_kv, head_dim, half, neox, kc, vc);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embed(const float* table, const int32_t* tokens, int n, int dim, float* x,
+                         cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * dim;
+  if (total == 0) return cudaSuccess;
+  embed_rows<<<blocks_for(total), kBlock, 0, stream>>>(table, tokens, n, dim, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rms_norm(const float* x, const float* w, float* y, int n, int dim, float eps,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  rms_norm_rows<<<n, kBlock, 0, stream>>>(x, w, y, dim, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_bias(float* y, const float* b, int n, int cols, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * cols;
+  if (total == 0) return cudaSuccess;
+  add_bias_rows<<<blocks_for(total), kBlock, 0, stream>>>(y, b, n, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(float* x, int n, int stride, int n_heads, int head_dim, int half,
+                        const float* cos, const float* sin, bool neox, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * n_heads * half;
+  if (total == 0) return cudaSuccess;
+  rope_rows<<<blocks_for(total), kBlock, 0, stream>>>(x, n, stride, n_heads, head_dim, half, cos,
+                                                      sin, neox);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scatter_rows(const float* src, int src_stride, int n, int cols,
+                                const int32_t* pos, float* dst, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * cols;
+  if (total == 0) return cudaSuccess;
+  scatter_rows<<<blocks_for(total), kBlock, 0, stream>>>(src, src_stride, n, cols, pos, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_causal_softmax(float* s, int n_mat, int n, int n_keys, const int32_t* pos,
+                                  cudaStream_t stream) {
+  if (n_mat == 0 || n == 0) return cudaSuccess;
+  causal_softmax_rows<<<n_mat * n, kBlock, 0, stream>>>(s, n, n_keys, pos);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_mul(const float* gu, int n, int n_ff, float* h, cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * n_ff;
+  if (total == 0) return cudaSuccess;
+  silu_mul_rows<<<blocks_for(total), kBlock, 0, stream>>>(gu, n, n_ff, h);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_transpose(const float* src, int rows, int cols, float* dst,
                              cudaStream_t stream) {

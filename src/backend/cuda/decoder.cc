@@ -1,0 +1,399 @@
+// Decoder: weights on the device, cuBLAS FP32 GEMMs, and the kernels of kernels.cu; the same
+// operation order as Model::forward_layer on the CPU (see decoder.h).
+#include "backend/cuda/decoder.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "backend/cuda/kernels.h"
+#include "core/error.h"
+
+namespace ct::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  CT_THROW_IF_NOT(e == cudaSuccess, "CUDA: {} failed: {} ({})", what, cudaGetErrorString(e),
+                  static_cast<int>(e));
+}
+
+void check(cublasStatus_t s, const char* what) {
+  CT_THROW_IF_NOT(s == CUBLAS_STATUS_SUCCESS, "cuBLAS: {} failed with status {}", what,
+                  static_cast<int>(s));
+}
+
+// A device array that frees itself; grow() keeps the contents only when it need not reallocate.
+template <typename T>
+struct DeviceArray {
+  T* p = nullptr;
+  size_t n = 0;
+  DeviceArray() = default;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(p); }
+  void grow(size_t want, const char* what) {
+    if (want <= n) return;
+    cudaFree(p);
+    p = nullptr;
+    n = 0;
+    check(cudaMalloc(&p, want * sizeof(T)), what);
+    n = want;
+  }
+};
+
+}  // namespace
+
+struct Decoder::Impl {
+  DecoderDims d;
+  int n_ctx = 0;
+  size_t weight_bytes = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+
+  struct Layer {
+    DeviceArray<float> attn_norm, wqkv, bqkv, wo, ffn_norm, w_gate_up, w_down;
+    DeviceArray<float> k, v;  // F32 [n_ctx][kv_dim]: the cache of this layer
+  };
+  std::vector<Layer> layers;
+  DeviceArray<float> tok_embd, output, out_norm;
+
+  int n_rows = 0, n_keys = 0;  // the batch begin() set up
+
+  // Reused rows of the current request (set_reused_rows).
+  RowType reuse_type = RowType::kF32;
+  int reuse_n = 0;
+  size_t reuse_bytes = 0;  // one layer's K (or V) rows
+  DeviceArray<int32_t> reuse_pos;
+  DeviceArray<float> reuse_cos, reuse_sin;
+  DeviceArray<unsigned char> reuse_raw;  // [2][reuse_bytes]: K rows, then V rows
+  // Pinned host staging, two layers deep; `done` marks the slot's copy to the device finished.
+  struct PinnedSlot {
+    void* k = nullptr;
+    void* v = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  PinnedSlot slots[2];
+  // Scratch, grown to the largest batch.
+  DeviceArray<int32_t> tokens, pos, kv_pos;
+  DeviceArray<float> kv_stage;  // F32 [2][n][kv_dim]: rows of write_kv
+  DeviceArray<float> cos, sin, x, xn, qkv, attn, gu, h, scores, logits;
+
+  ~Impl() {
+    for (PinnedSlot& p : slots) {
+      if (p.done != nullptr) cudaEventSynchronize(p.done), cudaEventDestroy(p.done);
+      cudaFreeHost(p.k);
+      cudaFreeHost(p.v);
+    }
+    if (blas != nullptr) cublasDestroy(blas);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Host (pageable) to device on the decoder's stream, ordered with its kernels. From pageable
+  // memory the call returns once the source has been staged, so the caller may reuse it.
+  void to_device(void* dst, const void* src, size_t bytes, const char* what) {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
+  }
+
+  void upload(DeviceArray<float>& dst, const float* src, size_t n, const char* what) {
+    CT_THROW_IF_NOT(src != nullptr, "cuda::Decoder: weight {} is null", what);
+    dst.grow(n, what);
+    to_device(dst.p, src, n * sizeof(float), what);
+    weight_bytes += n * sizeof(float);
+  }
+
+  // y[n][out] = x[n][in] * W[out][in]^T + beta * y (row-major; column-major cuBLAS sees the
+  // transposes: y^T = W * x^T).
+  void gemm_wt(const float* x, int n, int in, const float* w, int out, float* y, float beta) {
+    const float one = 1.0f;
+    check(
+        cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, in, x, in, &beta, y, out),
+        "cublasSgemm");
+  }
+
+  void layer(int l, int n, int n_keys) {
+    const int E = d.n_embd, Q = d.q_dim(), KV = d.kv_dim(), F = d.n_ff, QKV = Q + 2 * KV;
+    const int hd = d.head_dim, G = d.n_head / d.n_head_kv;
+    Layer& w = layers[l];
+    check(launch_rms_norm(x.p, w.attn_norm.p, xn.p, n, E, d.rms_eps, stream), "rms_norm");
+    gemm_wt(xn.p, n, E, w.wqkv.p, QKV, qkv.p, 0.0f);
+    if (w.bqkv.p != nullptr) check(launch_add_bias(qkv.p, w.bqkv.p, n, QKV, stream), "add_bias");
+    const int half = d.n_rot / 2;
+    check(launch_rope(qkv.p, n, QKV, d.n_head, hd, half, cos.p, sin.p, d.neox, stream), "rope q");
+    check(launch_rope(qkv.p + Q, n, QKV, d.n_head_kv, hd, half, cos.p, sin.p, d.neox, stream),
+          "rope k");
+    check(launch_scatter_rows(qkv.p + Q, QKV, n, KV, pos.p, w.k.p, stream), "scatter k");
+    check(launch_scatter_rows(qkv.p + Q + KV, QKV, n, KV, pos.p, w.v.p, stream), "scatter v");
+
+    // Attention per KV head: its G query heads as one strided batch (the shared K and V have
+    // stride 0), scores F32 [G][n][n_keys], causal softmax by position, then P * V into the
+    // heads' columns of attn.
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd)), one = 1.0f, zero = 0.0f;
+    const long long s_stride = static_cast<long long>(n) * n_keys;
+    for (int g = 0; g < d.n_head_kv; ++g) {
+      check(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, n_keys, n, hd, &scale,
+                                      w.k.p + static_cast<size_t>(g) * hd, KV, 0,
+                                      qkv.p + static_cast<size_t>(g) * G * hd, QKV, hd, &zero,
+                                      scores.p, n_keys, s_stride, G),
+            "cublasSgemmStridedBatched(scores)");
+      check(launch_causal_softmax(scores.p, G, n, n_keys, pos.p, stream), "causal_softmax");
+      check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n_keys, &one,
+                                      w.v.p + static_cast<size_t>(g) * hd, KV, 0, scores.p, n_keys,
+                                      s_stride, &zero, attn.p + static_cast<size_t>(g) * G * hd, Q,
+                                      hd, G),
+            "cublasSgemmStridedBatched(values)");
+    }
+    gemm_wt(attn.p, n, Q, w.wo.p, E, x.p, 1.0f);  // x += attn * Wo^T
+    check(launch_rms_norm(x.p, w.ffn_norm.p, xn.p, n, E, d.rms_eps, stream), "rms_norm");
+    gemm_wt(xn.p, n, E, w.w_gate_up.p, 2 * F, gu.p, 0.0f);
+    check(launch_silu_mul(gu.p, n, F, h.p, stream), "silu_mul");
+    gemm_wt(h.p, n, F, w.w_down.p, E, x.p, 1.0f);  // x += h * Wdown^T
+  }
+};
+
+Decoder::Decoder(const DecoderDims& dims, const DecoderWeights& w, int n_ctx)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.d = dims;
+  s.n_ctx = n_ctx;
+  CT_THROW_IF_NOT(dims.n_layer >= 1 && dims.n_embd >= 1 && dims.n_head >= 1 &&
+                      dims.n_head_kv >= 1 && dims.n_head % dims.n_head_kv == 0 &&
+                      dims.head_dim >= 1 && dims.n_ff >= 1 && dims.n_vocab >= 1 &&
+                      dims.n_rot >= 2 && dims.n_rot % 2 == 0 && dims.n_rot <= dims.head_dim,
+                  "cuda::Decoder: inconsistent dimensions (layers {}, embd {}, heads {}/{}, head "
+                  "dim {}, rot {}, ff {}, vocab {})",
+                  dims.n_layer, dims.n_embd, dims.n_head, dims.n_head_kv, dims.head_dim, dims.n_rot,
+                  dims.n_ff, dims.n_vocab);
+  CT_THROW_IF_NOT(n_ctx >= 1, "cuda::Decoder: n_ctx = {}; expected >= 1", n_ctx);
+  CT_THROW_IF_NOT(w.layers.size() == static_cast<size_t>(dims.n_layer),
+                  "cuda::Decoder: {} layer weight sets for {} layers", w.layers.size(),
+                  dims.n_layer);
+  int n_dev = 0;
+  CT_THROW_IF_NOT(cudaGetDeviceCount(&n_dev) == cudaSuccess && n_dev > 0,
+                  "cuda::Decoder: no CUDA device is available");
+  check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cublasCreate(&s.blas), "cublasCreate");
+  check(cublasSetStream(s.blas, s.stream), "cublasSetStream");
+  // Plain FP32 (no TF32 tensor-op rounding), so the results track the CPU backend's SGEMM.
+  check(cublasSetMathMode(s.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  const size_t E = dims.n_embd, Q = dims.q_dim(), KV = dims.kv_dim(), F = dims.n_ff;
+  s.layers = std::vector<Impl::Layer>(dims.n_layer);
+  for (int l = 0; l < dims.n_layer; ++l) {
+    const DecoderLayerWeights& lw = w.layers[l];
+    Impl::Layer& L = s.layers[l];
+    s.upload(L.attn_norm, lw.attn_norm, E, "attn_norm");
+    s.upload(L.wqkv, lw.wqkv, (Q + 2 * KV) * E, "wqkv");
+    if (lw.bqkv != nullptr) s.upload(L.bqkv, lw.bqkv, Q + 2 * KV, "bqkv");
+    s.upload(L.wo, lw.wo, E * Q, "wo");
+    s.upload(L.ffn_norm, lw.ffn_norm, E, "ffn_norm");
+    s.upload(L.w_gate_up, lw.w_gate_up, 2 * F * E, "w_gate_up");
+    s.upload(L.w_down, lw.w_down, E * F, "w_down");
+    const size_t cache = static_cast<size_t>(n_ctx) * KV;
+    L.k.grow(cache, "cudaMalloc(K cache)");
+    L.v.grow(cache, "cudaMalloc(V cache)");
+    check(cudaMemsetAsync(L.k.p, 0, cache * sizeof(float), s.stream), "cudaMemset(K cache)");
+    check(cudaMemsetAsync(L.v.p, 0, cache * sizeof(float), s.stream), "cudaMemset(V cache)");
+  }
+  s.upload(s.tok_embd, w.tok_embd, static_cast<size_t>(dims.n_vocab) * E, "token_embd");
+  if (w.output == w.tok_embd) {
+    s.output.grow(0, "output");  // tied: forward() reads tok_embd
+  } else {
+    s.upload(s.output, w.output, static_cast<size_t>(dims.n_vocab) * E, "output");
+  }
+  s.upload(s.out_norm, w.out_norm, E, "output_norm");
+  s.logits.grow(dims.n_vocab, "cudaMalloc(logits)");
+  check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(upload)");
+}
+
+Decoder::~Decoder() = default;
+
+const DecoderDims& Decoder::dims() const { return impl_->d; }
+int Decoder::n_ctx() const { return impl_->n_ctx; }
+size_t Decoder::weight_bytes() const { return impl_->weight_bytes; }
+
+std::vector<float> Decoder::forward(const int32_t* tokens, const int32_t* pos, int n,
+                                    const float* cos, const float* sin) {
+  begin(tokens, pos, n, cos, sin);
+  for (int l = 0; l < impl_->d.n_layer; ++l) layer(l);
+  return finish();
+}
+
+void Decoder::begin(const int32_t* tokens, const int32_t* pos, int n, const float* cos,
+                    const float* sin) {
+  Impl& s = *impl_;
+  const DecoderDims& d = s.d;
+  CT_THROW_IF_NOT(n >= 1, "cuda::Decoder::begin: n = {}; expected >= 1", n);
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(pos[i] >= 0 && pos[i] < s.n_ctx && (i == 0 || pos[i] > pos[i - 1]),
+                    "cuda::Decoder::begin: pos[{}] = {}; expected strictly increasing "
+                    "positions in [0, {})",
+                    i, pos[i], s.n_ctx);
+    CT_THROW_IF_NOT(tokens[i] >= 0 && tokens[i] < d.n_vocab,
+                    "cuda::Decoder::begin: token {} at row {}; expected an id below {}", tokens[i],
+                    i, d.n_vocab);
+  }
+  const size_t E = d.n_embd, Q = d.q_dim(), KV = d.kv_dim(), F = d.n_ff;
+  const size_t half = d.n_rot / 2;
+  const size_t G = d.n_head / d.n_head_kv;
+  s.n_rows = n;
+  s.n_keys = pos[n - 1] + 1;
+  // The previous batch's work must be done before its scratch is reused or reallocated.
+  check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(begin)");
+  s.tokens.grow(n, "cudaMalloc(tokens)");
+  s.pos.grow(n, "cudaMalloc(pos)");
+  s.cos.grow(n * half, "cudaMalloc(cos)");
+  s.sin.grow(n * half, "cudaMalloc(sin)");
+  s.x.grow(n * E, "cudaMalloc(x)");
+  s.xn.grow(n * E, "cudaMalloc(xn)");
+  s.qkv.grow(n * (Q + 2 * KV), "cudaMalloc(qkv)");
+  s.attn.grow(n * Q, "cudaMalloc(attn)");
+  s.gu.grow(n * 2 * F, "cudaMalloc(gu)");
+  s.h.grow(n * F, "cudaMalloc(h)");
+  s.scores.grow(G * n * static_cast<size_t>(s.n_keys), "cudaMalloc(scores)");
+  s.to_device(s.tokens.p, tokens, n * sizeof(int32_t), "tokens");
+  s.to_device(s.pos.p, pos, n * sizeof(int32_t), "positions");
+  s.to_device(s.cos.p, cos, n * half * sizeof(float), "cos");
+  s.to_device(s.sin.p, sin, n * half * sizeof(float), "sin");
+  check(launch_embed(s.tok_embd.p, s.tokens.p, n, d.n_embd, s.x.p, s.stream), "embed");
+}
+
+void Decoder::write_kv(int l, const int32_t* pos, int n, const float* k, const float* v) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::write_kv: layer {} of {}", l,
+                  s.d.n_layer);
+  if (n == 0) return;
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(pos[i] >= 0 && pos[i] < s.n_ctx,
+                    "cuda::Decoder::write_kv: pos[{}] = {}; expected a position in [0, {})", i,
+                    pos[i], s.n_ctx);
+  }
+  const size_t KV = s.d.kv_dim(), rows = static_cast<size_t>(n) * KV;
+  // One staging area suffices: the copies below are ordered after the previous scatter that
+  // read it, on the same stream.
+  s.kv_pos.grow(n, "cudaMalloc(kv positions)");
+  s.kv_stage.grow(2 * rows, "cudaMalloc(kv staging)");
+  s.to_device(s.kv_pos.p, pos, n * sizeof(int32_t), "kv positions");
+  s.to_device(s.kv_stage.p, k, rows * sizeof(float), "K rows");
+  s.to_device(s.kv_stage.p + rows, v, rows * sizeof(float), "V rows");
+  const int cols = static_cast<int>(KV);
+  check(launch_scatter_rows(s.kv_stage.p, cols, n, cols, s.kv_pos.p, s.layers[l].k.p, s.stream),
+        "scatter K rows");
+  check(launch_scatter_rows(s.kv_stage.p + rows, cols, n, cols, s.kv_pos.p, s.layers[l].v.p,
+                            s.stream),
+        "scatter V rows");
+}
+
+void Decoder::set_reused_rows(RowType type, const int32_t* pos, int n, const float* cos,
+                              const float* sin) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(n >= 0, "cuda::Decoder::set_reused_rows: n = {}; expected >= 0", n);
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(pos[i] < s.n_ctx,
+                    "cuda::Decoder::set_reused_rows: pos[{}] = {}; expected a position below {}", i,
+                    pos[i], s.n_ctx);
+  }
+  const size_t elem = type == RowType::kF32 ? 4 : 2;
+  const size_t half = s.d.n_rot / 2;
+  s.reuse_type = type;
+  s.reuse_n = n;
+  s.reuse_bytes = static_cast<size_t>(n) * s.d.kv_dim() * elem;
+  if (n == 0) return;
+  s.reuse_pos.grow(n, "cudaMalloc(reused positions)");
+  s.reuse_cos.grow(n * half, "cudaMalloc(reused cos)");
+  s.reuse_sin.grow(n * half, "cudaMalloc(reused sin)");
+  s.reuse_raw.grow(2 * s.reuse_bytes, "cudaMalloc(reused rows)");
+  s.to_device(s.reuse_pos.p, pos, n * sizeof(int32_t), "reused positions");
+  s.to_device(s.reuse_cos.p, cos, n * half * sizeof(float), "reused cos");
+  s.to_device(s.reuse_sin.p, sin, n * half * sizeof(float), "reused sin");
+  for (Impl::PinnedSlot& p : s.slots) {
+    if (p.done == nullptr) {
+      check(cudaEventCreateWithFlags(&p.done, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    if (p.pending) check(cudaEventSynchronize(p.done), "cudaEventSynchronize(staging)");
+    p.pending = false;
+    if (p.bytes >= s.reuse_bytes) continue;
+    cudaFreeHost(p.k);
+    cudaFreeHost(p.v);
+    p.k = p.v = nullptr;
+    p.bytes = 0;
+    check(cudaMallocHost(&p.k, s.reuse_bytes), "cudaMallocHost(K staging)");
+    check(cudaMallocHost(&p.v, s.reuse_bytes), "cudaMallocHost(V staging)");
+    p.bytes = s.reuse_bytes;
+  }
+}
+
+std::pair<void*, void*> Decoder::reused_staging(int l) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(s.reuse_n > 0, "cuda::Decoder::reused_staging: no reused rows set");
+  Impl::PinnedSlot& p = s.slots[l & 1];
+  if (p.pending) check(cudaEventSynchronize(p.done), "cudaEventSynchronize(staging)");
+  p.pending = false;
+  return {p.k, p.v};
+}
+
+void Decoder::write_reused(int l) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::write_reused: layer {} of {}", l,
+                  s.d.n_layer);
+  if (s.reuse_n == 0) return;
+  Impl::PinnedSlot& p = s.slots[l & 1];
+  unsigned char* raw_k = s.reuse_raw.p;
+  unsigned char* raw_v = s.reuse_raw.p + s.reuse_bytes;
+  check(cudaMemcpyAsync(raw_k, p.k, s.reuse_bytes, cudaMemcpyHostToDevice, s.stream),
+        "cudaMemcpyAsync(reused K rows)");
+  check(cudaMemcpyAsync(raw_v, p.v, s.reuse_bytes, cudaMemcpyHostToDevice, s.stream),
+        "cudaMemcpyAsync(reused V rows)");
+  check(cudaEventRecord(p.done, s.stream), "cudaEventRecord(staging)");
+  p.pending = true;
+  check(launch_unpack_reused(raw_k, raw_v, static_cast<int>(s.reuse_type), s.reuse_pos.p,
+                             s.reuse_cos.p, s.reuse_sin.p, s.reuse_n, s.d.n_head_kv, s.d.head_dim,
+                             s.d.n_rot / 2, s.d.neox, s.layers[l].k.p, s.layers[l].v.p, s.stream),
+        "unpack_reused launch");
+}
+
+void Decoder::layer(int l) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(s.n_rows > 0, "cuda::Decoder::layer: begin() first");
+  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::layer: layer {} of {}", l,
+                  s.d.n_layer);
+  s.layer(l, s.n_rows, s.n_keys);
+}
+
+std::vector<float> Decoder::finish() {
+  Impl& s = *impl_;
+  const DecoderDims& d = s.d;
+  CT_THROW_IF_NOT(s.n_rows > 0, "cuda::Decoder::finish: begin() first");
+  // Output norm and head on the last row only.
+  const float* last = s.x.p + static_cast<size_t>(s.n_rows - 1) * d.n_embd;
+  check(launch_rms_norm(last, s.out_norm.p, s.xn.p, 1, d.n_embd, d.rms_eps, s.stream), "rms_norm");
+  s.gemm_wt(s.xn.p, 1, d.n_embd, s.output.p != nullptr ? s.output.p : s.tok_embd.p, d.n_vocab,
+            s.logits.p, 0.0f);
+  std::vector<float> out(d.n_vocab);
+  check(cudaMemcpyAsync(out.data(), s.logits.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                        s.stream),
+        "cudaMemcpyAsync(logits)");
+  check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(finish)");
+  return out;
+}
+
+void Decoder::read_kv(int l, int n_pos, float* k, float* v) const {
+  const Impl& s = *impl_;
+  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer && n_pos >= 0 && n_pos <= s.n_ctx,
+                  "cuda::Decoder::read_kv: layer {} rows {}; expected layer < {}, rows <= {}", l,
+                  n_pos, s.d.n_layer, s.n_ctx);
+  const size_t bytes = static_cast<size_t>(n_pos) * s.d.kv_dim() * sizeof(float);
+  check(cudaMemcpyAsync(k, s.layers[l].k.p, bytes, cudaMemcpyDeviceToHost, s.stream),
+        "cudaMemcpyAsync(K)");
+  check(cudaMemcpyAsync(v, s.layers[l].v.p, bytes, cudaMemcpyDeviceToHost, s.stream),
+        "cudaMemcpyAsync(V)");
+  check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(read_kv)");
+}
+
+void Decoder::synchronize() const {
+  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
+}
+
+}  // namespace ct::cuda

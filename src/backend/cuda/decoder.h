@@ -1,0 +1,105 @@
+// GPU forward pass of a Llama-family decoder (cuBLAS FP32 GEMMs plus small kernels), checked
+// against the CPU backend's Model::prefill (tests/cuda/decoder_test.cc). It takes plain weight
+// pointers, so this layer does not depend on src/model; src/model/cuda_decoder.h builds one from
+// a loaded Model. No CUDA types here (see band_norms.h). Only in CT_CUDA builds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace ct::cuda {
+
+struct DecoderDims {
+  int n_layer = 0, n_embd = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, n_vocab = 0;
+  int n_rot = 0;      // rotated dims per head (even, <= head_dim)
+  bool neox = false;  // RoPE pairs (i, i + n_rot/2) instead of (2i, 2i + 1)
+  float rms_eps = 1e-5f;
+  int q_dim() const { return n_head * head_dim; }
+  int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+// Host F32 weights of one block, matrices [out][in] row-major (as in model/model.h).
+struct DecoderLayerWeights {
+  const float* attn_norm = nullptr;  // [n_embd]
+  const float* wqkv = nullptr;       // [q_dim + 2*kv_dim][n_embd]
+  const float* bqkv = nullptr;       // [q_dim + 2*kv_dim] or null
+  const float* wo = nullptr;         // [n_embd][q_dim]
+  const float* ffn_norm = nullptr;   // [n_embd]
+  const float* w_gate_up = nullptr;  // [2*n_ff][n_embd]
+  const float* w_down = nullptr;     // [n_embd][n_ff]
+};
+
+struct DecoderWeights {
+  std::vector<DecoderLayerWeights> layers;
+  const float* tok_embd = nullptr;  // [n_vocab][n_embd]
+  const float* output = nullptr;    // [n_vocab][n_embd]
+  const float* out_norm = nullptr;  // [n_embd]
+};
+
+// Element type of reused K/V rows as stored in chunk records (store/chunk.h's KvDtype).
+enum class RowType { kF32, kF16, kBF16 };
+
+// One sequence on the GPU: the weights (uploaded once), a KV cache of n_ctx positions per layer
+// (post-RoPE keys and values, indexed by global position, like model/kv_cache.h) and scratch
+// grown to the largest batch. Not thread-safe. Throws ct::Error naming the failing CUDA or
+// cuBLAS call.
+class Decoder {
+ public:
+  Decoder(const DecoderDims& dims, const DecoderWeights& w, int n_ctx);
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  const DecoderDims& dims() const;
+  int n_ctx() const;
+  size_t weight_bytes() const;  // device memory held by the weights
+
+  // All layers on n tokens at global positions pos[n] (strictly increasing, < n_ctx), as
+  // Model::prefill: each layer writes the rows' K/V at their positions, then row i attends over
+  // cache rows [0, pos[i]], which must all be valid (written by this or an earlier call).
+  // cos, sin: F32 [n][n_rot/2], the rotation of each row's position (cpu::Rope::angle_table, so
+  // both backends rotate by the same angles). Returns the last row's logits, F32 [n_vocab].
+  // Equals begin(), layer(l) for every l, finish().
+  std::vector<float> forward(const int32_t* tokens, const int32_t* pos, int n, const float* cos,
+                             const float* sin);
+
+  // The same, a layer at a time, for selective recomputation: begin() embeds the active rows,
+  // write_kv() puts rows computed elsewhere (reused chunk K/V, post-RoPE) into layer l's cache
+  // before layer(l) reads them, finish() returns the last active row's logits. The calls queue
+  // work on the GPU and return before it is done (finish() waits), so host work between them,
+  // such as loading the next layer's rows, overlaps the GPU's.
+  void begin(const int32_t* tokens, const int32_t* pos, int n, const float* cos, const float* sin);
+  // k, v: host F32 [n][kv_dim] for positions pos[n] (any order, < n_ctx). Copied before return.
+  void write_kv(int l, const int32_t* pos, int n, const float* k, const float* v);
+  void layer(int l);
+  std::vector<float> finish();
+
+  // Reused chunk rows copied as stored and unpacked, rotated and placed on the device (the
+  // paper's transfer path: only the rows' bytes cross the bus, RoPE is deferred to the GPU).
+  // set_reused_rows describes the request's raw rows, the same in every layer: n rows of `type`
+  // (rank rows as read from the chunk records, one chunk after another), row r going to global
+  // position pos[r], or nowhere when pos[r] < 0 (a recomputed token inside a range read whole).
+  // cos, sin: F32 [n][n_rot/2], the rotation of each row's position (any values where pos < 0).
+  // It allocates pinned host staging for two layers.
+  void set_reused_rows(RowType type, const int32_t* pos, int n, const float* cos, const float* sin);
+  // Pinned host buffers to read layer l's raw K and V rows into ([n][kv_dim] elements of the row
+  // type each). Waits until the copy staged there two layers earlier has left.
+  std::pair<void*, void*> reused_staging(int l);
+  // Queues the copy of layer l's staged rows to the device, their unpacking to F32, the keys'
+  // RoPE at their positions and the scatter into layer l's cache; layer(l) then reads them.
+  void write_reused(int l);
+
+  // Copies the cache rows [0, n_pos) of layer l to the host: F32 [n_pos][kv_dim] each.
+  void read_kv(int l, int n_pos, float* k, float* v) const;
+
+  // Waits for the GPU (for timing).
+  void synchronize() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ct::cuda

@@ -1,0 +1,22 @@
+// The GPU decoder (backend/cuda/decoder.h) built from a loaded Model: its F32 weights uploaded,
+// RoPE angles from the model's own table so both backends rotate identically. CT_CUDA builds.
+#pragma once
+
+#ifdef CT_HAVE_CUDA
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/decoder.h"
+#include "model/model.h"
+
+namespace ct {
+
+std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx);
+
+// Model::prefill on the GPU: tokens at positions [pos0, pos0 + n) over a cache holding
+// [0, pos0). Returns the last row's logits.
+std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_t* tokens, int n,
+                                int pos0);
+
+}  // namespace ct
+#endif

@@ -1,0 +1,51 @@
+// The engine with --device cuda (EngineOptions::cuda) on a tiny random model: a cachetune answer
+// computed and decoded on the GPU equals the CPU engine's (greedy, same chunks), and a policy the
+// GPU path lacks runs on the CPU and says so. Skipped without a device.
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "reuse/freq_rank.h"
+#include "support/chunk_fixtures.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+const std::vector<std::string> kDocs = {
+    "The lighthouse on Gull Point was built in 1871 and painted red and white in 1903.",
+    "Marta Olsen kept the lighthouse for forty years and wrote a diary of every storm."};
+
+TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
+  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir;
+  test::TinyModelOptions o;
+  o.context_length = 512;
+  EngineOptions eo;
+  eo.model_path = test::write_tiny_model(dir.path() + "/m.gguf", o);
+  eo.tiers = {parse_tier_spec("host:64M")};
+  Engine cpu(eo);
+  eo.cuda = true;
+  Engine gpu(eo);
+  EXPECT_EQ(gpu.gpu_ctx(), 512);
+  GenerateOptions gen;
+  gen.max_tokens = 10;
+  gen.stop_at_eog = false;
+  for (PolicyKind kind : {PolicyKind::kCacheTune, PolicyKind::kFull, PolicyKind::kReuse}) {
+    SCOPED_TRACE(policy_name(kind));
+    SelectiveOptions sel;
+    sel.policy.kind = kind;
+    const Answer a = cpu.answer(kDocs, "Who kept it?", sel, gen);
+    const Answer b = gpu.answer(kDocs, "Who kept it?", sel, gen);
+    EXPECT_EQ(a.device, "cpu");
+    EXPECT_EQ(b.device, "cuda");
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.text, a.text);
+    EXPECT_EQ(b.prefill.n_active, a.prefill.n_active);
+  }
+  SelectiveOptions blend;
+  blend.policy.kind = PolicyKind::kCacheBlend;
+  EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", blend, gen).device, "cpu");
+}
+
+}  // namespace
+}  // namespace ct
