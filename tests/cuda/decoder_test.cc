@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/compare.h"
 #include "model/cuda_decoder.h"
 #include "reuse/freq_rank.h"
 #include "support/chunk_fixtures.h"
@@ -20,15 +21,9 @@ namespace {
 #define CT_REQUIRE_CUDA_DEVICE() \
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device"
 
-// max |a - b| relative to max(1, max |b|).
 double rel_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
-  double worst = 0.0, scale = 1.0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return worst / scale;
+  return test::rel_max_diff(a.data(), b.data(), std::min(a.size(), b.size()));
 }
 
 int argmax(const std::vector<float>& v) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/compare.h"
 #include "model/cuda_decoder.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
@@ -21,14 +22,7 @@
 namespace ct {
 namespace {
 
-double rel_max_diff(const float* a, const float* b, size_t n) {
-  double worst = 0.0, scale = 1.0;
-  for (size_t i = 0; i < n; ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return worst / scale;
-}
+using test::rel_max_diff;
 
 TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";

@@ -7,31 +7,11 @@
 #include <cstdint>
 #include <limits>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
 namespace ct::cuda {
-namespace {
-
-void check(cudaError_t e, const char* what) {
-  CT_THROW_IF_NOT(e == cudaSuccess, "CUDA: {} failed: {} ({})", what, cudaGetErrorString(e),
-                  static_cast<int>(e));
-}
-
-void check(cufftResult r, const char* what) {
-  CT_THROW_IF_NOT(r == CUFFT_SUCCESS, "cuFFT: {} failed with cufftResult {}", what,
-                  static_cast<int>(r));
-}
-
-template <typename T>
-T* device_alloc(size_t n, const char* what) {
-  void* p = nullptr;
-  if (n > 0) check(cudaMalloc(&p, n * sizeof(T)), what);
-  return static_cast<T*>(p);
-}
-
-}  // namespace
-
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -47,21 +27,17 @@ struct BandNorms::Impl {
   cudaStream_t stream = nullptr;
   cufftHandle r2c = 0, c2r = 0;
   bool have_plans = false;
-  float* x = nullptr;            // F32 [width][n_tok]: the uploaded matrices, channel-major
-  float* y = nullptr;            // F32 [width][n_tok]: band-limited x (times n_tok); also the
-                                 // token-major staging area [n_tok][width] during upload
-  cufftComplex* spec = nullptr;  // C64 [width][n_tok/2+1]
-  float* mag = nullptr;          // F32 [n_mat][n_tok]
+  DeviceArray<float> x;            // F32 [width][n_tok]: the uploaded matrices, channel-major
+  DeviceArray<float> y;            // F32 [width][n_tok]: band-limited x (times n_tok); also the
+                                   // token-major staging area [n_tok][width] during upload
+  DeviceArray<cufftComplex> spec;  // C64 [width][n_tok/2+1]
+  DeviceArray<float> mag;          // F32 [n_mat][n_tok]
 
   ~Impl() {
     if (have_plans) {
       cufftDestroy(r2c);
       cufftDestroy(c2r);
     }
-    cudaFree(x);
-    cudaFree(y);
-    cudaFree(spec);
-    cudaFree(mag);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
 };
@@ -89,11 +65,11 @@ BandNorms::BandNorms(int n_mat, int n_tok, int kv_dim) : impl_(std::make_unique<
   CT_THROW_IF_NOT(device_count() > 0, "BandNorms: no CUDA device is available");
   check(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const size_t cells = s.width * static_cast<size_t>(n_tok);
-  s.x = device_alloc<float>(cells, "cudaMalloc(packed K/V)");
-  s.y = device_alloc<float>(cells, "cudaMalloc(filtered K/V)");
-  s.mag = device_alloc<float>(static_cast<size_t>(n_mat) * n_tok, "cudaMalloc(norms)");
+  s.x.grow(cells, "cudaMalloc(packed K/V)");
+  s.y.grow(cells, "cudaMalloc(filtered K/V)");
+  s.mag.grow(static_cast<size_t>(n_mat) * n_tok, "cudaMalloc(norms)");
   if (n_tok >= 2) {
-    s.spec = device_alloc<cufftComplex>(s.width * n_bins, "cudaMalloc(spectrum)");
+    s.spec.grow(s.width * n_bins, "cudaMalloc(spectrum)");
     // width contiguous sequences: unit stride, one sequence after another.
     int n = n_tok, in_embed = n_tok, spec_embed = n_bins;
     const int w = static_cast<int>(s.width);
@@ -129,11 +105,11 @@ void BandNorms::upload(const std::vector<const float*>& mats) {
   // to the channel-major layout the transforms and norms read contiguously.
   for (int m = 0; m < s.n_mat; ++m) {
     check(
-        cudaMemcpy2DAsync(s.y + static_cast<size_t>(m) * s.kv_dim, s.width * sizeof(float), mats[m],
-                          row_bytes, row_bytes, s.n_tok, cudaMemcpyHostToDevice, s.stream),
+        cudaMemcpy2DAsync(s.y.p + static_cast<size_t>(m) * s.kv_dim, s.width * sizeof(float),
+                          mats[m], row_bytes, row_bytes, s.n_tok, cudaMemcpyHostToDevice, s.stream),
         "cudaMemcpy2DAsync(K/V to device)");
   }
-  check(launch_transpose(s.y, s.n_tok, static_cast<int>(s.width), s.x, s.stream),
+  check(launch_transpose(s.y.p, s.n_tok, static_cast<int>(s.width), s.x.p, s.stream),
         "transpose launch");
   check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(upload)");
 }
@@ -146,21 +122,21 @@ std::vector<float> BandNorms::run(bool filter, int lo, int hi) {
   CT_THROW_IF_NOT(!filter || (0 <= lo && lo < hi && hi <= n_bins),
                   "BandNorms::run: kept bins [{}, {}) of {}; expected 0 <= lo < hi <= {}", lo, hi,
                   n_bins, n_bins);
-  const float* src = s.x;
+  const float* src = s.x.p;
   float scale = 1.0f;
   // With one token the only bin is DC, which every filter keeps: the signal is unchanged.
   if (filter && s.n_tok >= 2) {
-    check(cufftExecR2C(s.r2c, s.x, s.spec), "cufftExecR2C");
-    check(launch_band_mask(reinterpret_cast<float2*>(s.spec), static_cast<int>(s.width), n_bins, lo,
-                           hi, s.stream),
+    check(cufftExecR2C(s.r2c, s.x.p, s.spec.p), "cufftExecR2C");
+    check(launch_band_mask(reinterpret_cast<float2*>(s.spec.p), static_cast<int>(s.width), n_bins,
+                           lo, hi, s.stream),
           "band mask launch");
-    check(cufftExecC2R(s.c2r, s.spec, s.y), "cufftExecC2R");
-    src = s.y;
+    check(cufftExecC2R(s.c2r, s.spec.p, s.y.p), "cufftExecC2R");
+    src = s.y.p;
     scale = 1.0f / static_cast<float>(s.n_tok);  // cuFFT's inverse is unnormalised
   }
-  check(launch_channel_norms(src, s.n_tok, s.n_mat, s.kv_dim, scale, s.mag, s.stream),
+  check(launch_channel_norms(src, s.n_tok, s.n_mat, s.kv_dim, scale, s.mag.p, s.stream),
         "channel norms launch");
-  check(cudaMemcpyAsync(out.data(), s.mag, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
+  check(cudaMemcpyAsync(out.data(), s.mag.p, out.size() * sizeof(float), cudaMemcpyDeviceToHost,
                         s.stream),
         "cudaMemcpyAsync(norms to host)");
   check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(run)");

@@ -7,43 +7,11 @@
 
 #include <cmath>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/kernels.h"
 #include "core/error.h"
 
 namespace ct::cuda {
-namespace {
-
-void check(cudaError_t e, const char* what) {
-  CT_THROW_IF_NOT(e == cudaSuccess, "CUDA: {} failed: {} ({})", what, cudaGetErrorString(e),
-                  static_cast<int>(e));
-}
-
-void check(cublasStatus_t s, const char* what) {
-  CT_THROW_IF_NOT(s == CUBLAS_STATUS_SUCCESS, "cuBLAS: {} failed with status {}", what,
-                  static_cast<int>(s));
-}
-
-// A device array that frees itself; grow() keeps the contents only when it need not reallocate.
-template <typename T>
-struct DeviceArray {
-  T* p = nullptr;
-  size_t n = 0;
-  DeviceArray() = default;
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(p); }
-  void grow(size_t want, const char* what) {
-    if (want <= n) return;
-    cudaFree(p);
-    p = nullptr;
-    n = 0;
-    check(cudaMalloc(&p, want * sizeof(T)), what);
-    n = want;
-  }
-};
-
-}  // namespace
-
 struct Decoder::Impl {
   DecoderDims d;
   int n_ctx = 0;
