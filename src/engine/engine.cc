@@ -254,7 +254,8 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
     sel.gpu = on_gpu ? gpu_.get() : nullptr;
     sel.gpu_kv_to_host = !on_gpu;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
-    KVCache kv = model_->make_cache(n_total + gen.max_tokens + 1);
+    // On the GPU the cache lives on the device; the host one is only needed on the CPU.
+    KVCache kv = on_gpu ? KVCache() : model_->make_cache(n_total + gen.max_tokens + 1);
     Workspace ws;
     std::vector<float> logits;
     try {

@@ -350,6 +350,17 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) 
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+  return encode_impl(text, parse_special, nullptr);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text,
+                                       const std::vector<std::pair<size_t, size_t>>& plain) const {
+  return encode_impl(text, true, &plain);
+}
+
+std::vector<int32_t> Tokenizer::encode_impl(
+    std::string_view text, bool parse_special,
+    const std::vector<std::pair<size_t, size_t>>* plain) const {
   // Split the text around special tokens first (llama.cpp's tokenizer_st_partition): each
   // special token in turn, longest first, cuts every occurrence out of the remaining raw text.
   // Control tokens are only recognised with parse_special; user-defined ones always are.
@@ -368,11 +379,25 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
         continue;
       }
       const std::string_view raw = text.substr(f.begin, f.end - f.begin);
+      // A control token overlapping a plain (user) range is text there, not a token.
+      auto in_plain = [&](size_t at) {
+        if (plain == nullptr || !is_special_type(sid)) return false;
+        const size_t b = f.begin + at, e = b + st.size();
+        for (const auto& [pb, pe] : *plain) {
+          if (b < pe && pb < e) return true;
+        }
+        return false;
+      };
       size_t pos = 0;
-      for (size_t at = raw.find(st); at != std::string_view::npos; at = raw.find(st, pos)) {
+      for (size_t at = raw.find(st); at != std::string_view::npos;) {
+        if (in_plain(at)) {
+          at = raw.find(st, at + 1);
+          continue;
+        }
         if (at > pos) next.push_back({-1, f.begin + pos, f.begin + at});
         next.push_back({sid, 0, 0});
         pos = at + st.size();
+        at = raw.find(st, pos);
       }
       if (pos < raw.size()) next.push_back({-1, f.begin + pos, f.end});
     }

@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace ct {
@@ -39,6 +40,12 @@ class Tokenizer {
   // decode(encode(text)) == text for valid UTF-8 free of such bytes. Never adds BOS; callers check
   // add_bos().
   std::vector<int32_t> encode(std::string_view text, bool parse_special) const;
+  // encode(text, true), except that control tokens are not recognised where they overlap the
+  // byte ranges `plain` ([begin, end) pairs): user text spliced into a chat template cannot forge
+  // <|im_start|> and the like, while the template's own special tokens still count. Inside those
+  // ranges the text tokenises as with parse_special = false (user-defined tokens still count).
+  std::vector<int32_t> encode(std::string_view text,
+                              const std::vector<std::pair<size_t, size_t>>& plain) const;
   // Concatenates token texts back to bytes (UTF-8). Special tokens are rendered as their text
   // when render_special, else skipped. User-defined tokens are always rendered (as in llama.cpp).
   // Throws ct::Error for an id outside [0, n_vocab).
@@ -88,6 +95,8 @@ class Tokenizer {
   std::vector<int32_t> eog_ids_;
 
   bool is_special_type(int32_t id) const;  // control or unknown: rendered only on request
+  std::vector<int32_t> encode_impl(std::string_view text, bool parse_special,
+                                   const std::vector<std::pair<size_t, size_t>>* plain) const;
   // Byte-pair encodes one pre-tokenizer piece and appends its ids.
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) const;
 };

@@ -10,27 +10,62 @@ std::vector<int32_t> tokenize_chunk(const Tokenizer& tok, const std::string& tex
   return tok.encode(text + "\n\n", /*parse_special=*/false);
 }
 
+namespace {
+
+// Text assembled from trusted template pieces and user pieces, remembering where the user's are.
+struct SplicedText {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> user;  // byte ranges [begin, end) of user text
+  void add(const std::string& piece, bool from_user) {
+    if (from_user && !piece.empty()) user.push_back({text.size(), text.size() + piece.size()});
+    text += piece;
+  }
+};
+
+std::string content_marker(size_t i) {
+  return std::string("\x01\x02") + "cachetune-" + std::to_string(i) + "\x02\x01";
+}
+
+}  // namespace
+
 RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
                                  const std::string& question, const std::string& instruction,
                                  const std::vector<ChatMessage>& history) {
-  // Render the template once with a marker as the user message, then split at the marker.
-  const std::string marker =
-      "\x01\x02"
-      "cachetune-user"
-      "\x02\x01";
-  std::vector<ChatMessage> msgs = history;
-  msgs.push_back({"user", marker});
+  // Render the template once with a marker in place of every message's content, splice the
+  // contents back in, and split at the final user message's marker. Text that came from the user
+  // (message contents, instruction, question) is tokenised without control-token parsing, so it
+  // cannot forge <|im_start|> and the like; the template's own special tokens are parsed.
+  std::vector<ChatMessage> msgs;
+  for (size_t i = 0; i < history.size(); ++i) msgs.push_back({history[i].role, content_marker(i)});
+  const std::string user_marker = content_marker(history.size());
+  msgs.push_back({"user", user_marker});
   const std::string rendered = tok.apply_chat_template(msgs, true);
-  const size_t at = rendered.find(marker);
+  const size_t at = rendered.find(user_marker);
   CT_ASSERT(at != std::string::npos, "chat template dropped the user message");
+  SplicedText head, tail;
+  size_t pos = 0;
+  for (size_t i = 0; i < history.size(); ++i) {
+    const std::string m = content_marker(i);
+    const size_t where = rendered.find(m, pos);
+    CT_ASSERT(where != std::string::npos && where < at,
+              "chat template dropped or reordered message {}", i);
+    head.add(rendered.substr(pos, where - pos), false);
+    head.add(history[i].content, true);
+    pos = where + m.size();
+  }
+  head.add(rendered.substr(pos, at - pos), false);
   const bool plain = instruction.empty();
-  const std::string head = rendered.substr(0, at) + (plain ? "" : instruction + "\n\n");
-  const std::string tail =
-      (plain ? "" : "Question: ") + question + rendered.substr(at + marker.size());
+  if (!plain) {
+    head.add(instruction, true);
+    head.add("\n\n", false);
+    tail.add("Question: ", false);
+  }
+  tail.add(question, true);
+  tail.add(rendered.substr(at + user_marker.size()), false);
   RagPromptTokens out;
-  out.prefix = tok.encode(head, /*parse_special=*/true);
+  out.prefix = tok.encode(head.text, head.user);
   for (const auto& c : chunks) out.chunks.push_back(tokenize_chunk(tok, c));
-  out.query = tok.encode(tail, /*parse_special=*/true);
+  out.query = tok.encode(tail.text, tail.user);
   return out;
 }
 

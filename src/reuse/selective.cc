@@ -485,7 +485,9 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   PrefillBreakdown bd;
   const RequestLayout lay = layout_request(req);
   const ModelConfig& c = m.config();
-  CT_THROW_IF_NOT(lay.n_total <= kv.n_ctx(),
+  // A GPU prefill that keeps its cache on the device does not touch the host kv.
+  const bool host_kv_unused = opt.gpu && !opt.gpu_kv_to_host;
+  CT_THROW_IF_NOT(host_kv_unused || lay.n_total <= kv.n_ctx(),
                   "composed prompt of {} tokens does not fit the {}-position KV cache", lay.n_total,
                   kv.n_ctx());
   for (const ChunkSource* ch : req.chunks) {

@@ -96,7 +96,7 @@ struct SelectiveOptions {
   // the device; load_ms = load_wait_ms is the host's reading and queueing of the reused rows.
   cuda::Decoder* gpu = nullptr;
   // GPU only: copy the finished cache back into the host kv (false when decoding continues on
-  // the GPU; the host kv then holds only the reused rows).
+  // the GPU; the host kv is then not touched and may be empty).
   bool gpu_kv_to_host = true;
 };
 

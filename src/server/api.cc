@@ -27,6 +27,10 @@ int int_field(const json& obj, const char* name, int lo, int hi, int fallback) {
     bad(name,
         fmt::format("'{}' is a {}; expected an integer in [{}, {}]", name, type_name(*v), lo, hi));
   }
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, v->get<uint64_t>(),
+                          lo, hi));
+  }
   const int64_t x = v->get<int64_t>();
   if (x < lo || x > hi) {
     bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, x, lo, hi));
@@ -84,7 +88,7 @@ std::string message_content(const json& m, const std::string& where) {
 json parse_json_body(const std::string& text) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers a double cannot hold
     throw RequestError(400, "", fmt::format("request body is not valid JSON: {}", e.what()));
   }
 }

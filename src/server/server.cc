@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <mutex>
+#include <thread>
 
 #include "core/error.h"
 #include "reuse/prompt.h"
@@ -129,8 +132,9 @@ struct Server::Impl {
     });
   }
 
-  // Maps the two error tiers onto HTTP: a refused request keeps its status; ct::Error (bad input
-  // the engine found, e.g. a prompt longer than the model's context) is 400.
+  // Maps errors onto HTTP: a refused request keeps its status (requests are checked before the
+  // engine runs: fields, prompt length, tier names); anything the engine throws afterwards
+  // (I/O, GPU memory, an unreadable chunk after re-encoding) is the server's failure, 500.
   template <typename F>
   void handle(httplib::Response& res, F&& f) {
     try {
@@ -138,7 +142,25 @@ struct Server::Impl {
     } catch (const RequestError& e) {
       send_error(res, e.status(), e.what(), e.param());
     } catch (const Error& e) {
-      send_error(res, 400, e.what());
+      send_error(res, 500, e.what());
+    }
+  }
+
+  // The prompt as the engine will build it must leave room for max_tokens in the model's
+  // context. Checked before anything is encoded or streamed (the model and tokenizer are
+  // immutable, so no engine lock is needed).
+  void check_length(const ChatRequest& r) const {
+    const Model& m = engine.model();
+    const RagPromptTokens p = build_rag_prompt(m.tokenizer(), r.chunks, r.question,
+                                               r.answer.instruction, r.answer.history);
+    size_t n = p.prefix.size() + p.query.size();
+    for (const auto& c : p.chunks) n += c.size();
+    const int ctx = m.config().n_ctx_train;
+    if (n + r.gen.max_tokens > static_cast<size_t>(ctx)) {
+      throw RequestError(400, "messages",
+                         fmt::format("prompt of {} tokens plus max_tokens {} exceeds the model "
+                                     "context of {} tokens",
+                                     n, r.gen.max_tokens, ctx));
     }
   }
 
@@ -155,6 +177,17 @@ struct Server::Impl {
     if (body.contains("tier")) {
       if (!body["tier"].is_string()) throw RequestError(400, "tier", "'tier' must be a string");
       tier = body["tier"].get<std::string>();
+      bool known = false;
+      std::string names;
+      for (const TierSpec& t : engine.options().tiers) {
+        known = known || t.kind == tier;
+        names += (names.empty() ? "" : ", ") + t.kind;
+      }
+      if (!known) {
+        throw RequestError(
+            400, "tier",
+            fmt::format("tier '{}' is not one of this server's tiers: {}", tier, names));
+      }
     }
     json data = json::array();
     std::lock_guard<std::mutex> lock(engine_mu);
@@ -174,6 +207,7 @@ struct Server::Impl {
   void chat(const httplib::Request& req, httplib::Response& res) {
     auto r =
         std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
+    check_length(*r);
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_now();
     if (!r->stream) {
@@ -187,50 +221,99 @@ struct Server::Impl {
     }
     // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, r, id, created](size_t, httplib::DataSink& sink) {
-          auto send_raw = [&](const std::string& s) {
-            if (!sink.write(s.data(), s.size())) throw ClientGone{};
-          };
-          auto send = [&](const json& j) { send_raw("data: " + dump(j) + "\n\n"); };
-          try {
-            send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
-            std::string pending;
-            AnswerOptions ao = r->answer;
-            ao.on_piece = [&](const std::string& piece) {
-              pending += piece;
-              const std::string ready = take_complete_utf8(pending);
-              if (!ready.empty()) send(chat_chunk(id, opt.model_id, created, ready, std::nullopt));
-            };
-            Answer a;
-            {
-              std::lock_guard<std::mutex> lock(engine_mu);
-              a = engine.answer(r->chunks, r->question, r->sel, r->gen, ao);
-            }
-            if (!pending.empty())
-              send(chat_chunk(id, opt.model_id, created, pending, std::nullopt));
-            json last = chat_chunk(id, opt.model_id, created, std::nullopt, std::nullopt,
-                                   finish_reason(a, *r));
-            const int n_out = static_cast<int>(a.tokens.size());
-            last["usage"] = {{"prompt_tokens", a.n_prompt},
-                             {"completion_tokens", n_out},
-                             {"total_tokens", a.n_prompt + n_out}};
-            last["cachetune"] = answer_stats(a, *r);
-            send(last);
-            send_raw("data: [DONE]\n\n");
-          } catch (const ClientGone&) {
-            return false;  // the client closed the connection; generation stopped with it
-          } catch (const std::exception& e) {
-            // Headers are gone already: report the failure as an event, then end the stream.
-            try {
-              send(error_body(dynamic_cast<const Error*>(&e) ? 400 : 500, e.what()));
-            } catch (const ClientGone&) {
-              return false;
-            }
-          }
-          sink.done();
-          return true;
-        });
+    res.set_chunked_content_provider("text/event-stream",
+                                     [this, r, id, created](size_t, httplib::DataSink& sink) {
+                                       return stream(*r, id, created, sink);
+                                     });
+  }
+
+  // Generation runs on its own thread under the engine lock and hands pieces over through a
+  // queue; this connection's thread writes them out. A slow reader delays only its own stream,
+  // not the engine, and a closed connection cancels generation at the next token.
+  bool stream(const ChatRequest& r, const std::string& id, int64_t created,
+              httplib::DataSink& sink) {
+    struct Shared {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::deque<std::string> pieces;
+      bool finished = false;
+      std::atomic<bool> cancel{false};
+      Answer answer;
+      std::exception_ptr error;
+    };
+    auto st = std::make_shared<Shared>();
+    std::thread gen([this, &r, st] {
+      AnswerOptions ao = r.answer;
+      ao.on_piece = [st](const std::string& piece) {
+        if (st->cancel) throw ClientGone{};
+        std::lock_guard<std::mutex> lk(st->mu);
+        st->pieces.push_back(piece);
+        st->cv.notify_one();
+      };
+      try {
+        std::lock_guard<std::mutex> lock(engine_mu);
+        Answer a = engine.answer(r.chunks, r.question, r.sel, r.gen, ao);
+        std::lock_guard<std::mutex> lk(st->mu);
+        st->answer = std::move(a);
+      } catch (const ClientGone&) {
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(st->mu);
+        st->error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(st->mu);
+      st->finished = true;
+      st->cv.notify_one();
+    });
+    auto send_raw = [&](const std::string& s) {
+      if (!sink.write(s.data(), s.size())) throw ClientGone{};
+    };
+    auto send = [&](const json& j) { send_raw("data: " + dump(j) + "\n\n"); };
+    bool client_gone = false;
+    try {
+      send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
+      std::string pending;
+      for (bool finished = false; !finished;) {
+        std::deque<std::string> batch;
+        {
+          std::unique_lock<std::mutex> lk(st->mu);
+          st->cv.wait(lk, [&] { return !st->pieces.empty() || st->finished; });
+          batch.swap(st->pieces);
+          finished = st->finished;  // set after the last piece was queued
+        }
+        for (const std::string& piece : batch) {
+          pending += piece;
+          const std::string ready = take_complete_utf8(pending);
+          if (!ready.empty()) send(chat_chunk(id, opt.model_id, created, ready, std::nullopt));
+        }
+      }
+      if (st->error) std::rethrow_exception(st->error);
+      if (!pending.empty()) send(chat_chunk(id, opt.model_id, created, pending, std::nullopt));
+      const Answer& a = st->answer;
+      json last =
+          chat_chunk(id, opt.model_id, created, std::nullopt, std::nullopt, finish_reason(a, r));
+      const int n_out = static_cast<int>(a.tokens.size());
+      last["usage"] = {{"prompt_tokens", a.n_prompt},
+                       {"completion_tokens", n_out},
+                       {"total_tokens", a.n_prompt + n_out}};
+      last["cachetune"] = answer_stats(a, r);
+      send(last);
+      send_raw("data: [DONE]\n\n");
+    } catch (const ClientGone&) {
+      client_gone = true;
+    } catch (const std::exception& e) {
+      // Headers are gone already: report the failure as an event, then end the stream. The
+      // request was checked before streaming began, so what fails now is the server's side.
+      try {
+        send(error_body(500, e.what()));
+      } catch (const ClientGone&) {
+        client_gone = true;
+      }
+    }
+    st->cancel = true;  // generation stops at its next token if it is still running
+    gen.join();
+    if (client_gone) return false;
+    sink.done();
+    return true;
   }
 };
 

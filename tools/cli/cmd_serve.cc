@@ -39,6 +39,15 @@ void run_serve(ServeArgs a) {
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
   so.limits.default_auto_ratio = auto_ratio;
+  const server::ApiLimits& check = so.limits;
+  CT_THROW_IF_NOT(check.max_tokens_limit >= 1, "--max-tokens-limit {}; expected >= 1",
+                  check.max_tokens_limit);
+  CT_THROW_IF_NOT(
+      check.default_max_tokens >= 1 && check.default_max_tokens <= check.max_tokens_limit,
+      "--default-max-tokens {}; expected 1 .. --max-tokens-limit ({})", check.default_max_tokens,
+      check.max_tokens_limit);
+  CT_THROW_IF_NOT(check.max_chunks >= 0, "--max-chunks {}; expected >= 0", check.max_chunks);
+  CT_THROW_IF_NOT(so.max_body_bytes >= 1, "--max-body {}; expected at least one byte", a.max_body);
   Engine eng(std::move(eo));
   if (so.model_id.empty()) {
     const std::string path =
@@ -51,9 +60,13 @@ void run_serve(ServeArgs a) {
   std::signal(SIGTERM, on_stop_signal);
   std::atomic<bool> done{false};
   // Signal handlers may only set a flag; this thread turns it into a clean stop.
+  // It keeps asking until serve() has returned: a stop() that lands before the listener runs
+  // would otherwise be lost.
   std::thread watcher([&] {
-    while (!done && !g_stop_requested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    srv.stop();
+    while (!done) {
+      if (g_stop_requested) srv.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   });
   std::fprintf(stderr,
                "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s (Ctrl-C stops)\n",
