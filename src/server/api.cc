@@ -259,9 +259,15 @@ json answer_stats(const Answer& a, const ChatRequest& r) {
   return out;
 }
 
+json usage(const Answer& a) {
+  const int n_out = static_cast<int>(a.tokens.size());
+  return {{"prompt_tokens", a.n_prompt},
+          {"completion_tokens", n_out},
+          {"total_tokens", a.n_prompt + n_out}};
+}
+
 json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
                    const std::string& model_id, int64_t created) {
-  const int n_out = static_cast<int>(a.tokens.size());
   return {{"id", id},
           {"object", "chat.completion"},
           {"created", created},
@@ -270,10 +276,7 @@ json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
            {{{"index", 0},
              {"message", {{"role", "assistant"}, {"content", a.text}}},
              {"finish_reason", finish_reason(a, r)}}}},
-          {"usage",
-           {{"prompt_tokens", a.n_prompt},
-            {"completion_tokens", n_out},
-            {"total_tokens", a.n_prompt + n_out}}},
+          {"usage", usage(a)},
           {"cachetune", answer_stats(a, r)}};
 }
 

@@ -62,6 +62,9 @@ nlohmann::json error_body(int status, const std::string& message, const std::str
 // Per-request engine figures returned under "cachetune" in responses.
 nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
 
+// OpenAI's usage object: prompt, completion and total token counts.
+nlohmann::json usage(const Answer& a);
+
 // A whole (non-streamed) chat.completion response.
 nlohmann::json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
                              const std::string& model_id, int64_t created);

@@ -291,10 +291,7 @@ struct Server::Impl {
       const Answer& a = st->answer;
       json last =
           chat_chunk(id, opt.model_id, created, std::nullopt, std::nullopt, finish_reason(a, r));
-      const int n_out = static_cast<int>(a.tokens.size());
-      last["usage"] = {{"prompt_tokens", a.n_prompt},
-                       {"completion_tokens", n_out},
-                       {"total_tokens", a.n_prompt + n_out}};
+      last["usage"] = usage(a);
       last["cachetune"] = answer_stats(a, r);
       send(last);
       send_raw("data: [DONE]\n\n");
