@@ -1,5 +1,6 @@
 // `cachetune serve`: the OpenAI-compatible HTTP server (src/server, docs/SERVER.md) over an
 // engine built from the usual engine flags. Ctrl-C / SIGTERM stop it cleanly.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -100,11 +101,18 @@ void register_serve(CLI::App& app) {
                 "Largest max_tokens a request may ask for")
       ->capture_default_str();
   c->add_option("--default-max-tokens", a->server.limits.default_max_tokens,
-                "max_tokens of requests that give none")
+                "max_tokens of requests that give none (at most --max-tokens-limit)")
       ->capture_default_str();
   c->add_option("--max-chunks", a->server.limits.max_chunks, "Most chunks in one request")
       ->capture_default_str();
-  c->callback([a] { run_serve(*a); });
+  c->callback([a, c] {
+    // Without an explicit default, a lower --max-tokens-limit lowers the default with it.
+    if (c->count("--default-max-tokens") == 0) {
+      a->server.limits.default_max_tokens =
+          std::min(a->server.limits.default_max_tokens, a->server.limits.max_tokens_limit);
+    }
+    run_serve(*a);
+  });
 }
 
 }  // namespace ct::cli
