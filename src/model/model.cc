@@ -188,9 +188,9 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
                           w.q_o.valid() && w.q_gate.valid() && w.q_up.valid() && w.q_down.valid();
   rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
   if (packed_row) {
-    cpu::qgemv(w.q_q, ws.xn.data(), ws.qkv.data());
-    cpu::qgemv(w.q_k, ws.xn.data(), ws.qkv.data() + Q);
-    cpu::qgemv(w.q_v, ws.xn.data(), ws.qkv.data() + Q + KV);
+    const cpu::QMatrix* qkv_w[3] = {&w.q_q, &w.q_k, &w.q_v};
+    float* qkv_y[3] = {ws.qkv.data(), ws.qkv.data() + Q, ws.qkv.data() + Q + KV};
+    cpu::qgemv_many(qkv_w, qkv_y, 3, ws.xn.data());
     for (size_t i = 0; i < w.bqkv.size(); ++i) ws.qkv[i] += w.bqkv[i];
   } else {
     matmul(ws.xn.data(), n, E, w.wqkv.data(), QKV, ws.qkv.data(),
@@ -251,8 +251,9 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
   if (packed_row) {
-    cpu::qgemv(w.q_gate, ws.xn.data(), ws.gu.data());
-    cpu::qgemv(w.q_up, ws.xn.data(), ws.gu.data() + F);
+    const cpu::QMatrix* gu_w[2] = {&w.q_gate, &w.q_up};
+    float* gu_y[2] = {ws.gu.data(), ws.gu.data() + F};
+    cpu::qgemv_many(gu_w, gu_y, 2, ws.xn.data());
   } else {
     matmul(ws.xn.data(), n, E, w.w_gate_up.data(), 2 * F, ws.gu.data(), nullptr);
   }
@@ -291,8 +292,9 @@ std::vector<float> Model::prefill(const int32_t* tokens, int n, int pos0, KVCach
                                   Workspace& ws, bool all_rows,
                                   const std::function<void(int, int)>& progress) const {
   CT_THROW_IF_NOT(n > 0, "prefill needs at least one token");
-  CT_THROW_IF_NOT(pos0 + n <= kv.n_ctx(), "prompt of {} tokens at position {} exceeds the {}-token cache",
-                  n, pos0, kv.n_ctx());
+  CT_THROW_IF_NOT(pos0 + n <= kv.n_ctx(),
+                  "prompt of {} tokens at position {} exceeds the {}-token cache", n, pos0,
+                  kv.n_ctx());
   const int E = cfg_.n_embd;
   std::vector<float> x((size_t)n * E);
   std::vector<int32_t> pos(n);

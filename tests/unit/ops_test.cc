@@ -1,15 +1,16 @@
 // CPU operators against their plain-loop references: SGEMM, RMSNorm, RoPE, SiLU, tiled attention
 // (odd sizes, GQA, sparse query positions, probability taps).
+#include "backend/cpu/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include "backend/cpu/ops.h"
 #include "backend/cpu/qgemv.h"
-#include "core/ggml_types.h"
 #include "backend/cpu/vec.h"
+#include "core/ggml_types.h"
 
 namespace ct::cpu {
 namespace {
@@ -199,6 +200,35 @@ TEST(QGemv, MatchesDequantisedReferenceForEveryPackedType) {
     qgemv_ref(w, x.data(), yr.data());
     EXPECT_LT(max_abs_diff(y, yr), 1e-4f) << ggml_type_name(t);
   }
+}
+
+TEST(QGemv, ManyEqualsSeparateCallsBitForBit) {
+  // Matrices of different types and heights sharing one input, as Q/K/V or gate/up do.
+  const int cols = 128;
+  const GgmlType types[3] = {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0};
+  const int rows[3] = {70, 33, 5};
+  std::vector<std::vector<uint8_t>> packed(3);
+  QMatrix w[3];
+  for (int m = 0; m < 3; ++m) {
+    const auto wf = randn((size_t)rows[m] * cols, 40 + m, 0.5f);
+    const size_t rb = ggml_row_bytes(types[m], cols);
+    packed[m].resize(rb * rows[m]);
+    for (int r = 0; r < rows[m]; ++r) {
+      ggml_from_f32(types[m], wf.data() + (size_t)r * cols, packed[m].data() + r * rb, cols);
+    }
+    w[m] = QMatrix{types[m], packed[m].data(), rows[m], cols, rb};
+  }
+  const auto x = randn(cols, 50);
+  std::vector<float> sep[3], many[3];
+  for (int m = 0; m < 3; ++m) {
+    sep[m].resize(rows[m]);
+    many[m].resize(rows[m]);
+    qgemv(w[m], x.data(), sep[m].data());
+  }
+  const QMatrix* ws[3] = {&w[0], &w[1], &w[2]};
+  float* ys[3] = {many[0].data(), many[1].data(), many[2].data()};
+  qgemv_many(ws, ys, 3, x.data());
+  for (int m = 0; m < 3; ++m) EXPECT_EQ(many[m], sep[m]) << ggml_type_name(types[m]);
 }
 
 }  // namespace

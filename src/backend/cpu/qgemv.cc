@@ -6,7 +6,6 @@
 #include <immintrin.h>
 
 #include <cstring>
-
 #include <vector>
 
 #include "backend/cpu/vec.h"
@@ -56,12 +55,60 @@ bool qgemv_supported(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
 }
 
-void qgemv(const QMatrix& w, const float* x, float* y) {
-  CT_ASSERT(qgemv_supported(w.type) && w.cols % kQK == 0, "type {} cols {}",
-            ggml_type_name(w.type), w.cols);
+namespace {
+
+// One output row: sum over the row's blocks. xsum: per-block sums of x (Q4_1 only).
+inline float qgemv_row(const QMatrix& w, int r, const float* x, const float* xsum) {
   const int nb = w.cols / kQK;
+  const uint8_t* row = w.data + (size_t)r * w.row_bytes;
+  __m256 acc = _mm256_setzero_ps();
+  float extra = 0;
+  if (w.type == GgmlType::Q8_0) {
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + (size_t)b * 34;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                            dot_int8(reinterpret_cast<const int8_t*>(blk + 2), x + b * kQK), acc);
+    }
+  } else if (w.type == GgmlType::Q4_1) {
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + (size_t)b * 20;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                            dot_nibbles(blk + 4, x + b * kQK, _mm256_setzero_ps()), acc);
+      extra += half(blk + 2) * xsum[b];
+    }
+  } else {  // Q4_0
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + (size_t)b * 18;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
+                            dot_nibbles(blk + 2, x + b * kQK, _mm256_set1_ps(-8.0f)), acc);
+    }
+  }
+  return hsum256_ps(acc) + extra;
+}
+
+}  // namespace
+
+void qgemv(const QMatrix& w, const float* x, float* y) {
+  const QMatrix* ws[1] = {&w};
+  float* ys[1] = {y};
+  qgemv_many(ws, ys, 1, x);
+}
+
+void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x) {
+  CT_ASSERT(n >= 1 && n <= kMaxMany, "qgemv_many: {} matrices", n);
+  int offset[kMaxMany + 1] = {0};
+  bool any_q4_1 = false;
+  for (int m = 0; m < n; ++m) {
+    const QMatrix& w = *ws[m];
+    CT_ASSERT(qgemv_supported(w.type) && w.cols % kQK == 0 && w.cols == ws[0]->cols,
+              "type {} cols {} (first matrix: {} cols)", ggml_type_name(w.type), w.cols,
+              ws[0]->cols);
+    offset[m + 1] = offset[m] + w.rows;
+    any_q4_1 = any_q4_1 || w.type == GgmlType::Q4_1;
+  }
+  const int nb = ws[0]->cols / kQK;
   std::vector<float> xsum;
-  if (w.type == GgmlType::Q4_1) {
+  if (any_q4_1) {
     xsum.resize(nb);
     for (int b = 0; b < nb; ++b) {
       float s = 0;
@@ -69,29 +116,13 @@ void qgemv(const QMatrix& w, const float* x, float* y) {
       xsum[b] = s;
     }
   }
-#pragma omp parallel for schedule(static) if (w.rows >= 64)
-  for (int r = 0; r < w.rows; ++r) {
-    const uint8_t* row = w.data + (size_t)r * w.row_bytes;
-    __m256 acc = _mm256_setzero_ps();
-    float extra = 0;
-    for (int b = 0; b < nb; ++b) {
-      const float* xb = x + b * kQK;
-      if (w.type == GgmlType::Q8_0) {
-        const uint8_t* blk = row + (size_t)b * 34;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
-                              dot_int8(reinterpret_cast<const int8_t*>(blk + 2), xb), acc);
-      } else if (w.type == GgmlType::Q4_1) {
-        const uint8_t* blk = row + (size_t)b * 20;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
-                              dot_nibbles(blk + 4, xb, _mm256_setzero_ps()), acc);
-        extra += half(blk + 2) * xsum[b];
-      } else {  // Q4_0
-        const uint8_t* blk = row + (size_t)b * 18;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)),
-                              dot_nibbles(blk + 2, xb, _mm256_set1_ps(-8.0f)), acc);
-      }
-    }
-    y[r] = hsum256_ps(acc) + extra;
+  // One parallel region over the rows of all the matrices: one fork/join instead of n.
+  const int total = offset[n];
+#pragma omp parallel for schedule(static) if (total >= 64)
+  for (int i = 0; i < total; ++i) {
+    int m = 0;
+    while (i >= offset[m + 1]) ++m;
+    ys[m][i - offset[m]] = qgemv_row(*ws[m], i - offset[m], x, xsum.data());
   }
 }
 

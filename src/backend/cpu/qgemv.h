@@ -23,6 +23,10 @@ bool qgemv_supported(GgmlType t);  // Q4_0, Q4_1, Q8_0
 
 // y[rows] = W x. cols must be a multiple of 32.
 void qgemv(const QMatrix& w, const float* x, float* y);
+// y_m = W_m x for n <= kMaxMany matrices sharing the input (Q, K, V; gate, up), in one parallel
+// region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
+constexpr int kMaxMany = 4;
+void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x);
 // Reference: dequantise each row (ggml_to_f32) and accumulate in double.
 void qgemv_ref(const QMatrix& w, const float* x, float* y);
 
