@@ -215,10 +215,26 @@ ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::st
 Answer Engine::answer(const std::vector<std::string>& docs, const std::string& question,
                       const SelectiveOptions& sel_in, const GenerateOptions& gen,
                       const AnswerOptions& opt) {
+  const Timer ttft;  // the prompt's tokenisation counts towards TTFT
+  return answer_from(
+      build_rag_prompt(model_->tokenizer(), docs, question, opt.instruction, opt.history), sel_in,
+      gen, opt, ttft);
+}
+
+Answer Engine::answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                      const GenerateOptions& gen, const AnswerOptions& opt) {
+  return answer_from(prompt, sel, gen, opt, Timer());
+}
+
+Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel_in,
+                           const GenerateOptions& gen, const AnswerOptions& opt,
+                           const Timer& ttft) {
+  const int n_total = p.n_tokens();
+  CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
+                  "prompt of {} tokens plus {} new tokens exceeds the model context of {}", n_total,
+                  gen.max_tokens, model_->config().n_ctx_train);
   Answer ans;
-  Timer ttft;
-  const RagPromptTokens p =
-      build_rag_prompt(model_->tokenizer(), docs, question, opt.instruction, opt.history);
+  ans.n_prompt = n_total;
   SelectiveOptions sel = sel_in;
   if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache)
     sel.prefix_cache = &prefix_cache_;
@@ -242,11 +258,6 @@ Answer Engine::answer(const std::vector<std::string>& docs, const std::string& q
       ans.ratio_note = choice.note;
     }
     ans.ratio = sel.policy.ratio;
-    const int n_total = layout_request(req).n_total;
-    ans.n_prompt = n_total;
-    CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
-                    "prompt of {} tokens plus {} new tokens exceeds the model context of {}",
-                    n_total, gen.max_tokens, model_->config().n_ctx_train);
     // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
     // stay on the CPU.
     const bool on_gpu =

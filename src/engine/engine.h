@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/timer.h"
 #include "model/generate.h"
 #include "reuse/encoder.h"
 #include "reuse/prompt.h"
@@ -126,12 +127,21 @@ class Engine {
   // from auto_ratio() for the lowest tier holding any of the chunks after lookup, replacing
   // sel.policy.ratio: the loader reads every chunk each layer, so the slowest medium sets the
   // load path. Not thread-safe: one request at a time per Engine.
+  // A prompt longer than the model's context (with gen.max_tokens) is refused before any chunk
+  // is looked up or encoded.
   Answer answer(const std::vector<std::string>& docs, const std::string& question,
                 const SelectiveOptions& sel, const GenerateOptions& gen,
                 const AnswerOptions& opt = {});
+  // The same for a prompt tokenised already (build_rag_prompt; opt.instruction and opt.history
+  // are not used), e.g. by a server that checked its length first.
+  Answer answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                const GenerateOptions& gen, const AnswerOptions& opt = {});
 
  private:
   int tier_index(const std::string& name) const;
+  // answer() from the tokenised prompt; `ttft` started when the request arrived.
+  Answer answer_from(const RagPromptTokens& p, const SelectiveOptions& sel,
+                     const GenerateOptions& gen, const AnswerOptions& opt, const Timer& ttft);
   EngineOptions opt_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<store::CachePool> pool_;

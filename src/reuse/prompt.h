@@ -15,6 +15,11 @@ struct RagPromptTokens {
   std::vector<int32_t> prefix;
   std::vector<std::vector<int32_t>> chunks;
   std::vector<int32_t> query;
+  int n_tokens() const {  // the composed prompt's length
+    size_t n = prefix.size() + query.size();
+    for (const auto& c : chunks) n += c.size();
+    return static_cast<int>(n);
+  }
 };
 
 // Default instruction for question answering over the documents.

@@ -27,13 +27,11 @@ int int_field(const json& obj, const char* name, int lo, int hi, int fallback) {
     bad(name,
         fmt::format("'{}' is a {}; expected an integer in [{}, {}]", name, type_name(*v), lo, hi));
   }
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
-    bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, v->get<uint64_t>(),
-                          lo, hi));
-  }
-  const int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) {
-    bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, x, lo, hi));
+  // Values above INT64_MAX are unsigned in the JSON: compare them as such, not wrapped.
+  const bool too_big = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi);
+  const int64_t x = too_big ? 0 : v->get<int64_t>();
+  if (too_big || x < lo || x > hi) {
+    bad(name, fmt::format("'{}' = {}; expected an integer in [{}, {}]", name, v->dump(), lo, hi));
   }
   return static_cast<int>(x);
 }
@@ -130,28 +128,7 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
   }
 
   // Chunk-aware extension: documents reused from the chunk cache.
-  if (const json* chunks = field(body, "chunks")) {
-    if (!chunks->is_array()) {
-      bad("chunks", "'chunks' is a " + type_name(*chunks) + "; expected an array of strings");
-    }
-    if (chunks->size() > static_cast<size_t>(limits.max_chunks)) {
-      bad("chunks", fmt::format("{} chunks given; this server takes at most {}", chunks->size(),
-                                limits.max_chunks));
-    }
-    for (size_t i = 0; i < chunks->size(); ++i) {
-      const json& c = (*chunks)[i];
-      if (!c.is_string() || c.get_ref<const std::string&>().empty()) {
-        bad("chunks", fmt::format("chunks[{}] is a {}; expected a non-empty string", i,
-                                  c.is_string() ? "empty string" : type_name(c)));
-      }
-      if (c.get_ref<const std::string&>().size() > limits.max_chunk_bytes) {
-        bad("chunks",
-            fmt::format("chunks[{}] has {} bytes; this server takes at most {} per chunk", i,
-                        c.get_ref<const std::string&>().size(), limits.max_chunk_bytes));
-      }
-      r.chunks.push_back(c.get<std::string>());
-    }
-  }
+  if (const json* chunks = field(body, "chunks")) r.chunks = parse_chunks(*chunks, limits);
 
   r.sel.policy = limits.default_policy;
   r.answer.auto_ratio = limits.default_auto_ratio;
@@ -221,6 +198,31 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     r.stream = s->get<bool>();
   }
   return r;
+}
+
+std::vector<std::string> parse_chunks(const json& chunks, const ApiLimits& limits) {
+  if (!chunks.is_array()) {
+    bad("chunks", "'chunks' is a " + type_name(chunks) + "; expected an array of strings");
+  }
+  if (chunks.size() > static_cast<size_t>(limits.max_chunks)) {
+    bad("chunks", fmt::format("{} chunks given; this server takes at most {}", chunks.size(),
+                              limits.max_chunks));
+  }
+  std::vector<std::string> out;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const json& c = chunks[i];
+    if (!c.is_string() || c.get_ref<const std::string&>().empty()) {
+      bad("chunks", fmt::format("chunks[{}] is a {}; expected a non-empty string", i,
+                                c.is_string() ? "empty string" : type_name(c)));
+    }
+    const std::string& text = c.get_ref<const std::string&>();
+    if (text.size() > limits.max_chunk_bytes) {
+      bad("chunks", fmt::format("chunks[{}] has {} bytes; this server takes at most {} per chunk",
+                                i, text.size(), limits.max_chunk_bytes));
+    }
+    out.push_back(text);
+  }
+  return out;
 }
 
 json error_body(int status, const std::string& message, const std::string& param) {

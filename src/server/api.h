@@ -47,6 +47,10 @@ struct ChatRequest {
   std::string model;  // as the client named it (echoed back); may be empty
 };
 
+// The "chunks" array of a request: non-empty strings, at most limits.max_chunks of them, each at
+// most limits.max_chunk_bytes. Throws RequestError (400, param "chunks") otherwise.
+std::vector<std::string> parse_chunks(const nlohmann::json& chunks, const ApiLimits& limits);
+
 // Parses and validates a /v1/chat/completions body. Throws RequestError (400) naming the field,
 // the value and what was expected.
 ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);

@@ -146,33 +146,29 @@ struct Server::Impl {
     }
   }
 
-  // The prompt as the engine will build it must leave room for max_tokens in the model's
-  // context. Checked before anything is encoded or streamed (the model and tokenizer are
-  // immutable, so no engine lock is needed).
-  void check_length(const ChatRequest& r) const {
+  // Tokenises the prompt as the engine will lay it out and checks that it leaves room for
+  // max_tokens in the model's context, before anything is encoded or streamed (the model and
+  // tokenizer are immutable, so no engine lock is needed). The engine answers from these tokens.
+  RagPromptTokens prompt_of(const ChatRequest& r) const {
     const Model& m = engine.model();
-    const RagPromptTokens p = build_rag_prompt(m.tokenizer(), r.chunks, r.question,
-                                               r.answer.instruction, r.answer.history);
-    size_t n = p.prefix.size() + p.query.size();
-    for (const auto& c : p.chunks) n += c.size();
-    const int ctx = m.config().n_ctx_train;
-    if (n + r.gen.max_tokens > static_cast<size_t>(ctx)) {
+    RagPromptTokens p = build_rag_prompt(m.tokenizer(), r.chunks, r.question, r.answer.instruction,
+                                         r.answer.history);
+    const int n = p.n_tokens(), ctx = m.config().n_ctx_train;
+    if (n + r.gen.max_tokens > ctx) {
       throw RequestError(400, "messages",
                          fmt::format("prompt of {} tokens plus max_tokens {} exceeds the model "
                                      "context of {} tokens",
                                      n, r.gen.max_tokens, ctx));
     }
+    return p;
   }
 
   void ingest(const httplib::Request& req, httplib::Response& res) {
     const json body = parse_json_body(req.body);
-    if (!body.is_object() || !body.contains("chunks") || !body["chunks"].is_array()) {
+    if (!body.is_object() || !body.contains("chunks")) {
       throw RequestError(400, "chunks", "expected {\"chunks\": [\"document text\", ...]}");
     }
-    // The same checks as chunks in a chat request.
-    ChatRequest probe = parse_chat_request(
-        {{"messages", {{{"role", "user"}, {"content", ""}}}}, {"chunks", body["chunks"]}},
-        opt.limits);
+    const std::vector<std::string> docs = parse_chunks(body["chunks"], opt.limits);
     std::string tier;
     if (body.contains("tier")) {
       if (!body["tier"].is_string()) throw RequestError(400, "tier", "'tier' must be a string");
@@ -191,7 +187,7 @@ struct Server::Impl {
     }
     json data = json::array();
     std::lock_guard<std::mutex> lock(engine_mu);
-    for (const std::string& text : probe.chunks) {
+    for (const std::string& text : docs) {
       const ChunkInfo c =
           engine.ensure_chunk(tokenize_chunk(engine.model().tokenizer(), text), tier);
       data.push_back({{"id", c.id},
@@ -207,31 +203,31 @@ struct Server::Impl {
   void chat(const httplib::Request& req, httplib::Response& res) {
     auto r =
         std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
-    check_length(*r);
+    auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_now();
     if (!r->stream) {
       Answer a;
       {
         std::lock_guard<std::mutex> lock(engine_mu);
-        a = engine.answer(r->chunks, r->question, r->sel, r->gen, r->answer);
+        a = engine.answer(*prompt, r->sel, r->gen, r->answer);
       }
       send_json(res, 200, chat_response(a, *r, id, opt.model_id, created));
       return;
     }
     // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
-    res.set_chunked_content_provider("text/event-stream",
-                                     [this, r, id, created](size_t, httplib::DataSink& sink) {
-                                       return stream(*r, id, created, sink);
-                                     });
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, r, prompt, id, created](size_t, httplib::DataSink& sink) {
+          return stream(*r, *prompt, id, created, sink);
+        });
   }
 
   // Generation runs on its own thread under the engine lock and hands pieces over through a
   // queue; this connection's thread writes them out. A slow reader delays only its own stream,
   // not the engine, and a closed connection cancels generation at the next token.
-  bool stream(const ChatRequest& r, const std::string& id, int64_t created,
-              httplib::DataSink& sink) {
+  bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
+              int64_t created, httplib::DataSink& sink) {
     struct Shared {
       std::mutex mu;
       std::condition_variable cv;
@@ -242,7 +238,7 @@ struct Server::Impl {
       std::exception_ptr error;
     };
     auto st = std::make_shared<Shared>();
-    std::thread gen([this, &r, st] {
+    std::thread gen([this, &r, &prompt, st] {
       AnswerOptions ao = r.answer;
       ao.on_piece = [st](const std::string& piece) {
         if (st->cancel) throw ClientGone{};
@@ -252,7 +248,7 @@ struct Server::Impl {
       };
       try {
         std::lock_guard<std::mutex> lock(engine_mu);
-        Answer a = engine.answer(r.chunks, r.question, r.sel, r.gen, ao);
+        Answer a = engine.answer(prompt, r.sel, r.gen, ao);
         std::lock_guard<std::mutex> lk(st->mu);
         st->answer = std::move(a);
       } catch (const ClientGone&) {

@@ -157,5 +157,24 @@ TEST_F(EngineRecoveryTest, TruncatedWhileStopped) {
   EXPECT_TRUE(disk(eng).verify(id));
 }
 
+// A prompt that cannot fit the model's context (1,024 tokens here) is refused before any of its
+// chunks is encoded: nothing reaches the cache.
+TEST_F(EngineRecoveryTest, OverlongPromptIsRefusedBeforeEncoding) {
+  Engine eng(options());
+  std::string doc;
+  for (int i = 0; i < 700; ++i) doc += "storm ";
+  SelectiveOptions sel;
+  GenerateOptions gen;
+  gen.max_tokens = 8;
+  try {
+    eng.answer({doc, doc + "again"}, kQuestion, sel, gen);
+    FAIL() << "expected ct::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the model context"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(cache_.path())) << "a chunk was encoded before the refusal";
+}
+
 }  // namespace
 }  // namespace ct
