@@ -104,6 +104,23 @@ void set_selection(ChunkPlan& p, const std::vector<int32_t>& sel) {
   p.load_begin = j;
 }
 
+// First rank row read per layer for a plan: load_begin with sparse loading, else 0.
+int read_begin(const ChunkPlan& p, bool sparse) { return sparse ? p.load_begin : 0; }
+
+// The global position of every rank row read per layer, chunk after chunk in read order, or -1
+// for a recomputed token inside the read range. The same in every layer.
+std::vector<int32_t> read_row_positions(const std::vector<ChunkPlan>& plans, bool sparse) {
+  std::vector<int32_t> pos;
+  for (const ChunkPlan& p : plans) {
+    const ChunkMeta& meta = p.c->meta();
+    for (int j = read_begin(p, sparse); j < meta.n_tok; ++j) {
+      const int t = meta.order[j];
+      pos.push_back(p.selected[t] ? -1 : p.offset + t);
+    }
+  }
+  return pos;
+}
+
 // Fills each layer's reused chunk rows of the KV cache: reads the rank rows from the chunk's
 // source into a staging buffer, unpacks the non-selected ones to F32 at their global positions
 // and applies deferred RoPE there. With overlap, a loader thread works ahead of the layer loop
@@ -120,13 +137,9 @@ class LayerLoader {
         n_layer_(m.config().n_layer),
         ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
-    // The loaded positions are the same in every layer: the non-selected tokens, in the order
-    // their rank rows are read.
-    for (const ChunkPlan& p : plans_) {
-      const ChunkMeta& meta = p.c->meta();
-      for (int j = opt_.sparse ? p.load_begin : 0; j < meta.n_tok; ++j) {
-        if (!p.selected[meta.order[j]]) pos_.push_back(p.offset + meta.order[j]);
-      }
+    // The loaded positions: the non-selected tokens, in the order their rank rows are read.
+    for (int32_t g : read_row_positions(plans_, opt_.sparse)) {
+      if (g >= 0) pos_.push_back(g);
     }
     n_rows = (int)pos_.size();
     if (opt_.overlap) {
@@ -190,7 +203,7 @@ class LayerLoader {
     for (const ChunkPlan& p : plans_) {
       const ChunkMeta& meta = p.c->meta();
       const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
-      const int begin = opt_.sparse ? p.load_begin : 0;
+      const int begin = read_begin(p, opt_.sparse);
       const size_t bytes = row_bytes * (meta.n_tok - begin);
       if (bytes == 0) continue;
       if (stage_k_.size() < bytes) {
@@ -397,21 +410,14 @@ PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout&
 
   // The raw rows read per layer, chunk after chunk, and where each goes (-1: recomputed).
   const KvDtype dtype = plans.empty() ? KvDtype::F16 : plans[0].c->meta().dtype;
-  std::vector<int32_t> raw_pos;
-  std::vector<int> read_begin(plans.size());
-  for (size_t b = 0; b < plans.size(); ++b) {
-    const ChunkPlan& p = plans[b];
+  for (const ChunkPlan& p : plans) {
     const ChunkMeta& meta = p.c->meta();
     CT_THROW_IF_NOT(meta.dtype == dtype,
                     "GPU prefill needs one K/V type per request; chunk {} is {}, chunk {} is {}",
                     meta.id.substr(0, 12), kv_dtype_name(meta.dtype),
                     plans[0].c->meta().id.substr(0, 12), kv_dtype_name(dtype));
-    read_begin[b] = popt.sparse ? p.load_begin : 0;
-    for (int j = read_begin[b]; j < meta.n_tok; ++j) {
-      const int t = meta.order[j];
-      raw_pos.push_back(p.selected[t] ? -1 : p.offset + t);
-    }
   }
+  const std::vector<int32_t> raw_pos = read_row_positions(plans, popt.sparse);
   int n_loaded = 0;
   for (int32_t g : raw_pos) n_loaded += g >= 0;
   std::vector<float> rcos, rsin;
@@ -434,12 +440,12 @@ PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout&
       Timer lt;
       auto [k_dst, v_dst] = dec.reused_staging(l);
       size_t off = 0;
-      for (size_t b = 0; b < plans.size(); ++b) {
-        const int n_tok = plans[b].c->meta().n_tok;
-        if (read_begin[b] == n_tok) continue;
-        plans[b].c->read_rows(l, read_begin[b], n_tok, static_cast<uint8_t*>(k_dst) + off,
-                              static_cast<uint8_t*>(v_dst) + off);
-        off += row_bytes * (n_tok - read_begin[b]);
+      for (const ChunkPlan& p : plans) {
+        const int begin = read_begin(p, popt.sparse), n_tok = p.c->meta().n_tok;
+        if (begin == n_tok) continue;
+        p.c->read_rows(l, begin, n_tok, static_cast<uint8_t*>(k_dst) + off,
+                       static_cast<uint8_t*>(v_dst) + off);
+        off += row_bytes * (n_tok - begin);
       }
       dec.write_reused(l);
       load_ms += lt.ms();

@@ -15,7 +15,6 @@ namespace ct::cuda {
 struct Decoder::Impl {
   DecoderDims d;
   int n_ctx = 0;
-  size_t weight_bytes = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
 
@@ -45,8 +44,7 @@ struct Decoder::Impl {
   };
   PinnedSlot slots[2];
   // Scratch, grown to the largest batch.
-  DeviceArray<int32_t> tokens, pos, kv_pos;
-  DeviceArray<float> kv_stage;  // F32 [2][n][kv_dim]: rows of write_kv
+  DeviceArray<int32_t> tokens, pos;
   DeviceArray<float> cos, sin, x, xn, qkv, attn, gu, h, scores, logits;
 
   ~Impl() {
@@ -70,7 +68,6 @@ struct Decoder::Impl {
     CT_THROW_IF_NOT(src != nullptr, "cuda::Decoder: weight {} is null", what);
     dst.grow(n, what);
     to_device(dst.p, src, n * sizeof(float), what);
-    weight_bytes += n * sizeof(float);
   }
 
   // y[n][out] = x[n][in] * W[out][in]^T + beta * y (row-major; column-major cuBLAS sees the
@@ -180,7 +177,6 @@ Decoder::~Decoder() = default;
 
 const DecoderDims& Decoder::dims() const { return impl_->d; }
 int Decoder::n_ctx() const { return impl_->n_ctx; }
-size_t Decoder::weight_bytes() const { return impl_->weight_bytes; }
 
 std::vector<float> Decoder::forward(const int32_t* tokens, const int32_t* pos, int n,
                                     const float* cos, const float* sin) {
@@ -226,32 +222,6 @@ void Decoder::begin(const int32_t* tokens, const int32_t* pos, int n, const floa
   s.to_device(s.cos.p, cos, n * half * sizeof(float), "cos");
   s.to_device(s.sin.p, sin, n * half * sizeof(float), "sin");
   check(launch_embed(s.tok_embd.p, s.tokens.p, n, d.n_embd, s.x.p, s.stream), "embed");
-}
-
-void Decoder::write_kv(int l, const int32_t* pos, int n, const float* k, const float* v) {
-  Impl& s = *impl_;
-  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::write_kv: layer {} of {}", l,
-                  s.d.n_layer);
-  if (n == 0) return;
-  for (int i = 0; i < n; ++i) {
-    CT_THROW_IF_NOT(pos[i] >= 0 && pos[i] < s.n_ctx,
-                    "cuda::Decoder::write_kv: pos[{}] = {}; expected a position in [0, {})", i,
-                    pos[i], s.n_ctx);
-  }
-  const size_t KV = s.d.kv_dim(), rows = static_cast<size_t>(n) * KV;
-  // One staging area suffices: the copies below are ordered after the previous scatter that
-  // read it, on the same stream.
-  s.kv_pos.grow(n, "cudaMalloc(kv positions)");
-  s.kv_stage.grow(2 * rows, "cudaMalloc(kv staging)");
-  s.to_device(s.kv_pos.p, pos, n * sizeof(int32_t), "kv positions");
-  s.to_device(s.kv_stage.p, k, rows * sizeof(float), "K rows");
-  s.to_device(s.kv_stage.p + rows, v, rows * sizeof(float), "V rows");
-  const int cols = static_cast<int>(KV);
-  check(launch_scatter_rows(s.kv_stage.p, cols, n, cols, s.kv_pos.p, s.layers[l].k.p, s.stream),
-        "scatter K rows");
-  check(launch_scatter_rows(s.kv_stage.p + rows, cols, n, cols, s.kv_pos.p, s.layers[l].v.p,
-                            s.stream),
-        "scatter V rows");
 }
 
 void Decoder::set_reused_rows(RowType type, const int32_t* pos, int n, const float* cos,
@@ -358,10 +328,6 @@ void Decoder::read_kv(int l, int n_pos, float* k, float* v) const {
   check(cudaMemcpyAsync(v, s.layers[l].v.p, bytes, cudaMemcpyDeviceToHost, s.stream),
         "cudaMemcpyAsync(V)");
   check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(read_kv)");
-}
-
-void Decoder::synchronize() const {
-  check(cudaStreamSynchronize(impl_->stream), "cudaStreamSynchronize");
 }
 
 }  // namespace ct::cuda

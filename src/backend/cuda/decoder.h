@@ -54,7 +54,6 @@ class Decoder {
 
   const DecoderDims& dims() const;
   int n_ctx() const;
-  size_t weight_bytes() const;  // device memory held by the weights
 
   // All layers on n tokens at global positions pos[n] (strictly increasing, < n_ctx), as
   // Model::prefill: each layer writes the rows' K/V at their positions, then row i attends over
@@ -66,13 +65,11 @@ class Decoder {
                              const float* sin);
 
   // The same, a layer at a time, for selective recomputation: begin() embeds the active rows,
-  // write_kv() puts rows computed elsewhere (reused chunk K/V, post-RoPE) into layer l's cache
-  // before layer(l) reads them, finish() returns the last active row's logits. The calls queue
-  // work on the GPU and return before it is done (finish() waits), so host work between them,
-  // such as loading the next layer's rows, overlaps the GPU's.
+  // write_reused() (below) puts the reused chunk rows into layer l's cache before layer(l) reads
+  // them, finish() returns the last active row's logits. The calls queue work on the GPU and
+  // return before it is done (finish() waits), so host work between them, such as reading the
+  // next layer's rows, overlaps the GPU's.
   void begin(const int32_t* tokens, const int32_t* pos, int n, const float* cos, const float* sin);
-  // k, v: host F32 [n][kv_dim] for positions pos[n] (any order, < n_ctx). Copied before return.
-  void write_kv(int l, const int32_t* pos, int n, const float* k, const float* v);
   void layer(int l);
   std::vector<float> finish();
 
@@ -93,9 +90,6 @@ class Decoder {
 
   // Copies the cache rows [0, n_pos) of layer l to the host: F32 [n_pos][kv_dim] each.
   void read_kv(int l, int n_pos, float* k, float* v) const;
-
-  // Waits for the GPU (for timing).
-  void synchronize() const;
 
  private:
   struct Impl;
