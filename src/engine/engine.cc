@@ -12,6 +12,7 @@
 #include "reuse/pooled_chunk.h"
 #include "store/disk_tier.h"
 #include "store/memory_tier.h"
+#include "store/record_format.h"
 #include "store/redis_tier.h"
 
 namespace ct {
@@ -189,22 +190,69 @@ RatioChoice Engine::auto_ratio(size_t tier) const {
   return c;
 }
 
+namespace {
+
+// Why a stored record cannot stand for `tokens` encoded by `m` with `opt`, or "" when it can. The
+// id is a content hash, but the record behind it comes from a disk directory or a Redis server
+// that someone else may write: everything the prefill indexes with is checked against the request.
+std::string stored_mismatch(const ChunkMeta& meta, const std::vector<int32_t>& tokens,
+                            const Model& m, const EncodeOptions& opt) {
+  std::string err;
+  if (!store::check_meta(meta, &err)) return err;
+  const ModelConfig& c = m.config();
+  if (meta.model_fingerprint != m.fingerprint())
+    return fmt::format("model fingerprint {}, expected {}", meta.model_fingerprint.substr(0, 16),
+                       m.fingerprint().substr(0, 16));
+  if (meta.n_layer != c.n_layer || meta.kv_dim != c.kv_dim())
+    return fmt::format("n_layer={} kv_dim={}, expected the model's {} and {}", meta.n_layer,
+                       meta.kv_dim, c.n_layer, c.kv_dim());
+  if (meta.dtype != opt.dtype || meta.sink != opt.sink)
+    return fmt::format("dtype {} sink {}, expected {} and {}", kv_dtype_name(meta.dtype), meta.sink,
+                       kv_dtype_name(opt.dtype), opt.sink);
+  if (meta.tokens != tokens) return "its tokens differ from the request's chunk";
+  return "";
+}
+
+}  // namespace
+
 ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier,
-                               ChunkMeta* meta_out) {
+                               ChunkMeta* meta_out, std::optional<ChunkKV>* unplaced) {
   ChunkInfo info;
   info.id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
   info.n_tok = (int)tokens.size();
   const int want = tier.empty() ? 0 : tier_index(tier);
   if (auto meta = pool_->lookup(info.id)) {
-    info.hit = true;
-    if (meta_out) *meta_out = std::move(*meta);
-  } else {
+    const std::string why = stored_mismatch(*meta, tokens, *model_, opt_.encode);
+    if (why.empty()) {
+      info.hit = true;
+      if (meta_out) *meta_out = std::move(*meta);
+    } else {
+      std::fprintf(stderr,
+                   "cachetune: stored chunk %s is not usable (%s); dropping it and "
+                   "re-encoding\n",
+                   info.id.substr(0, 12).c_str(), why.c_str());
+      pool_->evict(info.id);
+      ++info.replaced;
+    }
+  }
+  if (!info.hit) {
     Timer t;
     ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
     info.encode_ms = t.ms();
     info.rank_ms = rec.meta.rank_ms;
-    CT_THROW_IF_NOT(pool_->put(rec, want), "chunk {} ({} bytes of K/V) fits in no cache tier",
-                    info.id.substr(0, 12), rec.meta.kv_bytes());
+    if (!pool_->put(rec, want)) {
+      const std::string msg = fmt::format("chunk {} ({} bytes of K/V) fits in no cache tier",
+                                          info.id.substr(0, 12), rec.meta.kv_bytes());
+      CT_THROW_IF_NOT(unplaced != nullptr, "{}", msg);
+      // Serving goes on without the pool (e.g. its only tier is a Redis that is down): this
+      // request uses the record from memory and the next one tries the tiers again.
+      std::fprintf(stderr, "cachetune: %s; using it from memory for this request\n", msg.c_str());
+      info.tier = "request";
+      info.note = msg + "; used from memory for this request only";
+      if (meta_out) *meta_out = rec.meta;
+      *unplaced = std::move(rec);
+      return info;
+    }
     if (meta_out) *meta_out = std::move(rec.meta);
   }
   const int t = pool_->tier_of(info.id);
@@ -241,12 +289,16 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
   for (int attempt = 0;; ++attempt) {
     Timer lookup;
     ans.chunks.clear();
-    std::vector<std::unique_ptr<PooledChunk>> srcs;
+    std::vector<std::unique_ptr<ChunkSource>> srcs;
     ComposedRequest req{p.prefix, {}, p.query};
     for (const auto& toks : p.chunks) {
       ChunkMeta meta;
-      ans.chunks.push_back(ensure_chunk(toks, "", &meta));
-      srcs.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+      std::optional<ChunkKV> unplaced;
+      ans.chunks.push_back(ensure_chunk(toks, "", &meta, &unplaced));
+      if (unplaced)
+        srcs.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+      else
+        srcs.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
       req.chunks.push_back(srcs.back().get());
     }
     ans.lookup_ms = lookup.ms();

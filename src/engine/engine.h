@@ -75,6 +75,8 @@ struct ChunkInfo {
   std::string tier;      // tier holding it after the call
   double encode_ms = 0;  // isolated prefill + ranking, when encoded
   double rank_ms = 0;
+  int replaced = 0;  // stored records dropped because they did not match the request
+  std::string note;  // why the chunk is not in the pool ("" when it is)
 };
 
 struct Answer {
@@ -111,9 +113,12 @@ class Engine {
 
   // Makes sure the chunk (tokens as produced by tokenize_chunk) is stored; encodes it when
   // absent. `tier` names the tier to store a new encoding in (empty: the top tier).
-  // meta_out, when given, receives the chunk's metadata.
+  // meta_out, when given, receives the chunk's metadata. A stored record that does not match the
+  // request (tokens, model, shape, encoding; see store::check_meta) is dropped and re-encoded.
+  // When no tier takes a new encoding: with `unplaced` given, the record is handed back there
+  // (the caller serves this request from memory, info.note says so); without, ct::Error.
   ChunkInfo ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier = "",
-                         ChunkMeta* meta_out = nullptr);
+                         ChunkMeta* meta_out = nullptr, std::optional<ChunkKV>* unplaced = nullptr);
 
   // Key of the calibration that applies to tier `tier` (index into options().tiers) for the
   // loaded model on this machine, CPU backend.

@@ -1,10 +1,45 @@
 // Reading and validating hyper-parameters; every rejected value is named with what was expected.
+// Every size is range-checked and cross-checked against the tensor shapes before anything is
+// allocated from it, so a mutated file is refused with a message instead of a huge allocation,
+// a wrapped int or a run that prints garbage.
 #include "model/config.h"
+
+#include <fmt/ranges.h>
+
+#include <climits>
+#include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "model/gguf.h"
 
 namespace ct {
+
+namespace {
+
+// Upper bounds well above any released model, low enough that products of them stay in range.
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = 1 << 17;  // embedding, feed-forward, head dims
+constexpr int64_t kMaxHeads = 1 << 12;
+constexpr int64_t kMaxContext = 1 << 24;  // positions
+
+int read_size(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi,
+              std::optional<int64_t> def = std::nullopt) {
+  const int64_t v = def ? f.get_int(key, *def) : f.get_int(key);
+  CT_THROW_IF_NOT(v >= lo && v <= hi, "{}: {}={}, expected {} to {}", f.path(), key, v, lo, hi);
+  return (int)v;
+}
+
+// Second dimension (rows) of a 2-D tensor, checking its first dimension is `cols`.
+int64_t rows_of(const GgufFile& f, const std::string& name, int64_t cols, const char* cols_what) {
+  const GgufTensorInfo& t = f.tensor(name);
+  CT_THROW_IF_NOT(t.ne.size() == 2 && t.ne[0] == cols,
+                  "{}: tensor {} has shape [{}], expected 2 dimensions with ne[0] = {} ({})",
+                  f.path(), name, fmt::join(t.ne, ", "), cols, cols_what);
+  return t.ne[1];
+}
+
+}  // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
@@ -14,34 +49,69 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
              c.arch);
   }
   const std::string a = c.arch + ".";
-  c.n_layer = (int)f.get_int(a + "block_count");
-  c.n_embd = (int)f.get_int(a + "embedding_length");
-  c.n_head = (int)f.get_int(a + "attention.head_count");
-  c.n_head_kv = (int)f.get_int(a + "attention.head_count_kv", c.n_head);
-  c.n_ff = (int)f.get_int(a + "feed_forward_length");
-  c.n_ctx_train = (int)f.get_int(a + "context_length", 4096);
-  c.rope_theta = (float)f.get_float(a + "rope.freq_base", 10000.0);
-  c.rms_eps = (float)f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
-  CT_THROW_IF_NOT(c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.n_ff > 0,
-                  "{}: non-positive size (block_count={}, embedding_length={}, head_count={}, "
-                  "feed_forward_length={})",
-                  f.path(), c.n_layer, c.n_embd, c.n_head, c.n_ff);
-  CT_THROW_IF_NOT(c.n_head_kv > 0 && c.n_head % c.n_head_kv == 0,
+  c.n_layer = read_size(f, a + "block_count", 1, kMaxLayers);
+  c.n_embd = read_size(f, a + "embedding_length", 1, kMaxWidth);
+  c.n_head = read_size(f, a + "attention.head_count", 1, kMaxHeads);
+  c.n_head_kv = read_size(f, a + "attention.head_count_kv", 1, kMaxHeads, c.n_head);
+  c.n_ff = read_size(f, a + "feed_forward_length", 1, kMaxWidth);
+  c.n_ctx_train = read_size(f, a + "context_length", 1, kMaxContext, 4096);
+  const double theta = f.get_float(a + "rope.freq_base", 10000.0);
+  CT_THROW_IF_NOT(std::isfinite(theta) && theta > 1.0 && theta < 1e12,
+                  "{}: {}rope.freq_base={}, expected a finite number in (1, 1e12)", f.path(), a,
+                  theta);
+  c.rope_theta = (float)theta;
+  const double eps = f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5);
+  CT_THROW_IF_NOT(std::isfinite(eps) && eps > 0 && eps < 1,
+                  "{}: {}attention.layer_norm_rms_epsilon={}, expected a number in (0, 1)",
+                  f.path(), a, eps);
+  c.rms_eps = (float)eps;
+  CT_THROW_IF_NOT(c.n_head % c.n_head_kv == 0,
                   "{}: {}attention.head_count_kv={} must divide head_count={}", f.path(), a,
                   c.n_head_kv, c.n_head);
-  CT_THROW_IF_NOT(c.n_embd % c.n_head == 0, "{}: embedding_length={} not divisible by head_count={}",
-                  f.path(), c.n_embd, c.n_head);
-  c.head_dim = (int)f.get_int(a + "attention.key_length", c.n_embd / c.n_head);
-  c.n_rot = (int)f.get_int(a + "rope.dimension_count", c.head_dim);
-  CT_THROW_IF_NOT(c.n_rot > 0 && c.n_rot <= c.head_dim && c.n_rot % 2 == 0,
-                  "{}: {}rope.dimension_count={} must be even and <= head_dim={}", f.path(), a,
-                  c.n_rot, c.head_dim);
+  CT_THROW_IF_NOT(c.n_embd % c.n_head == 0,
+                  "{}: embedding_length={} not divisible by head_count={}", f.path(), c.n_embd,
+                  c.n_head);
+  c.head_dim = read_size(f, a + "attention.key_length", 1, kMaxWidth, c.n_embd / c.n_head);
+  const int value_length =
+      read_size(f, a + "attention.value_length", 1, kMaxWidth, (int64_t)c.head_dim);
+  CT_THROW_IF_NOT(value_length == c.head_dim,
+                  "{}: {}attention.value_length={} differs from key_length={}, which this engine "
+                  "does not support",
+                  f.path(), a, value_length, c.head_dim);
+  c.n_rot = read_size(f, a + "rope.dimension_count", 1, kMaxWidth, c.head_dim);
+  CT_THROW_IF_NOT(c.n_rot <= c.head_dim && c.n_rot % 2 == 0,
+                  "{}: {}rope.dimension_count={} must be even and <= head_dim={} "
+                  "({}attention.key_length)",
+                  f.path(), a, c.n_rot, c.head_dim, a);
   c.rope_style = c.arch == "qwen2" ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
-  const auto& emb = f.tensor("token_embd.weight");
-  CT_THROW_IF_NOT(emb.ne.size() == 2 && emb.ne[0] == c.n_embd,
-                  "{}: tensor token_embd.weight has ne[0]={}, expected embedding_length={}",
-                  f.path(), emb.ne.empty() ? 0 : emb.ne[0], c.n_embd);
-  c.n_vocab = (int)emb.ne[1];
+
+  // The hyper-parameters must describe the tensors: checked on layer 0 here (every layer's shapes
+  // are checked again when its weights are loaded), before any buffer is sized from them.
+  const int64_t vocab = rows_of(f, "token_embd.weight", c.n_embd, "embedding_length");
+  CT_THROW_IF_NOT(vocab >= 1 && vocab <= (int64_t)INT32_MAX - 1,
+                  "{}: token_embd.weight has {} rows, expected 1 to 2^31-2 tokens", f.path(),
+                  vocab);
+  c.n_vocab = (int)vocab;
+  const std::string l0 = "blk.0.";
+  const int64_t q_rows = rows_of(f, l0 + "attn_q.weight", c.n_embd, "embedding_length");
+  CT_THROW_IF_NOT(q_rows == (int64_t)c.q_dim(),
+                  "{}: tensor {}attn_q.weight has {} rows, expected head_count*key_length = {}",
+                  f.path(), l0, q_rows, c.q_dim());
+  const int64_t k_rows = rows_of(f, l0 + "attn_k.weight", c.n_embd, "embedding_length");
+  CT_THROW_IF_NOT(k_rows == (int64_t)c.kv_dim(),
+                  "{}: tensor {}attn_k.weight has {} rows, expected head_count_kv*key_length = {}",
+                  f.path(), l0, k_rows, c.kv_dim());
+  const int64_t ff_rows = rows_of(f, l0 + "ffn_gate.weight", c.n_embd, "embedding_length");
+  CT_THROW_IF_NOT(ff_rows == (int64_t)c.n_ff,
+                  "{}: tensor {}ffn_gate.weight has {} rows, expected {}feed_forward_length = {}",
+                  f.path(), l0, ff_rows, a, c.n_ff);
+  const std::string last = "blk." + std::to_string(c.n_layer - 1) + ".attn_norm.weight";
+  CT_THROW_IF_NOT(f.find_tensor(last) != nullptr, "{}: {}block_count={} but tensor {} is missing",
+                  f.path(), a, c.n_layer, last);
+  const std::string extra = "blk." + std::to_string(c.n_layer) + ".attn_norm.weight";
+  CT_THROW_IF_NOT(f.find_tensor(extra) == nullptr,
+                  "{}: {}block_count={} but the file has tensor {}: the count is wrong", f.path(),
+                  a, c.n_layer, extra);
   c.tied_output = f.find_tensor("output.weight") == nullptr;
   c.has_qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   return c;

@@ -280,11 +280,12 @@ int64_t as_int(const std::string& path, const std::string& key, const GgufValue&
   return v.i;
 }
 
+// Strict, as llama.cpp is: a float key stored with an integer type is refused rather than
+// converted, because the usual way to get one is a corrupted type tag, whose value is then the
+// float's bit pattern read as an integer (1e-5 becomes 925353388).
 double as_float(const std::string& path, const std::string& key, const GgufValue& v) {
   if (is_float(v.type)) return v.f;
-  if (v.type == GgufValueType::UINT64) return (double)v.u;
-  if (is_integer(v.type)) return (double)v.i;
-  CT_THROW("{}: key '{}' has type {}, expected a number", path, key, describe(v));
+  CT_THROW("{}: key '{}' has type {}, expected a float", path, key, describe(v));
 }
 
 void check_array(const std::string& path, const std::string& key, const GgufValue& v,
@@ -441,6 +442,40 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     info.nbytes = (size_t)nbytes;
     info.data = base + start;
+  }
+  // Tensor data is laid out back to back in the order of the infos, each at the next aligned
+  // offset (what llama.cpp writes and checks). A tensor whose type or shape was altered then
+  // no longer fits its slot: it is named here rather than read as wrong weights.
+  uint64_t expected = 0, end = 0;
+  bool all_sized = true;
+  for (size_t i = 0; i < f->tensors_.size(); ++i) {
+    const GgufTensorInfo& info = f->tensors_[i];
+    if (!ggml_type_supported(info.type)) {  // size unknown; the loader names the type
+      all_sized = false;
+      break;
+    }
+    if (info.offset != expected) {
+      const GgufTensorInfo* prev = i > 0 ? &f->tensors_[i - 1] : nullptr;
+      CT_THROW(
+          "{}: tensor '{}' starts at data offset {}, expected {}{}: the type or shape of {} does "
+          "not match its data",
+          path, info.name, info.offset, expected,
+          prev ? fmt::format(" (right after tensor '{}', type {}, {} bytes)", prev->name,
+                             ggml_type_name(prev->type), prev->nbytes)
+               : std::string(" (the start of the data section)"),
+          prev ? fmt::format("'{}' or '{}'", prev->name, info.name) : "it");
+    }
+    end = info.offset + info.nbytes;
+    expected = (end + f->alignment_ - 1) / f->alignment_ * f->alignment_;
+  }
+  // ... and the last one ends the file (up to its padding), so a shrunken last tensor is caught.
+  if (all_sized && !f->tensors_.empty() && f->size_ - (data_start + end) >= f->alignment_) {
+    const GgufTensorInfo& last = f->tensors_.back();
+    CT_THROW(
+        "{}: the last tensor '{}' (type {}, {} bytes) ends {} bytes before the end of the file, "
+        "expected less than the alignment {}: its type or shape does not match the data",
+        path, last.name, ggml_type_name(last.type), last.nbytes, f->size_ - (data_start + end),
+        f->alignment_);
   }
   return f;
 }

@@ -81,7 +81,7 @@ class GgufFile {
   bool has(const std::string& key) const { return find(key) != nullptr; }
   int64_t get_int(const std::string& key) const;  // any integer or bool type
   int64_t get_int(const std::string& key, int64_t def) const;
-  double get_float(const std::string& key) const;  // float types, or integers converted
+  double get_float(const std::string& key) const;  // FLOAT32/FLOAT64 only (integers refused)
   double get_float(const std::string& key, double def) const;
   bool get_bool(const std::string& key, bool def) const;
   const std::string& get_string(const std::string& key) const;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "store/chunk.h"
@@ -40,6 +41,22 @@ class InMemoryChunk : public ChunkSource {
 
  private:
   const ChunkKV& kv_;
+};
+
+// A record the source owns: a chunk encoded for one request that no cache tier took.
+class OwnedChunk : public ChunkSource {
+ public:
+  explicit OwnedChunk(ChunkKV kv) : kv_(std::move(kv)), view_(kv_) {}
+  OwnedChunk(const OwnedChunk&) = delete;  // view_ refers to this object's kv_
+  OwnedChunk& operator=(const OwnedChunk&) = delete;
+  const ChunkMeta& meta() const override { return kv_.meta; }
+  void read_rows(int layer, int row_begin, int row_end, void* k_dst, void* v_dst) const override {
+    view_.read_rows(layer, row_begin, row_end, k_dst, v_dst);
+  }
+
+ private:
+  ChunkKV kv_;
+  InMemoryChunk view_;  // refers to kv_, declared after it
 };
 
 // Reads every layer of a source into a record (used for ranking with other options).

@@ -197,6 +197,12 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     if (!s->is_boolean()) bad("stream", "'stream' is a " + type_name(*s) + "; expected a boolean");
     r.stream = s->get<bool>();
   }
+  // llama-server's and vLLM's extension: generate max_tokens tokens even past end-of-generation.
+  if (const json* s = field(body, "ignore_eos")) {
+    if (!s->is_boolean())
+      bad("ignore_eos", "'ignore_eos' is a " + type_name(*s) + "; expected a boolean");
+    r.gen.stop_at_eog = !s->get<bool>();
+  }
   return r;
 }
 
@@ -240,7 +246,10 @@ std::string finish_reason(const Answer& a, const ChatRequest& r) {
 json answer_stats(const Answer& a, const ChatRequest& r) {
   json chunks = json::array();
   for (const ChunkInfo& c : a.chunks) {
-    chunks.push_back({{"id", c.id}, {"n_tok", c.n_tok}, {"hit", c.hit}, {"tier", c.tier}});
+    json one = {{"id", c.id}, {"n_tok", c.n_tok}, {"hit", c.hit}, {"tier", c.tier}};
+    if (c.replaced) one["replaced"] = c.replaced;
+    if (!c.note.empty()) one["note"] = c.note;
+    chunks.push_back(std::move(one));
   }
   json out = {{"policy", policy_name(r.sel.policy.kind)},
               {"device", a.device},

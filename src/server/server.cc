@@ -2,11 +2,15 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -40,7 +44,39 @@ int64_t unix_now() {
       .count();
 }
 
+int port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return -1;
+}
+
 }  // namespace
+
+int connection_socket(int local_port, int remote_port) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const std::string name = e.path().filename().string();
+    char* end = nullptr;
+    const long fd = std::strtol(name.c_str(), &end, 10);
+    if (end == name.c_str() || *end != '\0') continue;
+    struct stat st;
+    if (::fstat((int)fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (::getsockname((int)fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        ::getpeername((int)fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+      continue;
+    if (port_of(local) == local_port && port_of(peer) == remote_port) return (int)fd;
+  }
+  return -1;
+}
+
+bool peer_has_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
 
 std::string take_complete_utf8(std::string& pending) {
   // Walk back over at most 3 continuation bytes to the last lead byte; keep it (and what
@@ -73,6 +109,7 @@ struct Server::Impl {
   httplib::Server http;
   std::mutex engine_mu;  // one engine request at a time
   std::atomic<uint64_t> next_id{0};
+  std::atomic<uint64_t> cancelled{0};  // requests stopped because their client had gone
   int port = -1;
   const int64_t started = unix_now();
 
@@ -82,12 +119,42 @@ struct Server::Impl {
     return fmt::format("{}-{:x}-{}", prefix, started, next_id.fetch_add(1));
   }
 
+  // A browser page on another site can POST to a local server without a CORS preflight
+  // (text/plain bodies), so requests that carry a foreign Origin are refused unless allowed.
+  bool origin_allowed(const httplib::Request& req) const {
+    if (!req.has_header("Origin")) return true;  // not a browser's cross-site request
+    const std::string origin = req.get_header_value("Origin");
+    for (const std::string& a : opt.allowed_origins)
+      if (a == "*" || a == origin) return true;
+    return false;
+  }
+
   void routes() {
     http.set_payload_max_length(opt.max_body_bytes);
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (origin_allowed(req)) {
+        if (req.has_header("Origin"))
+          res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
+        return httplib::Server::HandlerResponse::Unhandled;
+      }
+      send_error(res, 403,
+                 fmt::format("cross-origin request from Origin '{}' refused; start the server "
+                             "with --allow-origin '{}' (or '*') to allow it",
+                             req.get_header_value("Origin"), req.get_header_value("Origin")));
+      return httplib::Server::HandlerResponse::Handled;
+    });
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler already wrote a JSON error
       std::string msg;
-      if (res.status == 413) {
+      const std::string type = req.get_header_value("Content-Type");
+      if (res.status == 413 && type.rfind("application/x-www-form-urlencoded", 0) == 0 &&
+          req.body.size() <= opt.max_body_bytes) {
+        // The HTTP layer caps form-encoded bodies at 8 KiB; `curl -d` sends JSON as a form.
+        msg =
+            "request body sent as application/x-www-form-urlencoded (curl -d does this) is "
+            "limited to 8192 bytes by the HTTP layer; send it with the header "
+            "'Content-Type: application/json'";
+      } else if (res.status == 413) {
         msg =
             fmt::format("request body exceeds this server's limit of {} bytes", opt.max_body_bytes);
       } else if (res.status == 404) {
@@ -185,11 +252,22 @@ struct Server::Impl {
             fmt::format("tier '{}' is not one of this server's tiers: {}", tier, names));
       }
     }
+    std::vector<std::vector<int32_t>> tokens;
+    const int ctx = engine.model().config().n_ctx_train;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      tokens.push_back(tokenize_chunk(engine.model().tokenizer(), docs[i]));
+      // The chunk is encoded after a sink token, so it needs one position more than its length.
+      if ((int)tokens.back().size() + 1 > ctx) {
+        throw RequestError(400, fmt::format("chunks[{}]", i),
+                           fmt::format("chunk {} has {} tokens, more than the model context of {} "
+                                       "tokens leaves for one chunk ({})",
+                                       i, tokens.back().size(), ctx, ctx - 1));
+      }
+    }
     json data = json::array();
     std::lock_guard<std::mutex> lock(engine_mu);
-    for (const std::string& text : docs) {
-      const ChunkInfo c =
-          engine.ensure_chunk(tokenize_chunk(engine.model().tokenizer(), text), tier);
+    for (const std::vector<int32_t>& toks : tokens) {
+      const ChunkInfo c = engine.ensure_chunk(toks, tier);
       data.push_back({{"id", c.id},
                       {"n_tok", c.n_tok},
                       {"hit", c.hit},
@@ -206,11 +284,22 @@ struct Server::Impl {
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_now();
+    // A client that has gone (closed its connection) cancels the request at the next token
+    // instead of holding the engine until max_tokens.
+    const int fd = connection_socket(req.local_port, req.remote_port);
     if (!r->stream) {
+      AnswerOptions ao = r->answer;
+      ao.on_piece = [fd](const std::string&) {
+        if (peer_has_closed(fd)) throw ClientGone{};
+      };
       Answer a;
-      {
+      try {
         std::lock_guard<std::mutex> lock(engine_mu);
-        a = engine.answer(*prompt, r->sel, r->gen, r->answer);
+        a = engine.answer(*prompt, r->sel, r->gen, ao);
+      } catch (const ClientGone&) {
+        cancelled.fetch_add(1);
+        res.status = 499;  // nobody reads it; the connection is closed
+        return;
       }
       send_json(res, 200, chat_response(a, *r, id, opt.model_id, created));
       return;
@@ -218,8 +307,8 @@ struct Server::Impl {
     // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
     res.set_chunked_content_provider(
-        "text/event-stream", [this, r, prompt, id, created](size_t, httplib::DataSink& sink) {
-          return stream(*r, *prompt, id, created, sink);
+        "text/event-stream", [this, r, prompt, id, created, fd](size_t, httplib::DataSink& sink) {
+          return stream(*r, *prompt, id, created, fd, sink);
         });
   }
 
@@ -227,7 +316,7 @@ struct Server::Impl {
   // queue; this connection's thread writes them out. A slow reader delays only its own stream,
   // not the engine, and a closed connection cancels generation at the next token.
   bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
-              int64_t created, httplib::DataSink& sink) {
+              int64_t created, int fd, httplib::DataSink& sink) {
     struct Shared {
       std::mutex mu;
       std::condition_variable cv;
@@ -238,10 +327,10 @@ struct Server::Impl {
       std::exception_ptr error;
     };
     auto st = std::make_shared<Shared>();
-    std::thread gen([this, &r, &prompt, st] {
+    std::thread gen([this, &r, &prompt, st, fd] {
       AnswerOptions ao = r.answer;
-      ao.on_piece = [st](const std::string& piece) {
-        if (st->cancel) throw ClientGone{};
+      ao.on_piece = [st, fd](const std::string& piece) {
+        if (st->cancel || peer_has_closed(fd)) throw ClientGone{};
         std::lock_guard<std::mutex> lk(st->mu);
         st->pieces.push_back(piece);
         st->cv.notify_one();
@@ -252,6 +341,7 @@ struct Server::Impl {
         std::lock_guard<std::mutex> lk(st->mu);
         st->answer = std::move(a);
       } catch (const ClientGone&) {
+        cancelled.fetch_add(1);
       } catch (...) {
         std::lock_guard<std::mutex> lk(st->mu);
         st->error = std::current_exception();
@@ -332,6 +422,8 @@ int Server::bind() {
 }
 
 int Server::port() const { return impl_->port; }
+
+uint64_t Server::cancelled_requests() const { return impl_->cancelled.load(); }
 
 void Server::serve() {
   CT_THROW_IF_NOT(impl_->port > 0, "serve: bind() first");

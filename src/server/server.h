@@ -5,8 +5,10 @@
 // use the engine run one at a time (the engine and its cache pool are single-threaded).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "server/api.h"
@@ -19,6 +21,9 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  // larger bodies get 413
   ApiLimits limits;
   std::string model_id = "cachetune";  // reported by /v1/models and in every response
+  // Origins whose browser requests are served ("*": any). A request with another Origin header
+  // gets 403: a page on a foreign site must not drive a local server.
+  std::vector<std::string> allowed_origins;
 };
 
 class Server {
@@ -32,6 +37,8 @@ class Server {
   // address cannot be bound.
   int bind();
   int port() const;
+  // Requests (streamed or not) stopped early because their client closed the connection.
+  uint64_t cancelled_requests() const;
   // Serves until stop() (from another thread or a signal handler's helper thread). bind() first.
   void serve();
   void stop();
@@ -44,5 +51,12 @@ class Server {
 // Longest prefix of `pending` that ends on a UTF-8 character boundary is moved to the result;
 // an incomplete trailing sequence (a character split across tokens) stays in `pending`.
 std::string take_complete_utf8(std::string& pending);
+
+// The descriptor of this process's TCP socket from local_port to remote_port (the connection a
+// request came on; the HTTP layer does not expose it), or -1. Linux: scans /proc/self/fd.
+int connection_socket(int local_port, int remote_port);
+// True when the peer of socket fd has closed or reset its side (poll: RDHUP/HUP/ERR); false for
+// fd < 0 or an open connection, pipelined bytes included.
+bool peer_has_closed(int fd);
 
 }  // namespace ct::server

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -62,15 +63,64 @@ bool is_valid_chunk_id(std::string_view id) {
   return true;
 }
 
+bool check_meta(const ChunkMeta& m, std::string* err) {
+  auto fail = [err](std::string msg) {
+    *err = std::move(msg);
+    return false;
+  };
+  if (!is_valid_chunk_id(m.id))
+    return fail(
+        fmt::format("chunk id '{}' is not usable as a file name or key, expected 1-200 "
+                    "characters from [A-Za-z0-9._-] not starting with '.'",
+                    m.id.substr(0, 64)));
+  for (const auto& [name, v] : {std::pair<const char*, int32_t>{"n_tok", m.n_tok},
+                                {"n_layer", m.n_layer},
+                                {"kv_dim", m.kv_dim}}) {
+    if (v <= 0 || v > kMaxRecordDim)
+      return fail(fmt::format("chunk {}: {}={}, expected 1 to {}", m.id, name, v, kMaxRecordDim));
+  }
+  if ((int)m.dtype > (int)KvDtype::BF16)
+    return fail(
+        fmt::format("chunk {}: K/V dtype {}, expected f32, f16 or bf16", m.id, (int)m.dtype));
+  const size_t n = (size_t)m.n_tok;
+  for (const auto& [name, len] : {std::pair<const char*, size_t>{"tokens", m.tokens.size()},
+                                  {"order", m.order.size()},
+                                  {"scores", m.scores.size()}}) {
+    if (len != n)
+      return fail(
+          fmt::format("chunk {}: {} has {} entries, expected n_tok={}", m.id, name, len, n));
+  }
+  std::vector<bool> seen(n, false);
+  for (size_t j = 0; j < n; ++j) {
+    const int32_t t = m.order[j];
+    if (t < 0 || (size_t)t >= n || seen[t])
+      return fail(fmt::format("chunk {}: order[{}]={} {}, expected a permutation of [0, {})", m.id,
+                              j, t, (t < 0 || (size_t)t >= n) ? "is out of range" : "repeats", n));
+    seen[t] = true;
+  }
+  for (size_t t = 0; t < n; ++t) {
+    if (m.tokens[t] < 0)
+      return fail(fmt::format("chunk {}: tokens[{}]={}, expected a non-negative token id", m.id, t,
+                              m.tokens[t]));
+  }
+  // The store does not interpret the rank mode (reuse/ owns the names); it only keeps it printable.
+  const bool mode_ok = !m.rank_mode.empty() && m.rank_mode.size() <= 32 &&
+                       std::all_of(m.rank_mode.begin(), m.rank_mode.end(), [](char c) {
+                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                       });
+  if (!mode_ok)
+    return fail(fmt::format("chunk {}: rank_mode '{}', expected 1-32 characters from [a-z0-9_]",
+                            m.id, m.rank_mode.substr(0, 32)));
+  if (!std::isfinite(m.alpha) || !std::isfinite(m.rank_ms))
+    return fail(fmt::format("chunk {}: alpha={} rank_ms={}, expected finite numbers", m.id, m.alpha,
+                            m.rank_ms));
+  return true;
+}
+
 void check_chunk(const ChunkKV& kv) {
   const ChunkMeta& m = kv.meta;
-  CT_THROW_IF_NOT(is_valid_chunk_id(m.id),
-                  "chunk id '{}' is not usable as a file name or key, expected 1-200 characters "
-                  "from [A-Za-z0-9._-] not starting with '.'",
-                  m.id);
-  CT_THROW_IF_NOT(m.n_tok > 0 && m.n_layer > 0 && m.kv_dim > 0,
-                  "chunk {}: n_tok={} n_layer={} kv_dim={}, expected all positive", m.id, m.n_tok,
-                  m.n_layer, m.kv_dim);
+  std::string err;
+  CT_THROW_IF_NOT(check_meta(m, &err), "{}", err);
   CT_THROW_IF_NOT(kv.k.size() == (size_t)m.n_layer && kv.v.size() == (size_t)m.n_layer,
                   "chunk {}: {} K and {} V blocks, expected n_layer={}", m.id, kv.k.size(),
                   kv.v.size(), m.n_layer);
@@ -258,6 +308,11 @@ std::optional<RecordHeader> decode_header(const uint8_t* p, size_t n, std::strin
     return std::nullopt;
   }
   const ChunkMeta& m = h.meta;
+  std::string meta_err;
+  if (!check_meta(m, &meta_err)) {
+    *err = "meta is not valid: " + meta_err;
+    return std::nullopt;
+  }
   if (m.n_tok <= 0 || m.kv_dim <= 0 || m.n_layer != (int32_t)n_layer ||
       h.n_groups != n_row_groups(m.n_tok, h.group_rows)) {
     *err = fmt::format("meta (n_tok={}, n_layer={}, kv_dim={}) disagrees with the header", m.n_tok,

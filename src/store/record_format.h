@@ -47,13 +47,21 @@ inline constexpr uint32_t kGroupRows = 16;
 inline constexpr size_t kFixedHeaderBytes = 64;
 // Upper bound on a header we agree to read, so a corrupt length cannot trigger a huge allocation.
 inline constexpr size_t kMaxHeaderBytes = 256u << 20;
+// Upper bound on n_tok, n_layer and kv_dim in a record (2^24): real values are far below it, and
+// it keeps every size product (n_tok * kv_dim * 2 * 4 bytes, ...) far from overflowing 64 bits.
+inline constexpr int32_t kMaxRecordDim = 1 << 24;
 
 // Chunk ids name files and Redis keys: 1-200 characters from [A-Za-z0-9._-], not starting with
 // '.' (temporary files start with '.').
 bool is_valid_chunk_id(std::string_view id);
 
-// Throws ct::Error naming the field when kv's blocks or arrays disagree with its meta, or the id
-// is not a valid chunk id. Every tier calls this in put().
+// Checks a meta's own consistency, which every reader relies on before indexing with it: a valid
+// id, positive sizes within kMaxRecordDim, tokens/order/scores each of n_tok entries, order a
+// permutation of [0, n_tok), a printable rank mode and finite alpha. Returns false and names the
+// first bad field in *err. decode_header calls it, so no tier hands out a record that fails it.
+bool check_meta(const ChunkMeta& m, std::string* err);
+// Throws ct::Error naming the field when kv's meta fails check_meta or its blocks disagree with
+// it. Every tier calls this in put().
 void check_chunk(const ChunkKV& kv);
 
 // Bytes of one K (or V) row: kv_dim * dtype size.

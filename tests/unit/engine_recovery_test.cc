@@ -157,6 +157,110 @@ TEST_F(EngineRecoveryTest, TruncatedWhileStopped) {
   EXPECT_TRUE(disk(eng).verify(id));
 }
 
+// Rewrites the meta of a stored record in place, with its header checksum recomputed, as an
+// attacker who can write the disk-tier directory would.
+void rewrite_meta(const std::string& path, const std::function<void(ChunkMeta&)>& edit) {
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::string err;
+  std::optional<store::RecordHeader> h = store::decode_header(bytes.data(), bytes.size(), &err);
+  ASSERT_TRUE(h.has_value()) << path << ": " << err;
+  edit(h->meta);
+  const store::RecordLayout lay = store::plan_record(h->meta, 4096);
+  ASSERT_EQ(lay.header_bytes, h->header_bytes) << "the edit changed the header size";
+  const std::vector<uint8_t> header = store::encode_header(lay, h->meta, h->group_crc);
+  std::copy(header.begin(), header.end(), bytes.begin());
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(bytes.data()), (std::streamsize)bytes.size());
+  ASSERT_TRUE(f.good()) << "cannot rewrite " << path;
+}
+
+// A record whose ranking is not a permutation (an index far outside the chunk, or a repeated
+// one) is refused by the start-up scan even though its header checksum is right: the prefill
+// would otherwise write outside its buffers. The chunk is re-encoded and the answer unchanged.
+TEST_F(EngineRecoveryTest, HostileRankingInAStoredRecordIsRefused) {
+  for (int variant = 0; variant < 3; ++variant) {
+    std::string id, path, text;
+    {
+      Engine eng(options());
+      const Answer a = ask(eng);
+      text = a.text;
+      id = a.chunks[0].id;
+      path = disk(eng).path_of(id);
+    }
+    rewrite_meta(path, [variant](ChunkMeta& m) {
+      if (variant == 0) m.order[0] = 1000000;
+      if (variant == 1) m.order[1] = m.order[0];
+      if (variant == 2) m.order.back() = -1;
+    });
+    Engine eng(options());
+    EXPECT_FALSE(eng.pool().contains(id)) << "variant " << variant;
+    const Answer b = ask(eng);
+    EXPECT_EQ(b.text, text) << "variant " << variant;
+    EXPECT_FALSE(b.chunks[0].hit);
+    EXPECT_TRUE(disk(eng).verify(id));
+  }
+}
+
+// A well-formed record stored under a chunk's id but holding other tokens (out of the vocabulary
+// here), another shape or another model's fingerprint is not used: the engine drops it and
+// re-encodes, and the answer is the one from an intact cache.
+TEST_F(EngineRecoveryTest, RecordThatDoesNotMatchTheRequestIsReplaced) {
+  for (int variant = 0; variant < 3; ++variant) {
+    std::string id, path, text;
+    {
+      Engine eng(options());
+      const Answer a = ask(eng);
+      text = a.text;
+      id = a.chunks[0].id;
+      path = disk(eng).path_of(id);
+    }
+    rewrite_meta(path, [variant](ChunkMeta& m) {
+      if (variant == 0) m.tokens[0] = 1 << 30;
+      if (variant == 1) std::swap(m.tokens[0], m.tokens[1]);
+      if (variant == 2) m.model_fingerprint[0] = m.model_fingerprint[0] == 'a' ? 'b' : 'a';
+    });
+    Engine eng(options());
+    ASSERT_TRUE(eng.pool().contains(id)) << "variant " << variant << " is a well-formed record";
+    const Answer b = ask(eng);
+    EXPECT_EQ(b.text, text) << "variant " << variant;
+    EXPECT_FALSE(b.chunks[0].hit);
+    EXPECT_EQ(b.chunks[0].replaced, 1);
+    EXPECT_TRUE(b.chunks[1].hit);
+    const Answer c = ask(eng);
+    EXPECT_TRUE(c.chunks[0].hit) << "the replacement was not stored";
+  }
+}
+
+// A pool whose only tier is a Redis server that is down (nothing listens on the port): requests
+// with chunks still answer, from encodings kept in memory for the request, and say so per chunk;
+// the answer equals the one from a working cache.
+TEST_F(EngineRecoveryTest, UnreachableOnlyTierServesFromMemory) {
+  std::string text;
+  {
+    Engine eng(options());
+    text = ask(eng).text;
+  }
+  EngineOptions eo = options();
+  eo.tiers = {parse_tier_spec("redis:127.0.0.1:1")};
+  Engine eng(eo);
+  for (int i = 0; i < 2; ++i) {
+    const Answer a = ask(eng);
+    EXPECT_EQ(a.text, text);
+    ASSERT_EQ(a.chunks.size(), kDocs.size());
+    for (const ChunkInfo& c : a.chunks) {
+      EXPECT_FALSE(c.hit);
+      EXPECT_EQ(c.tier, "request");
+      EXPECT_NE(c.note.find("fits in no cache tier"), std::string::npos) << c.note;
+    }
+  }
+  // Callers that need the chunk stored (ingest) still get the error.
+  EXPECT_THROW(eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), kDocs[0])), Error);
+}
+
 // A prompt that cannot fit the model's context (1,024 tokens here) is refused before any of its
 // chunks is encoded: nothing reaches the cache.
 TEST_F(EngineRecoveryTest, OverlongPromptIsRefusedBeforeEncoding) {

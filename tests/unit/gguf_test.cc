@@ -265,11 +265,11 @@ TEST_P(GgufVersionTest, EveryValueTypeRoundTrips) {
   EXPECT_EQ(f->find("s.u64")->u, kBigU64);
   EXPECT_TRUE(contains_all(error_of([&] { f->get_int("s.u64"); }),
                            {path, "'s.u64'", std::to_string(kBigU64), "expected at most"}));
-  EXPECT_EQ(f->get_float("s.u64"), (double)kBigU64);
+  EXPECT_THROW(f->get_float("s.u64"), Error);  // integers are not floats (strict, as llama.cpp)
   EXPECT_EQ(f->get_float("s.f32"), 1.5);
   EXPECT_EQ(f->find("s.f32")->type, GgufValueType::FLOAT32);
   EXPECT_EQ(f->get_float("s.f64"), 1e300);
-  EXPECT_EQ(f->get_float("s.i16"), -30000.0);  // integers convert
+  EXPECT_THROW(f->get_float("s.i16"), Error);
   EXPECT_TRUE(f->get_bool("s.bool", false));
   EXPECT_EQ(f->get_int("s.bool"), 1);
   EXPECT_EQ(f->get_string("s.str"), std::string("h\xc3\xa9llo\0x", 8));
@@ -648,7 +648,11 @@ TEST_F(GgufTest, GettersReportMissingAndWrongTypedKeys) {
   // A default does not hide a wrong type.
   EXPECT_TRUE(contains_all(error_of([&] { f->get_int("name", 1); }), {"expected an integer"}));
   EXPECT_TRUE(contains_all(error_of([&] { f->get_float("name"); }),
-                           {"key 'name' has type string, expected a number"}));
+                           {"key 'name' has type string, expected a float"}));
+  // An integer is not taken for a float: a corrupted type tag would turn a float's bits into a
+  // plausible-looking integer.
+  EXPECT_TRUE(contains_all(error_of([&] { f->get_float("count"); }),
+                           {"key 'count' has type uint32, expected a float"}));
   EXPECT_TRUE(contains_all(error_of([&] { f->get_bool("count", false); }),
                            {"key 'count' has type uint32, expected a bool"}));
   EXPECT_TRUE(contains_all(error_of([&] { f->get_string("count"); }),

@@ -223,5 +223,98 @@ TEST(ModelLoadErrors, NameTheFileTensorAndExpectation) {
   }
 }
 
+// Mutated copies of a valid tiny model, as a fuzzer makes them: each is refused at load with an
+// error naming the file and the key or tensor, never loaded into a run with garbage output, an
+// abort on a huge allocation, or a wrapped int.
+struct Mutation {
+  std::string what;    // the name the error must contain
+  std::string key;     // metadata key to replace ("" for none)
+  GgufValue value;     // its new value
+  std::string tensor;  // tensor whose type code to replace ("" for none)
+  GgmlType tensor_type;
+};
+
+Mutation key_mutation(const char* what, const std::string& key, GgufValue v) {
+  return {what, key, std::move(v), "", GgmlType::F32};
+}
+Mutation type_mutation(const std::string& tensor, GgmlType t) {
+  return {tensor, "", GgufValue{}, tensor, t};
+}
+
+GgufValue u32(uint64_t v) {
+  GgufValue x;
+  x.type = GgufValueType::UINT32;
+  x.i = (int64_t)v;
+  x.u = v;
+  return x;
+}
+GgufValue u64(uint64_t v) {
+  GgufValue x = u32(v);
+  x.type = GgufValueType::UINT64;
+  return x;
+}
+GgufValue f32(double v) {
+  GgufValue x;
+  x.type = GgufValueType::FLOAT32;
+  x.f = v;
+  return x;
+}
+
+class ModelMutationTest : public ::testing::TestWithParam<Mutation> {};
+
+TEST_P(ModelMutationTest, IsRefusedWithANamedError) {
+  const Mutation& mu = GetParam();
+  const std::string path = tmp_path("mut_src.gguf");
+  test::TinyModelOptions o;
+  o.weight_type = GgmlType::F16;
+  test::write_tiny_model(path, o);
+  auto f = GgufFile::open(path);
+  GgufWriter w;
+  for (const auto& [k, v] : f->metadata()) w.set_value(k, k == mu.key ? mu.value : v);
+  if (!mu.key.empty() && !f->has(mu.key)) w.set_value(mu.key, mu.value);
+  for (const auto& t : f->tensors()) {
+    const uint32_t code = (uint32_t)(t.name == mu.tensor ? mu.tensor_type : t.type);
+    w.add_tensor_raw(t.name, code, t.ne, t.data, t.nbytes);
+  }
+  const std::string bad = tmp_path("mut_bad.gguf");
+  w.write(bad);
+  try {
+    Model::load(bad);
+    FAIL() << "loaded a file with " << mu.what << " mutated";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+    EXPECT_NE(msg.find(mu.what), std::string::npos) << msg;
+  }
+}
+
+std::vector<Mutation> mutations() {
+  GgufValue eps_as_int = u32(925353388);  // the bits of 1e-5f under an integer type tag
+  return {
+      key_mutation("feed_forward_length", "llama.feed_forward_length", u32(1u << 30)),
+      key_mutation("feed_forward_length", "llama.feed_forward_length", u32(97)),
+      key_mutation("context_length", "llama.context_length", u64(1ull << 31)),
+      key_mutation("context_length", "llama.context_length", u32(0)),
+      key_mutation("rope.freq_base", "llama.rope.freq_base", f32(std::nan(""))),
+      key_mutation("rope.freq_base", "llama.rope.freq_base", f32(-5)),
+      key_mutation("layer_norm_rms_epsilon", "llama.attention.layer_norm_rms_epsilon", f32(-1e-5)),
+      key_mutation("layer_norm_rms_epsilon", "llama.attention.layer_norm_rms_epsilon",
+                   f32(INFINITY)),
+      key_mutation("layer_norm_rms_epsilon", "llama.attention.layer_norm_rms_epsilon", eps_as_int),
+      key_mutation("block_count", "llama.block_count", u32(2)),
+      key_mutation("block_count", "llama.block_count", u32(1u << 31)),
+      key_mutation("embedding_length", "llama.embedding_length", u32(1u << 30)),
+      key_mutation("head_count", "llama.attention.head_count", u32(0)),
+      key_mutation("head_count_kv", "llama.attention.head_count_kv", u32(3)),
+      key_mutation("key_length", "llama.attention.key_length", u32(8)),
+      key_mutation("dimension_count", "llama.rope.dimension_count", u32(17)),
+      type_mutation("blk.0.ffn_up.weight", GgmlType::F32),
+      type_mutation("blk.1.attn_q.weight", GgmlType::Q8_0),
+      type_mutation("output_norm.weight", GgmlType::F16),
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Keys, ModelMutationTest, ::testing::ValuesIn(mutations()));
+
 }  // namespace
 }  // namespace ct

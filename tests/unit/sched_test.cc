@@ -247,8 +247,8 @@ TEST(GoldenSection, RobustModeHoldsTheFloorUnderInterference) {
       GoldenSectionOptions opt;
       opt.r0 = 0.30;
       opt.noise = noise;
-      const GoldenSectionResult res = golden_section_search(
-          [&](double r) { return truth(r) * (1 + delay(gen)); }, 0, 1, opt);
+      const GoldenSectionResult res =
+          golden_section_search([&](double r) { return truth(r) * (1 + delay(gen)); }, 0, 1, opt);
       ok += (res.r - 0.15 <= 0.02 || truth(res.r) <= 1.03 * truth(0.15)) ? 1 : 0;
       if (bound_wins) *bound_wins += res.lower_bound_won ? 1 : 0;
     }

@@ -4,10 +4,15 @@
 // not, with chunk reuse across requests and JSON errors for bad input.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "model/model.h"
@@ -347,6 +352,81 @@ TEST_F(LiveServerTest, ErrorsAreJsonWithStatus) {
                                            .dump()),
           400, "exceeds the model context");
   }
+}
+
+// A client that sends a request and closes its connection at once: the server cancels the
+// request at its next token instead of generating max_tokens for nobody. Whole and streamed.
+TEST_F(LiveServerTest, AbandonedRequestsAreCancelled) {
+  for (bool stream : {false, true}) {
+    const uint64_t before = server_->cancelled_requests();
+    const std::string body = json{
+        {"messages", {user("Tell me everything.")}},
+        {"max_tokens", 400},
+        {"ignore_eos", true},
+        {"stream", stream}}.dump();
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port_);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string req = fmt::format(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: {}\r\n\r\n{}",
+        body.size(), body);
+    ASSERT_EQ(::send(fd, req.data(), req.size(), 0), (ssize_t)req.size());
+    ::close(fd);
+    // Bounded wait for the server to notice (it does so at the first generated token).
+    for (int i = 0; i < 600 && server_->cancelled_requests() == before; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(server_->cancelled_requests(), before + 1) << (stream ? "streamed" : "whole");
+  }
+  // The engine is free again: an ordinary request answers.
+  const auto r = post("/v1/chat/completions", chat_body(false).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST(ServerSocket, PeerCloseIsSeenAndAnOpenPeerIsNot) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  EXPECT_FALSE(peer_has_closed(sv[0]));
+  ASSERT_EQ(::send(sv[1], "GET", 3, 0), 3);  // pipelined bytes are not a close
+  EXPECT_FALSE(peer_has_closed(sv[0]));
+  ::close(sv[1]);
+  EXPECT_TRUE(peer_has_closed(sv[0]));
+  ::close(sv[0]);
+  EXPECT_FALSE(peer_has_closed(-1));
+}
+
+// Browser requests from a foreign site are refused, a form-encoded body over the HTTP layer's
+// 8 KiB form limit is told to use the JSON content type, and a chunk that cannot fit the
+// model's context is a 400 on /v1/chunks.
+TEST_F(LiveServerTest, OriginFormBodiesAndOverlongChunks) {
+  httplib::Client c("127.0.0.1", port_);
+  httplib::Headers h = {{"Origin", "http://evil.example"}};
+  auto r = c.Post("/v1/chat/completions", h, chat_body(false).dump(), "text/plain");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 403) << r->body;
+  EXPECT_NE(r->body.find("--allow-origin"), std::string::npos) << r->body;
+
+  const std::string big = json{{"messages", {user(std::string(10000, 'a'))}}}.dump();
+  r = c.Post("/v1/chat/completions", big, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_NE(r->body.find("Content-Type: application/json"), std::string::npos) << r->body;
+  // A small JSON body is accepted whatever its content type.
+  r = c.Post("/v1/chat/completions", chat_body(false).dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+
+  std::string long_doc;
+  for (int i = 0; i < 600; ++i) long_doc += "storm ";
+  r = post("/v1/chunks", json{{"chunks", {"short", long_doc}}}.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_NE(r->body.find("chunks[1]"), std::string::npos) << r->body;
 }
 
 }  // namespace

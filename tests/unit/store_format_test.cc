@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "core/error.h"
@@ -94,6 +95,45 @@ TEST_F(HeaderTest, BadMagicAndTruncationAreNamed) {
   EXPECT_FALSE(decode_header(bytes_.data(), bytes_.size() - 1, &err));
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
   EXPECT_FALSE(decode_header(bytes_.data(), 10, &err));
+}
+
+// A header whose checksum is right but whose meta is hostile (the attacker recomputes the CRC):
+// every field the readers index with is checked, and the error names it.
+TEST_F(HeaderTest, HostileMetaWithAValidChecksumIsRejected) {
+  struct Case {
+    const char* field;
+    std::function<void(ChunkMeta&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"order", [](ChunkMeta& m) { m.order[0] = 1000000; }},
+      {"order", [](ChunkMeta& m) { m.order[5] = -3; }},
+      {"order", [](ChunkMeta& m) { m.order[2] = m.order[7]; }},
+      {"order", [](ChunkMeta& m) { m.order.pop_back(); }},
+      {"tokens", [](ChunkMeta& m) { m.tokens.push_back(1); }},
+      {"tokens", [](ChunkMeta& m) { m.tokens[3] = -1; }},
+      {"scores", [](ChunkMeta& m) { m.scores.clear(); }},
+      {"rank_mode", [](ChunkMeta& m) { m.rank_mode = "../x"; }},
+      {"meta is not valid", [](ChunkMeta& m) { m.alpha = std::nan(""); }},  // JSON null
+  };
+  for (const Case& c : cases) {
+    ChunkMeta m = kv_.meta;
+    c.edit(m);
+    const RecordLayout lay = plan_record(m, 4096);
+    const std::vector<uint8_t> bytes = encode_header(lay, m, crcs_);
+    std::string err;
+    EXPECT_FALSE(decode_header(bytes.data(), bytes.size(), &err)) << c.field;
+    EXPECT_NE(err.find(c.field), std::string::npos) << err;
+  }
+  ChunkMeta nan_alpha = kv_.meta;
+  nan_alpha.alpha = std::nan("");
+  std::string alpha_err;
+  EXPECT_FALSE(check_meta(nan_alpha, &alpha_err));
+  EXPECT_NE(alpha_err.find("alpha"), std::string::npos) << alpha_err;
+  ChunkMeta huge = kv_.meta;
+  huge.kv_dim = 1 << 30;
+  std::string err;
+  EXPECT_FALSE(check_meta(huge, &err));
+  EXPECT_NE(err.find("kv_dim"), std::string::npos) << err;
 }
 
 TEST(KvUnpack, F16EqualsScalarConversionForEveryHalfAndTailLength) {

@@ -97,6 +97,9 @@ void register_serve(CLI::App& app) {
   c->add_option("--model-id", a->server.model_id,
                 "Model name in responses (default: the GGUF file's name)");
   c->add_option("--max-body", a->max_body, "Largest request body (e.g. 8M)")->capture_default_str();
+  c->add_option("--allow-origin", a->server.allowed_origins,
+                "Browser Origin allowed to call the API (repeatable; '*' for any). Requests "
+                "with any other Origin header are refused (403)");
   c->add_option("--max-tokens-limit", a->server.limits.max_tokens_limit,
                 "Largest max_tokens a request may ask for")
       ->capture_default_str();
