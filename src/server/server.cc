@@ -1,7 +1,9 @@
 // HTTP transport of the OpenAI-compatible server (cpp-httplib); the format is in api.cc.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,6 +13,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -52,7 +55,26 @@ int port_of(const sockaddr_storage& a) {
 
 }  // namespace
 
-int connection_socket(int local_port, int remote_port) {
+namespace {
+
+std::string addr_of(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof(buf));
+  if (a.ss_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof(buf));
+  return buf;
+}
+
+// This process's TCP sockets bound to local_port: listening ones and accepted connections.
+struct OwnSocket {
+  int fd = -1;
+  bool listening = false;
+  std::string peer;  // "addr:port" of a connection
+  int peer_port = -1;
+};
+std::vector<OwnSocket> own_sockets(int local_port) {
+  std::vector<OwnSocket> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     const std::string name = e.path().filename().string();
@@ -64,10 +86,29 @@ int connection_socket(int local_port, int remote_port) {
     sockaddr_storage local{}, peer{};
     socklen_t ll = sizeof(local), pl = sizeof(peer);
     if (::getsockname((int)fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        ::getpeername((int)fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+        port_of(local) != local_port)
       continue;
-    if (port_of(local) == local_port && port_of(peer) == remote_port) return (int)fd;
+    OwnSocket o;
+    o.fd = (int)fd;
+    int accepting = 0;
+    socklen_t al = sizeof(accepting);
+    o.listening =
+        ::getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &al) == 0 && accepting != 0;
+    if (!o.listening) {
+      if (::getpeername((int)fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+      o.peer_port = port_of(peer);
+      o.peer = fmt::format("{}:{}", addr_of(peer), o.peer_port);
+    }
+    out.push_back(std::move(o));
   }
+  return out;
+}
+
+}  // namespace
+
+int connection_socket(int local_port, int remote_port) {
+  for (const OwnSocket& o : own_sockets(local_port))
+    if (!o.listening && o.peer_port == remote_port) return o.fd;
   return -1;
 }
 
@@ -113,7 +154,63 @@ struct Server::Impl {
   int port = -1;
   const int64_t started = unix_now();
 
-  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {}
+  // The connection watchdog (see watch()): per connection ("addr:port" of the peer) how many
+  // requests are in a handler or streaming, and since when it has been idle.
+  std::mutex conn_mu;
+  std::condition_variable conn_cv;
+  bool stopping = false;
+  std::map<std::string, int> conn_busy;
+  std::map<std::string, std::chrono::steady_clock::time_point> conn_idle_since;
+  std::thread watchdog;
+  std::atomic<uint64_t> slow_closed{0};
+
+  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
+    const size_t n = (size_t)std::max(2, opt.http_threads);
+    http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
+  }
+
+  static std::string peer_of(const httplib::Request& req) {
+    return fmt::format("{}:{}", req.remote_addr, req.remote_port);
+  }
+  void conn_enter(const std::string& peer) {
+    std::lock_guard<std::mutex> lk(conn_mu);
+    ++conn_busy[peer];
+  }
+  void conn_leave(const std::string& peer) {
+    std::lock_guard<std::mutex> lk(conn_mu);
+    if (--conn_busy[peer] <= 0) {
+      conn_busy.erase(peer);
+      conn_idle_since[peer] = std::chrono::steady_clock::now();
+    }
+  }
+
+  // The HTTP layer bounds each read (5 s) but not a whole request, so a client sending one byte
+  // every few seconds would hold a worker forever. Twice a second this closes every connection
+  // that is not in a handler and has been idle (reading a request, or between keep-alive
+  // requests) for longer than request_timeout_s.
+  void watch() {
+    const auto limit = std::chrono::milliseconds((int64_t)(opt.request_timeout_s * 1000));
+    std::unique_lock<std::mutex> lk(conn_mu);
+    while (!conn_cv.wait_for(lk, std::chrono::milliseconds(500), [this] { return stopping; })) {
+      lk.unlock();
+      const std::vector<OwnSocket> socks = own_sockets(port);
+      lk.lock();
+      const auto now = std::chrono::steady_clock::now();
+      std::map<std::string, std::chrono::steady_clock::time_point> seen;
+      for (const OwnSocket& o : socks) {
+        if (o.listening) continue;
+        auto it = conn_idle_since.find(o.peer);
+        const auto since = it == conn_idle_since.end() ? now : it->second;
+        seen[o.peer] = since;
+        if (conn_busy.count(o.peer) || now - since < limit) continue;
+        ::shutdown(o.fd, SHUT_RDWR);  // the worker's read fails and it closes the socket
+        slow_closed.fetch_add(1);
+      }
+      conn_idle_since.swap(seen);  // forget connections that are gone
+      for (auto it = conn_busy.begin(); it != conn_busy.end();)
+        it = conn_idle_since.count(it->first) ? std::next(it) : conn_busy.erase(it);
+    }
+  }
 
   std::string new_id(const char* prefix) {
     return fmt::format("{}-{:x}-{}", prefix, started, next_id.fetch_add(1));
@@ -131,7 +228,10 @@ struct Server::Impl {
 
   void routes() {
     http.set_payload_max_length(opt.max_body_bytes);
+    http.set_post_routing_handler(
+        [this](const httplib::Request& req, httplib::Response&) { conn_leave(peer_of(req)); });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      conn_enter(peer_of(req));  // left in the post-routing handler, which every request reaches
       if (origin_allowed(req)) {
         if (req.has_header("Origin"))
           res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
@@ -306,10 +406,15 @@ struct Server::Impl {
     }
     // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, r, prompt, id, created, fd](size_t, httplib::DataSink& sink) {
-          return stream(*r, *prompt, id, created, fd, sink);
-        });
+    // The stream outlives the handler: the connection stays busy (exempt from the watchdog)
+    // until the provider, which holds this token, is destroyed.
+    const std::string peer = peer_of(req);
+    conn_enter(peer);
+    auto busy = std::shared_ptr<void>(nullptr, [this, peer](void*) { conn_leave(peer); });
+    res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd, busy](
+                                                              size_t, httplib::DataSink& sink) {
+      return stream(*r, *prompt, id, created, fd, sink);
+    });
   }
 
   // Generation runs on its own thread under the engine lock and hands pieces over through a
@@ -418,6 +523,10 @@ int Server::bind() {
                   "serve: cannot listen on {}:{} (address in use, or not a local "
                   "address)",
                   s.opt.host, s.opt.port);
+  // The HTTP layer listens with a backlog of 5, so bursts of connections were reset; listen()
+  // again on the same socket raises it (Linux takes a second listen() as a backlog change).
+  for (const OwnSocket& o : own_sockets(s.port))
+    if (o.listening) ::listen(o.fd, std::max(1, s.opt.listen_backlog));
   return s.port;
 }
 
@@ -426,10 +535,24 @@ int Server::port() const { return impl_->port; }
 uint64_t Server::cancelled_requests() const { return impl_->cancelled.load(); }
 
 void Server::serve() {
-  CT_THROW_IF_NOT(impl_->port > 0, "serve: bind() first");
-  impl_->http.listen_after_bind();
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(s.port > 0, "serve: bind() first");
+  {
+    std::lock_guard<std::mutex> lk(s.conn_mu);
+    s.stopping = false;
+  }
+  if (s.opt.request_timeout_s > 0) s.watchdog = std::thread([&s] { s.watch(); });
+  s.http.listen_after_bind();
+  {
+    std::lock_guard<std::mutex> lk(s.conn_mu);
+    s.stopping = true;
+  }
+  s.conn_cv.notify_all();
+  if (s.watchdog.joinable()) s.watchdog.join();
 }
 
 void Server::stop() { impl_->http.stop(); }
+
+uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.load(); }
 
 }  // namespace ct::server

@@ -24,6 +24,9 @@ struct ServerOptions {
   // Origins whose browser requests are served ("*": any). A request with another Origin header
   // gets 403: a page on a foreign site must not drive a local server.
   std::vector<std::string> allowed_origins;
+  int http_threads = 64;          // connection workers; a slow client holds at most one
+  double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
+  int listen_backlog = 512;       // pending connections the kernel queues
 };
 
 class Server {
@@ -39,6 +42,8 @@ class Server {
   int port() const;
   // Requests (streamed or not) stopped early because their client closed the connection.
   uint64_t cancelled_requests() const;
+  // Connections closed because they took longer than request_timeout_s to send a request.
+  uint64_t slow_connections_closed() const;
   // Serves until stop() (from another thread or a signal handler's helper thread). bind() first.
   void serve();
   void stop();

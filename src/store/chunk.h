@@ -27,18 +27,18 @@ struct ChunkMeta {
   std::string model_fingerprint;  // Model::fingerprint()
   int32_t n_tok = 0;
   int32_t n_layer = 0;
-  int32_t kv_dim = 0;             // n_kv_head * head_dim
+  int32_t kv_dim = 0;  // n_kv_head * head_dim
   KvDtype dtype = KvDtype::F16;
-  bool sink = false;              // encoded after a BOS/attention-sink token (not stored)
-  std::string rank_mode;          // "lowfreq" | "highfreq" | "l2"
+  bool sink = false;      // encoded after a BOS/attention-sink token (not stored)
+  std::string rank_mode;  // "lowfreq" | "highfreq" | "l2"
   double alpha = 0.5;
-  std::vector<int32_t> tokens;    // [n_tok] token ids in text order
-  std::vector<int32_t> order;     // [n_tok] ranking: order[j] = token index of rank j
-  std::vector<float> scores;      // [n_tok] importance score per token index
-  double rank_ms = 0;             // time the ranking took when encoded
+  std::vector<int32_t> tokens;  // [n_tok] token ids in text order
+  std::vector<int32_t> order;   // [n_tok] ranking: order[j] = token index of rank j
+  std::vector<float> scores;    // [n_tok] importance score per token index
+  double rank_ms = 0;           // time the ranking took when encoded
 
-  size_t layer_bytes() const;     // bytes of one layer's K (or V) block: n_tok * kv_dim * dtype
-  size_t kv_bytes() const;        // all layers, K and V
+  size_t layer_bytes() const;  // bytes of one layer's K (or V) block: n_tok * kv_dim * dtype
+  size_t kv_bytes() const;     // all layers, K and V
 };
 
 struct ChunkKV {

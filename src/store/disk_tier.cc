@@ -198,6 +198,7 @@ void DiskTier::scan() {
       store_log(fmt::format("{}: {} is not a valid record ({}); deleted", opt_.name,
                             de.path().string(), err));
       fs::remove(de.path(), ec);
+      scan_rejects_.push_back(fmt::format("{}: {}; deleted", de.path().string(), err));
       continue;
     }
     found.push_back({de.last_write_time(ec), id, std::move(header)});
@@ -214,6 +215,9 @@ void DiskTier::scan() {
 
 bool DiskTier::put(const ChunkKV& kv) {
   check_chunk(kv);
+  auto hook = [this](const char* step) {
+    if (opt_.write_hook) opt_.write_hook(step);
+  };
   const ChunkMeta& m = kv.meta;
   const RecordLayout lay = plan_record(m, kAlign);
   const int n_groups = n_row_groups(m.n_tok);
@@ -238,11 +242,14 @@ bool DiskTier::put(const ChunkKV& kv) {
       slab_group_crcs(slab.data(), m, &crcs[(size_t)l * n_groups]);
       if (!pwrite_all(fd.get(), slab.data(), slab.size(), lay.data_offset + l * lay.slab_stride))
         return fail("write");
+      hook("slab");
     }
     std::vector<uint8_t> header = encode_header(lay, m, crcs);
     header.resize(lay.data_offset, 0);
     if (!pwrite_all(fd.get(), header.data(), header.size(), 0)) return fail("write");
+    hook("header");
     if (opt_.sync_writes && ::fsync(fd.get()) != 0) return fail("fsync");
+    hook("fsync");
   }
   RecordHeader h;
   h.meta = m;
@@ -255,6 +262,7 @@ bool DiskTier::put(const ChunkKV& kv) {
   {
     std::lock_guard lock(mu_);
     if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) return fail("rename");
+    hook("rename");
     auto [it, inserted] = entries_.try_emplace(m.id);
     if (!inserted) used_bytes_ -= it->second.header->total_bytes;
     used_bytes_ += h.total_bytes;
@@ -263,6 +271,7 @@ bool DiskTier::put(const ChunkKV& kv) {
   if (opt_.sync_writes) {
     Fd dir(::open(opt_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dir.get() >= 0) ::fsync(dir.get());
+    hook("dirsync");
   }
   return true;
 }

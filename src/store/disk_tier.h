@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <string>
 
 #include "store/record_format.h"
@@ -33,6 +34,9 @@ struct DiskTierOptions {
   double read_bytes_per_sec = 0;  // > 0: every read takes at least bytes / this (below)
   bool direct_io = false;         // O_DIRECT reads; buffered if the filesystem refuses
   bool sync_writes = true;        // fsync file and directory in put()
+  // Tests only: called between the steps of put() ("slab", "header", "fsync", "rename",
+  // "dirsync"), so a crash test can kill the process at each point of a write.
+  std::function<void(const char* step)> write_hook;
 };
 
 class DiskTier final : public Tier {
@@ -60,6 +64,8 @@ class DiskTier final : public Tier {
   std::string path_of(const std::string& id) const;
   uint64_t bytes_read() const { return bytes_read_.load(); }
 
+  std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
+
  private:
   struct Entry {
     std::shared_ptr<const RecordHeader> header;
@@ -82,6 +88,7 @@ class DiskTier final : public Tier {
   // Whole-record load with every checksum checked; out may be null (verify).
   bool load_checked(const std::string& id, ChunkKV* out);
   void scan();
+  std::vector<std::string> scan_rejects_;  // written by the constructor's scan only
 
   DiskTierOptions opt_;
   mutable std::mutex mu_;

@@ -248,6 +248,8 @@ VerifyReport CachePool::verify_all() {
     for (const auto& [id, e] : index_) chunks.emplace_back(id, e.tier);
   }
   VerifyReport report;
+  for (const auto& t : tiers_)
+    for (std::string& r : t->scan_rejects()) report.scan_rejects.push_back(std::move(r));
   for (const auto& [id, t] : chunks) {
     ++report.n_checked;
     if (tiers_[t]->verify(id)) continue;

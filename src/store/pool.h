@@ -53,6 +53,8 @@ struct PoolStat {
 struct VerifyReport {
   size_t n_checked = 0;
   std::vector<std::string> bad;  // ids that failed and were dropped
+  // Damaged records the tiers' start-up scans removed or ignored ("<where>: <reason>").
+  std::vector<std::string> scan_rejects;
 };
 
 class CachePool {

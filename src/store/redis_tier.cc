@@ -370,8 +370,10 @@ void RedisTier::scan() {
       std::string err;
       auto h = decode_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &err);
       if (!h || meta_key(h->meta.id) != key) {
-        store_log(fmt::format("{}: {} is not a valid record header ({}); ignored", opt_.name, key,
-                              h ? "id does not match the key" : err));
+        const std::string why = h ? "id does not match the key" : err;
+        store_log(
+            fmt::format("{}: {} is not a valid record header ({}); ignored", opt_.name, key, why));
+        scan_rejects_.push_back(fmt::format("{}: {}; ignored", key, why));
         continue;
       }
       index(std::move(bytes));

@@ -94,6 +94,8 @@ class RedisTier final : public Tier {
   uint64_t redirects_followed() const { return redirects_.load(); }
   uint64_t failed_exchanges() const { return failures_.load(); }
 
+  std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
+
  private:
   struct ReplyFree {
     void operator()(redisReply* r) const;
@@ -135,6 +137,7 @@ class RedisTier final : public Tier {
   // false without dropping.
   bool load_checked(const std::string& id, ChunkKV* out);
   void scan();
+  std::vector<std::string> scan_rejects_;  // written by the constructor's scan only
 
   RedisTierOptions opt_;
   std::string default_addr_;

@@ -55,6 +55,10 @@ class Tier {
   // Re-checks every checksum of the record. A failing record is logged and dropped; returns true
   // only when the record is present and intact.
   virtual bool verify(const std::string& id) = 0;
+
+  // What the start-up scan found damaged and removed or ignored, one line each ("<file or key>:
+  // <reason>"), so `cache verify` can report it (the scan itself only logs).
+  virtual std::vector<std::string> scan_rejects() const { return {}; }
 };
 
 // Ids of an index whose entries carry a storing sequence number `seq`, oldest first (the order

@@ -388,6 +388,67 @@ TEST_F(LiveServerTest, AbandonedRequestsAreCancelled) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
+// Slow clients (slowloris): connections that dribble a request header one byte at a time are
+// closed once they pass the request timeout, and while they hang on, an ordinary request is
+// served (each holds one worker at most). A server of its own, with a 1-second timeout.
+TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
+  test::TempDir dir;
+  test::TinyModelOptions o;
+  o.n_layer = 1;
+  EngineOptions eo;
+  eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
+  eo.tiers = {parse_tier_spec("host:16M")};
+  Engine engine(eo);
+  ServerOptions so;
+  so.port = 0;
+  so.request_timeout_s = 1;
+  so.http_threads = 16;
+  Server server(engine, so);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  constexpr int kSlow = 10;
+  std::vector<int> fds;
+  for (int i = 0; i < kSlow; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    fds.push_back(fd);
+  }
+  const std::string header = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  std::vector<bool> closed(kSlow, false);
+  bool served = false;
+  // Up to 20 s in all (the server must close them after about 1 s): one byte per connection
+  // every 200 ms, and an ordinary request in the middle.
+  for (int tick = 0; tick < 100; ++tick) {
+    for (int i = 0; i < kSlow; ++i) {
+      if (closed[i]) continue;
+      const char c = header[std::min<size_t>(tick, header.size() - 1)];
+      if (::send(fds[i], &c, 1, MSG_NOSIGNAL) != 1) closed[i] = true;
+      char buf[256];
+      if (::recv(fds[i], buf, sizeof(buf), MSG_DONTWAIT) == 0) closed[i] = true;
+    }
+    if (tick == 2) {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(60, 0);
+      auto r =
+          c.Post("/v1/chat/completions", json{{"messages", {user("hi")}}, {"max_tokens", 2}}.dump(),
+                 "application/json");
+      served = r && r->status == 200;
+    }
+    if (std::all_of(closed.begin(), closed.end(), [](bool b) { return b; })) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(served) << "an ordinary request waited behind slow clients";
+  EXPECT_EQ(std::count(closed.begin(), closed.end(), true), kSlow);
+  EXPECT_GE(server.slow_connections_closed(), (uint64_t)kSlow);
+  for (int fd : fds) ::close(fd);
+  server.stop();
+  t.join();
+}
+
 TEST(ServerSocket, PeerCloseIsSeenAndAnOpenPeerIsNot) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);

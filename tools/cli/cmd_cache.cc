@@ -57,9 +57,15 @@ void run_cache(const CacheArgs& a) {
     }
   } else if (a.action == "verify") {
     const store::VerifyReport r = pool.verify_all();
-    std::printf("verified %zu chunks: %zu bad\n", r.n_checked, r.bad.size());
-    for (const auto& id : r.bad) std::printf("  dropped %s (failed checksum or unreadable)\n", id.c_str());
-    if (!r.bad.empty()) throw Error(fmt::format("{} corrupt chunks were dropped", r.bad.size()));
+    for (const auto& what : r.scan_rejects)
+      std::printf("  removed at start-up: %s\n", what.c_str());
+    std::printf("verified %zu chunks: %zu bad, %zu damaged records removed at start-up\n",
+                r.n_checked, r.bad.size(), r.scan_rejects.size());
+    for (const auto& id : r.bad)
+      std::printf("  dropped %s (failed checksum or unreadable)\n", id.c_str());
+    if (!r.bad.empty() || !r.scan_rejects.empty())
+      throw Error(fmt::format("{} corrupt chunks were dropped and {} damaged records removed",
+                              r.bad.size(), r.scan_rejects.size()));
   } else {
     CT_THROW("unknown cache action '{}', expected ls, stat, evict or verify", a.action);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -48,6 +49,9 @@ void run_serve(ServeArgs a) {
       "--default-max-tokens {}; expected 1 .. --max-tokens-limit ({})", check.default_max_tokens,
       check.max_tokens_limit);
   CT_THROW_IF_NOT(check.max_chunks >= 0, "--max-chunks {}; expected >= 0", check.max_chunks);
+  CT_THROW_IF_NOT(so.http_threads >= 2, "--http-threads {}; expected at least 2", so.http_threads);
+  CT_THROW_IF_NOT(so.request_timeout_s >= 0 && std::isfinite(so.request_timeout_s),
+                  "--request-timeout {}; expected seconds >= 0", so.request_timeout_s);
   CT_THROW_IF_NOT(so.max_body_bytes >= 1, "--max-body {}; expected at least one byte", a.max_body);
   Engine eng(std::move(eo));
   if (so.model_id.empty()) {
@@ -97,6 +101,13 @@ void register_serve(CLI::App& app) {
   c->add_option("--model-id", a->server.model_id,
                 "Model name in responses (default: the GGUF file's name)");
   c->add_option("--max-body", a->max_body, "Largest request body (e.g. 8M)")->capture_default_str();
+  c->add_option("--http-threads", a->server.http_threads,
+                "Connection worker threads (a slow client holds at most one)")
+      ->capture_default_str();
+  c->add_option("--request-timeout", a->server.request_timeout_s,
+                "Seconds a connection may take to send one request before it is closed (0: no "
+                "limit)")
+      ->capture_default_str();
   c->add_option("--allow-origin", a->server.allowed_origins,
                 "Browser Origin allowed to call the API (repeatable; '*' for any). Requests "
                 "with any other Origin header are refused (403)");
