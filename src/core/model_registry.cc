@@ -94,8 +94,8 @@ std::vector<ModelEntry> parse_model_registry(const std::string& text, const std:
     e.parts = std::stoi(cols[6]);
     CT_THROW_IF_NOT(!e.package.empty() && !e.version.empty() && !e.member.empty(),
                     "{}:{}: model '{}' has an empty package, version or member", source, n, e.name);
-    CT_THROW_IF_NOT(find_model(reg, e.name) == nullptr, "{}:{}: name '{}' appears twice", source,
-                    n, e.name);
+    CT_THROW_IF_NOT(find_model(reg, e.name) == nullptr, "{}:{}: name '{}' appears twice", source, n,
+                    e.name);
     reg.push_back(std::move(e));
   }
   CT_THROW_IF_NOT(!reg.empty(), "{}: no models (expected at least one row)", source);

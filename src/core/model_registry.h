@@ -45,7 +45,7 @@ const char* install_state_name(InstallState s);
 
 struct Installed {
   InstallState state = InstallState::kAbsent;
-  std::string path;  // dir/file
+  std::string path;   // dir/file
   uint64_t size = 0;  // bytes on disk (0 when absent)
 };
 
