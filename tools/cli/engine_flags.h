@@ -31,10 +31,10 @@ inline double parse_ratio_flag(const std::string& text, double r_min, bool* is_a
 // -m/--model as every sub-command takes it: a registry name (`cachetune models`) or a GGUF path;
 // empty means the default model. resolve_model() turns it into a path after parsing.
 inline CLI::Option* add_model_option(CLI::App* c, std::string* model) {
+  // Static help text: reading the registry here would run before main's error handling.
   return c->add_option("-m,--model", *model,
                        "Model: a name from `cachetune models` (installed by `cachetune pull "
-                       "NAME`) or a GGUF path (default: " +
-                           model_registry().front().name + ")");
+                       "NAME`) or a GGUF path (default: the registry's default, smollm2-135m)");
 }
 
 struct EngineFlags {
