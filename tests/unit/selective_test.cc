@@ -1,14 +1,19 @@
-// Selective recomputation on a tiny random model: r = 1 equals full recompute in any chunk
+// Selective recomputation on tiny random models: r = 1 equals full recompute in any chunk
 // order, r = 0 on a lone chunk at offset 0 equals plain prefill, deferred RoPE equals keys
-// computed in place, reordering leaves chunk records untouched, and every policy's budget.
+// computed in place, reordering leaves chunk records untouched, and every policy's budget. Every
+// test runs on three shapes: llama (adjacent-pair RoPE), qwen2 (Q/K/V biases, NEOX rotation,
+// rope base 1e6, as Qwen2.5) and llama with Llama 3.1's rope_freqs.weight plus linear scaling.
 #include "reuse/selective.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <random>
 
+#include "core/error.h"
 #include "core/sha256.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
@@ -17,19 +22,46 @@
 namespace ct {
 namespace {
 
-class SelectiveTest : public ::testing::Test {
+// The model shapes every test runs on (the test parameter).
+test::TinyModelOptions variant_options(const std::string& variant) {
+  test::TinyModelOptions o;
+  o.n_layer = 4;
+  if (variant == "qwen2") {
+    o.arch = "qwen2";
+    o.rope_theta = 1e6f;
+  } else if (variant == "llama31_rope_freqs") {
+    o.rope_theta = 500000.0f;
+    o.rope_freq_factors = {1.0f, 1.0f, 1.5f, 2.0f, 3.0f, 5.0f, 8.0f, 8.0f};  // [head_dim / 2]
+    o.rope_scaling_type = "linear";
+    o.rope_scaling_factor = 2.0f;
+  } else {
+    CT_ASSERT(variant == "llama", "unknown test variant {}", variant);
+  }
+  return o;
+}
+
+class SelectiveTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    const std::string path =
-        (std::filesystem::temp_directory_path() / "ct_selective_tiny.gguf").string();
-    test::TinyModelOptions o;
-    o.n_layer = 4;
-    test::write_tiny_model(path, o);
-    model_ = Model::load(path).release();
+    for (const char* v : {"llama", "qwen2", "llama31_rope_freqs"}) {
+      const std::string path = (std::filesystem::temp_directory_path() /
+                                ("ct_selective_tiny_" + std::string(v) + ".gguf"))
+                                   .string();
+      test::write_tiny_model(path, variant_options(v));
+      models_[v] = Model::load(path);
+    }
   }
   static void TearDownTestSuite() {
-    delete model_;
+    models_.clear();
     model_ = nullptr;
+  }
+  void SetUp() override {
+    model_ = models_.at(GetParam()).get();
+    // The variant really has the shape it is named for (a silently plain model proves nothing).
+    const ModelConfig& c = model_->config();
+    EXPECT_EQ(c.has_qkv_bias, GetParam() == "qwen2");
+    EXPECT_EQ(c.rope_style == cpu::RopeStyle::kNeox, GetParam() == "qwen2");
+    EXPECT_EQ(c.rope_freq_factors.empty(), GetParam() != "llama31_rope_freqs");
   }
 
   static std::vector<float> full_logits(const std::vector<int32_t>& toks) {
@@ -74,11 +106,17 @@ class SelectiveTest : public ::testing::Test {
     return h.hex_digest();
   }
 
-  static Model* model_;
+  static std::map<std::string, std::unique_ptr<Model>> models_;
+  static Model* model_;  // the current test's variant
 };
+std::map<std::string, std::unique_ptr<Model>> SelectiveTest::models_;
 Model* SelectiveTest::model_ = nullptr;
 
-TEST_F(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
+INSTANTIATE_TEST_SUITE_P(Shapes, SelectiveTest,
+                         ::testing::Values("llama", "qwen2", "llama31_rope_freqs"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST_P(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(37, 1), eo);
   ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(50, 2), eo);
@@ -95,7 +133,7 @@ TEST_F(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
   }
 }
 
-TEST_F(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
+TEST_P(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
   EncodeOptions eo;
   eo.dtype = KvDtype::F32;
   eo.sink = false;  // encoded exactly as it sits in the request: position 0, no sink
@@ -112,7 +150,7 @@ TEST_F(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
   EXPECT_LT(max_abs_diff(run(req16, PolicyKind::kReuse, 0.0), want), 2e-2f);
 }
 
-TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
+TEST_P(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   // Layer-0 keys depend only on the token, so stored pre-RoPE keys rotated to global position p
   // must equal the keys a full prefill computes at p.
   EncodeOptions eo;
@@ -145,7 +183,7 @@ TEST_F(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   EXPECT_LT(worst, 1e-5f);
 }
 
-TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
+TEST_P(SelectiveTest, ReorderingChangesOnlyPositions) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(45, 10), eo);
   ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(33, 11), eo);
@@ -167,7 +205,7 @@ TEST_F(SelectiveTest, ReorderingChangesOnlyPositions) {
   EXPECT_NE(a.meta.id, chunk_id(model_->fingerprint(), a.meta.tokens, other));
 }
 
-TEST_F(SelectiveTest, EncodingAndRankingAreDeterministic) {
+TEST_P(SelectiveTest, EncodingAndRankingAreDeterministic) {
   EncodeOptions eo;
   const auto toks = test::random_byte_tokens(80, 15);
   ChunkKV a = encode_chunk(*model_, toks, eo), b = encode_chunk(*model_, toks, eo);
@@ -179,7 +217,7 @@ TEST_F(SelectiveTest, EncodingAndRankingAreDeterministic) {
   for (int t = 0; t < a.meta.n_tok; ++t) EXPECT_NEAR(r1.scores[t], r2.scores[t], 1e-4f);
 }
 
-TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
+TEST_P(SelectiveTest, EveryPolicySelectsItsBudget) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(61, 16), eo);
   ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(10, 17), eo);
@@ -203,7 +241,7 @@ TEST_F(SelectiveTest, EveryPolicySelectsItsBudget) {
   }
 }
 
-TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
+TEST_P(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(100, 20), eo);
   SelectionReport rep;
@@ -214,7 +252,7 @@ TEST_F(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
   EXPECT_EQ(rep.selected[0], top);
 }
 
-TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
+TEST_P(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(30, 22), eo);
   ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(30, 23), eo);
@@ -236,7 +274,7 @@ TEST_F(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
   EXPECT_LT(max_abs_diff(got, want), 1e-4f);
 }
 
-TEST_F(SelectiveTest, BadRequestsAreRejectedWithAReason) {
+TEST_P(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(10, 27), eo);
   EXPECT_THROW(layout_request(ComposedRequest{{}, {src(a)}, {}}), Error);

@@ -10,16 +10,16 @@
 #include <random>
 
 #include "core/error.h"
-#include "core/paths.h"
 #include "core/timer.h"
 #include "model/generate.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/engine_flags.h"
 
 namespace ct::cli {
 namespace {
 
 struct BenchArgs {
-  std::string model = default_model_path();
+  std::string model;  // a registry name or a path; empty: the default model
   std::vector<int> prompt_lengths = {512, 2048, 4096};
   int decode_tokens = 64;
   int repeats = 2;
@@ -49,10 +49,11 @@ double sgemm_gflops(int m, int k, int n) {
 }
 
 void run_bench(const BenchArgs& a) {
-  auto model = Model::load(a.model);
+  const std::string model_path = resolve_model(a.model);
+  auto model = Model::load(model_path);
   const ModelConfig& c = model->config();
   nlohmann::json out;
-  out["model"] = a.model;
+  out["model"] = model_path;
   out["engine"] = "cachetune";
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> tok(100, c.n_vocab - 1);
@@ -105,7 +106,7 @@ void run_bench(const BenchArgs& a) {
 void register_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* c = app.add_subcommand("bench", "Prefill/decode speed and the SGEMM reference rate");
-  c->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(c, &a->model);
   c->add_option("--prompt-lengths", a->prompt_lengths, "Prompt lengths to time")
       ->capture_default_str();
   c->add_option("--decode-tokens", a->decode_tokens, "Tokens to decode")->capture_default_str();

@@ -22,7 +22,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/paths.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 #include "model/sampler.h"
@@ -33,6 +32,7 @@
 #include "store/memory_tier.h"
 #include "store/redis_tier.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/engine_flags.h"
 
 namespace ct::cli {
 namespace {
@@ -40,7 +40,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct BenchTiersArgs {
-  std::string model = default_model_path();
+  std::string model;              // a registry name or a path; empty: the default model
   std::vector<std::string> docs;  // default: examples/docs/*.txt
   std::string question = "Who directs the institute that discovered the Harrow Reef?";
   std::string data;  // JSONL with "chunks" and "question" per line
@@ -425,7 +425,8 @@ void run_bench_tiers(const BenchTiersArgs& a) {
                     a.hdd_bw);
   }
   const std::vector<BenchRequest> requests = load_requests(a);
-  auto model = Model::load(a.model);
+  const std::string model_path = resolve_model(a.model);
+  auto model = Model::load(model_path);
   const Model& m = *model;
   EncodeOptions eo;
   eo.dtype = parse_kv_dtype(a.kv_dtype);
@@ -454,7 +455,7 @@ void run_bench_tiers(const BenchTiersArgs& a) {
   Runner runner(m, a.ratio);
   nlohmann::json out;
   out["command"] = "bench-tiers";
-  out["model"] = a.model;
+  out["model"] = model_path;
   out["machine"] = sched::machine_identity();
   out["omp_max_threads"] = omp_get_max_threads();
   out["ratio"] = a.ratio;
@@ -504,7 +505,7 @@ void run_bench_tiers(const BenchTiersArgs& a) {
   std::printf(
       "\nbench-tiers: %s, %zu request(s), mean prompt %.0f tokens, cachetune r=%.2f, "
       "median of %d after 1 warm-up, %s, load average %s\n\n",
-      fs::path(a.model).filename().string().c_str(), requests.size(),
+      fs::path(model_path).filename().string().c_str(), requests.size(),
       [&] {
         double s = 0;
         for (const auto& p : mem_reqs) s += p.n_total;
@@ -617,7 +618,7 @@ void register_bench_tiers(CLI::App& app) {
       "bench-tiers",
       "Cache-loading ablation per storage tier (paper Table 4): TTFT with overlap, sparse loading "
       "and deferred RoPE switched on in turn");
-  c->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(c, &a->model);
   c->add_option("--docs", a->docs, "Documents of the one request (default: examples/docs/*.txt)");
   c->add_option("-q,--question", a->question, "Question over --docs")->capture_default_str();
   c->add_option("--data", a->data, "JSONL file of requests (\"chunks\", \"question\" per line)");

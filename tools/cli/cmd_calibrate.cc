@@ -184,7 +184,7 @@ void register_calibrate(CLI::App& app) {
                 "Tier under test: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
                 "redis[:HOST[:PORT]]")
       ->required();
-  c->add_option("-m,--model", a->engine.model, "GGUF model file (default: the cached SmolLM2)");
+  add_model_option(c, &a->engine.model);
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32")
       ->capture_default_str();
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking")

@@ -7,10 +7,10 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/paths.h"
 #include "core/timer.h"
 #include "eval/runner.h"
 #include "tools/cli/commands.h"
+#include "tools/cli/engine_flags.h"
 
 namespace ct::cli {
 namespace {
@@ -27,7 +27,7 @@ constexpr const char* kDefaultPolicies =
 constexpr int kDefaultLimit = 2;
 
 struct EvalArgs {
-  std::string model = default_model_path();
+  std::string model;  // a registry name or a path; empty: the default model
   std::vector<std::string> data;
   std::string policies = kDefaultPolicies;
   double ratio = 0.15;
@@ -154,6 +154,7 @@ std::string command_line() {
 void run_eval_cmd(const EvalArgs& a) {
   CT_THROW_IF_NOT(!a.data.empty(), "give the data with --data FILE.jsonl (or a directory)");
   CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
+  const std::string model_path = resolve_model(a.model);  // before the data: fail fast
   EvalOptions o;
   o.data_files = expand_data(a.data);
   o.policies = parse_policies(a.policies);
@@ -187,8 +188,8 @@ void run_eval_cmd(const EvalArgs& a) {
         "avoids spinning threads (decoding was 20x faster with it on the 2-core box)\n");
   }
   Timer lt;
-  std::fprintf(stderr, "eval: loading %s ...\n", a.model.c_str());
-  auto model = Model::load(a.model);
+  std::fprintf(stderr, "eval: loading %s ...\n", model_path.c_str());
+  auto model = Model::load(model_path);
   std::fprintf(stderr, "eval: loaded in %.1fs; settings:", lt.seconds());
   for (const auto& s : eval_setting_names(o)) std::fprintf(stderr, " %s", s.c_str());
   std::fprintf(stderr, "\n");
@@ -206,7 +207,7 @@ void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = app.add_subcommand(
       "eval", "Run data files through the reuse policies: task score, fidelity to full, TTFT");
-  c->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(c, &a->model);
   c->add_option("--data", a->data, "JSONL data file(s) or a directory of them")->required();
   c->add_option("--policies", a->policies, "Comma-separated policies (full is always run)")
       ->capture_default_str();

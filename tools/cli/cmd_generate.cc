@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "core/paths.h"
 #include "core/timer.h"
 #include "model/generate.h"
 #include "reuse/prompt.h"
@@ -17,7 +16,7 @@ namespace ct::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model = default_model_path();
+  std::string model;  // a registry name or a path; empty: the default model
   std::string prompt;
   std::string prompt_file;
   std::string system;
@@ -109,8 +108,9 @@ void run_generate(const GenerateArgs& a) {
                   "give a prompt with --prompt TEXT or --prompt-file FILE");
   std::string text = a.prompt.empty() ? read_file(a.prompt_file) : a.prompt;
   Timer load_t;
-  std::fprintf(stderr, "loading %s ...\n", a.model.c_str());
-  auto model = Model::load(a.model);
+  const std::string model_path = resolve_model(a.model);
+  std::fprintf(stderr, "loading %s ...\n", model_path.c_str());
+  auto model = Model::load(model_path);
   std::fprintf(stderr, "loaded in %.2fs (%d layers, %.0f MiB of F32 weights)\n", load_t.seconds(),
                model->config().n_layer, model->weight_bytes() / 1048576.0);
   const Tokenizer& tok = model->tokenizer();
@@ -158,7 +158,7 @@ void register_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* c = app.add_subcommand(
       "generate", "Answer a prompt (or a question over cached chunks) and print TTFT and tokens/s");
-  c->add_option("-m,--model", a->model, "GGUF model file")->capture_default_str();
+  add_model_option(c, &a->model);
   c->add_option("--chunk", a->chunks, "Document file reused as a chunk (repeatable; chunk mode)");
   c->add_option("-q,--question", a->question, "Question over the chunks (chunk mode)");
   c->add_option("--policy", a->policies,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/model_registry.h"
 #include "engine/engine.h"
 
 namespace ct::cli {
@@ -27,6 +28,15 @@ inline double parse_ratio_flag(const std::string& text, double r_min, bool* is_a
   return ratio;
 }
 
+// -m/--model as every sub-command takes it: a registry name (`cachetune models`) or a GGUF path;
+// empty means the default model. resolve_model() turns it into a path after parsing.
+inline CLI::Option* add_model_option(CLI::App* c, std::string* model) {
+  // Static help text: reading the registry here would run before main's error handling.
+  return c->add_option("-m,--model", *model,
+                       "Model: a name from `cachetune models` (installed by `cachetune pull "
+                       "NAME`) or a GGUF path (default: the registry's default, smollm2-135m)");
+}
+
 struct EngineFlags {
   std::string model;
   std::vector<std::string> tiers;  // specs, e.g. device:2G host:8G disk:DIR[:CAP][:bw=100M]
@@ -37,7 +47,7 @@ struct EngineFlags {
   std::string device = "cpu";
 
   void add(CLI::App* c) {
-    c->add_option("-m,--model", model, "GGUF model file (default: the cached SmolLM2)");
+    add_model_option(c, &model);
     c->add_option(
         "--tiers", tiers,
         "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
@@ -60,7 +70,7 @@ struct EngineFlags {
 
   EngineOptions options() const {
     EngineOptions o;
-    o.model_path = model;
+    o.model_path = resolve_model(model);
     for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
     o.encode.dtype = parse_kv_dtype(dtype);
     o.encode.rank.alpha = alpha;

