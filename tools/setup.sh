@@ -22,6 +22,7 @@ if [[ "${CT_SKIP_APT:-0}" != "1" ]]; then
 fi
 
 tools/fetch_model.sh
+tools/fetch_vocab_tests.sh || echo "setup: warning: llama.cpp vocabulary test files not fetched; the vocab tests will skip" >&2
 
 if [[ -z "${CT_CUDA:-}" ]]; then
   if command -v nvcc >/dev/null; then CT_CUDA=ON; else CT_CUDA=OFF; fi

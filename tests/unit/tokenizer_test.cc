@@ -222,8 +222,18 @@ struct TinyVocab {
     tokens.push_back(text);
     types.push_back(type);
   }
+  VocabSpec spec(const std::string& tmpl = "", const std::string& pre = "smollm") const {
+    VocabSpec s;
+    s.pre = pre;
+    s.tokens = tokens;
+    s.token_types = types;
+    s.merges = merges;
+    s.chat_template = tmpl;
+    s.eos = 0;
+    return s;
+  }
   Tokenizer build(const std::string& tmpl = "", const std::string& pre = "smollm") const {
-    return Tokenizer::from_vocab(tokens, types, merges, pre, tmpl, -1, 0, false);
+    return Tokenizer::from_vocab(spec(tmpl, pre));
   }
 };
 
@@ -394,7 +404,8 @@ TEST(ChatTemplateTest, DefaultSystemMessageComesOnlyFromALiteral) {
 }
 
 TEST(ChatTemplateTest, Llama3Format) {
-  Tokenizer tok = TinyVocab({}).build("{{ '<|start_header_id|>' + message['role'] }}");
+  Tokenizer tok = TinyVocab({}).build(
+      "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
   EXPECT_EQ(tok.apply_chat_template({{"system", "S"}, {"user", "  Hi \n"}}, true),
             "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
@@ -411,17 +422,33 @@ TEST(TokenizerTest, RejectsUnsupportedOrInconsistentInput) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { v.build("", "llama-bpe"); }).find("'llama-bpe'"), std::string::npos);
-  EXPECT_NE(message([&] { v.build("[INST] {{ x }} [/INST]"); }).find("[INST]"), std::string::npos);
-  EXPECT_NE(message([&] {
-              Tokenizer::from_vocab(v.tokens, v.types, {"a zz"}, "smollm", "", -1, -1, false);
-            }).find("merges[0] is 'a zz'"),
+  EXPECT_NE(message([&] { v.build("", "deepseek-llm"); }).find("'deepseek-llm'"),
             std::string::npos);
-  EXPECT_THROW(Tokenizer::from_vocab(v.tokens, {1, 1}, v.merges, "smollm", "", -1, -1, false),
-               Error);
-  EXPECT_THROW(Tokenizer::from_vocab({}, {}, {}, "smollm", "", -1, -1, false), Error);
-  EXPECT_THROW(Tokenizer::from_vocab(v.tokens, v.types, v.merges, "smollm", "", 1 << 20, -1, false),
-               Error);
+  VocabSpec bad = v.spec();
+  bad.model = "t5";
+  EXPECT_NE(message([&] { Tokenizer::from_vocab(bad); }).find("'t5'"), std::string::npos);
+  bad = v.spec();
+  bad.merges = {"a zz"};
+  EXPECT_NE(message([&] { Tokenizer::from_vocab(bad); }).find("merges[0] is 'a zz'"),
+            std::string::npos);
+  bad = v.spec();
+  bad.token_types = {1, 1};
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  bad = v.spec();
+  bad.scores = {0.0f};
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  EXPECT_THROW(Tokenizer::from_vocab(VocabSpec{}), Error);
+  bad = v.spec();
+  bad.bos = 1 << 20;
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  // An unknown chat template still tokenises; rendering it is refused, naming the template.
+  VocabSpec gemma = v.spec("{{ '<start_of_turn>' + role }}");
+  gemma.source = "gemma.gguf";
+  Tokenizer tok = Tokenizer::from_vocab(gemma);
+  EXPECT_EQ(texts(tok, tok.encode("ab", false)), (Strings{"ab"}));
+  const std::string msg = message([&] { tok.apply_chat_template({{"user", "x"}}, true); });
+  EXPECT_NE(msg.find("gemma.gguf"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<start_of_turn>"), std::string::npos) << msg;
 }
 
 }  // namespace
