@@ -125,5 +125,56 @@ INSTANTIATE_TEST_SUITE_P(LlamaCppVocabs, VocabRefTest,
                            return name;
                          });
 
+std::string model_dir() {
+  if (const char* env = std::getenv("CACHETUNE_MODEL_DIR")) return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "") + "/.cache/cachetune/models";
+}
+
+// Qwen2.5 uses Qwen2's tokenizer, so the real files people run must give llama.cpp's qwen2 ids on
+// the same cases; their chat template is ChatML with Qwen's default system message.
+TEST(RealModelVocabTest, Qwen25FilesTokeniseAsLlamaCppsQwen2) {
+  const std::string base = vocab_dir() + "/ggml-vocab-qwen2.gguf";
+  if (!std::filesystem::exists(base + ".inp") || !std::filesystem::exists(base + ".out")) {
+    GTEST_SKIP() << base << ".inp/.out not found; run tools/fetch_vocab_tests.sh";
+  }
+  std::vector<std::string> files;
+  if (std::filesystem::is_directory(model_dir())) {
+    for (const auto& e : std::filesystem::directory_iterator(model_dir())) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("Qwen2.5", 0) == 0 && e.path().extension() == ".gguf") {
+        files.push_back(e.path().string());
+      }
+    }
+  }
+  if (files.empty()) GTEST_SKIP() << "no Qwen2.5*.gguf in " << model_dir();
+  const std::vector<std::string> inputs = read_inputs(base + ".inp");
+  const std::vector<std::vector<int32_t>> expected = read_outputs(base + ".out");
+  ASSERT_EQ(inputs.size(), expected.size());
+  for (const std::string& path : files) {
+    const auto gguf = GgufFile::open(path);
+    const Tokenizer tok = Tokenizer::from_gguf(*gguf);
+    size_t n_match = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const std::vector<int32_t> got = tok.encode(inputs[i], false);
+      if (got == expected[i]) {
+        ++n_match;
+      } else {
+        ADD_FAILURE() << path << " case " << i << ": '" << escaped(inputs[i]) << "'\n  expected "
+                      << ids_str(expected[i]) << "\n  got      " << ids_str(got);
+      }
+    }
+    std::printf("[ vocab    ] %s: %zu of %zu lines match llama.cpp's qwen2\n", path.c_str(),
+                n_match, inputs.size());
+    EXPECT_FALSE(tok.add_bos()) << path;
+    EXPECT_TRUE(tok.is_eog(tok.find_token("<|im_end|>"))) << path;
+    EXPECT_TRUE(tok.is_eog(tok.find_token("<|endoftext|>"))) << path;
+    EXPECT_EQ(tok.apply_chat_template({{"user", "Hi"}}, true),
+              "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+              "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        << path;
+  }
+}
+
 }  // namespace
 }  // namespace ct

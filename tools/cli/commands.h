@@ -13,5 +13,6 @@ void register_eval(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_bench_tiers(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace ct::cli
