@@ -324,8 +324,10 @@ Tokenizer Tokenizer::from_vocab(VocabSpec spec) {
   const PreType* pre_type = nullptr;
   if (!t.spm_) {
     pre_type = find_pre_type(spec.pre);
-    CT_THROW_IF_NOT(pre_type != nullptr, "tokenizer.ggml.pre is '{}', expected one of: {}",
-                    spec.pre, pre_type_names());
+    // llama.cpp falls back to a default pre-tokenizer for a missing value ("generation quality
+    // will be degraded"); we refuse rather than tokenise differently from the model's training.
+    CT_THROW_IF_NOT(pre_type != nullptr, "tokenizer.ggml.pre is '{}'{}, expected one of: {}",
+                    spec.pre, spec.pre.empty() ? " (missing)" : "", pre_type_names());
   }
   CT_THROW_IF_NOT(n > 0 && n < (size_t)INT32_MAX,
                   "tokenizer.ggml.tokens has {} entries, expected 1 to 2^31-2", n);
