@@ -13,7 +13,7 @@ PKG="llama-cpp-python==0.3.36"
 SDIST="llama_cpp_python-0.3.36.tar.gz"
 WANT="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 # Byte-level BPE (gpt2) and SentencePiece (llama) vocabularies whose pre type we support.
-NAMES=(qwen2 llama-bpe llama-spm phi-3 gpt-2 starcoder refact command-r mpt)
+NAMES=(qwen2 qwen35 llama-bpe llama-spm phi-3 gpt-2 starcoder refact command-r mpt)
 STAMP="$DIR/.fetched-$SDIST"
 
 files() {

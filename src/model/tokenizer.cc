@@ -47,6 +47,7 @@ constexpr PreType kPreTypes[] = {
     {"qwen2", unicode::PreSplit::kQwen2, false, false},
     {"deepseek-r1-qwen", unicode::PreSplit::kQwen2, false, false},
     {"stablelm2", unicode::PreSplit::kQwen2, false, false},
+    {"qwen35", unicode::PreSplit::kQwen35, false, false},
     {"llama3", unicode::PreSplit::kLlama3, true, true},
     {"llama-v3", unicode::PreSplit::kLlama3, true, true},
     {"llama-bpe", unicode::PreSplit::kLlama3, true, true},

@@ -244,7 +244,10 @@ void pre_split(std::string_view text, PreSplit mode, std::vector<Piece>* pieces)
     uint32_t cp;
     const size_t len = utf8_decode(text, pos, &cp);
     cps.push_back(cp);
-    cls.push_back(cp == kInvalidCp ? CpClass::kOther : cp_class(cp));
+    CpClass c = cp == kInvalidCp ? CpClass::kOther : cp_class(cp);
+    // Qwen3.5's regex puts marks wherever it puts letters; every other regex ignores \p{M}.
+    if (c == CpClass::kMark) c = mode == PreSplit::kQwen35 ? CpClass::kLetter : CpClass::kOther;
+    cls.push_back(c);
     offs.push_back(pos);
     pos += len;
   }
@@ -255,7 +258,7 @@ void pre_split(std::string_view text, PreSplit mode, std::vector<Piece>* pieces)
     split_gpt2(cps, cls, offs, 0, n, pieces);
     return;
   }
-  if (mode == PreSplit::kLlama3 || mode == PreSplit::kQwen2) {
+  if (mode == PreSplit::kLlama3 || mode == PreSplit::kQwen2 || mode == PreSplit::kQwen35) {
     split_llama3(cps, cls, offs, 0, n, mode == PreSplit::kLlama3 ? 3 : 1, pieces);
     return;
   }

@@ -12,12 +12,13 @@
 namespace ct::unicode {
 
 // The classes the pre-tokenizer regexes distinguish; mutually exclusive (no White_Space code point
-// is a letter or a number).
+// is a letter, number or mark).
 enum class CpClass : uint8_t {
   kOther = 0,   // everything else, including unassigned code points and invalid UTF-8 bytes
   kLetter = 1,  // \p{L}: Lu Ll Lt Lm Lo
   kNumber = 2,  // \p{N}: Nd Nl No
   kSpace = 3,   // \s: the White_Space property
+  kMark = 4,    // \p{M}: Mn Mc Me; only Qwen3.5's regex names it, the others see kOther
 };
 
 struct CpRange {
@@ -56,6 +57,9 @@ enum class PreSplit {
   //                    | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
   kLlama3,
   kQwen2,  // kLlama3 with \p{N} instead of \p{N}{1,3}: every number character is its own piece
+  // Qwen3.5: kQwen2 with [\p{L}\p{M}]+ for \p{L}+ and [^\s\p{L}\p{M}\p{N}] for [^\s\p{L}\p{N}]:
+  // combining marks belong to the word they follow.
+  kQwen35,
 };
 
 // A piece of the input: text.substr(begin, end - begin).

@@ -45,7 +45,8 @@ TEST(UnicodeTest, ClassesOfSampleCodePoints) {
   EXPECT_EQ(unicode::cp_class(0x3000), CpClass::kSpace);    // ideographic space
   EXPECT_EQ(unicode::cp_class(0x001C), CpClass::kOther);    // isspace() in Python, not \s here
   EXPECT_EQ(unicode::cp_class(0x200B), CpClass::kOther);    // zero-width space is Cf
-  EXPECT_EQ(unicode::cp_class(0x0301), CpClass::kOther);    // combining acute (Mn)
+  EXPECT_EQ(unicode::cp_class(0x0301), CpClass::kMark);     // combining acute (Mn)
+  EXPECT_EQ(unicode::cp_class(0x0903), CpClass::kMark);     // Devanagari visarga (Mc)
   EXPECT_EQ(unicode::cp_class(0x1F600), CpClass::kOther);   // 😀
   EXPECT_EQ(unicode::cp_class(0x20000), CpClass::kLetter);  // CJK extension B
   EXPECT_EQ(unicode::cp_class(0x10FFFF), CpClass::kOther);
@@ -186,12 +187,16 @@ TEST(PreSplitTest, PiecesCoverRandomBytesExactly) {
                                   "\xF0\x9F\x98\x80",
                                   "\xFF",
                                   "\xC3",
-                                  "\xE2\x82"};
+                                  "\xE2\x82",
+                                  "\r\n",
+                                  "\xCC\x81",
+                                  "'T"};
   for (int iter = 0; iter < 500; ++iter) {
     std::string text;
     const int n = (int)(rng() % 30);
     for (int i = 0; i < n; ++i) text += alphabet[rng() % std::size(alphabet)];
-    for (PreSplit mode : {PreSplit::kGpt2, PreSplit::kDigitsGpt2}) {
+    for (PreSplit mode : {PreSplit::kGpt2, PreSplit::kDigitsGpt2, PreSplit::kLlama3,
+                          PreSplit::kQwen2, PreSplit::kQwen35}) {
       std::string joined;
       for (const std::string& p : split(text, mode)) {
         EXPECT_FALSE(p.empty());
@@ -456,6 +461,10 @@ TEST(PreSplitTest, Llama3GroupsDigitsInThreesAndFoldsContractions) {
   const PreSplit l3 = PreSplit::kLlama3, qw = PreSplit::kQwen2;
   EXPECT_EQ(split("1234567", l3), (Strings{"123", "456", "7"}));
   EXPECT_EQ(split("1234567", qw), (Strings{"1", "2", "3", "4", "5", "6", "7"}));
+  // Qwen3.5 keeps a combining mark with its word; the other regexes end the word there.
+  EXPECT_EQ(split("e\xCC\x81t \xCC\x81!", PreSplit::kQwen35),
+            (Strings{"e\xCC\x81t", " \xCC\x81", "!"}));
+  EXPECT_EQ(split("e\xCC\x81t", qw), (Strings{"e", "\xCC\x81t"}));
   // A space before a number is never joined to it (there is no ' ?\p{N}').
   EXPECT_EQ(split("a 12", l3), (Strings{"a", " ", "12"}));
   // Contractions ignore case, unlike GPT-2's.

@@ -115,8 +115,8 @@ TEST_P(VocabRefTest, EveryLineMatchesLlamaCpp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCppVocabs, VocabRefTest,
-                         ::testing::Values("qwen2", "llama-bpe", "llama-spm", "phi-3", "gpt-2",
-                                           "starcoder", "refact", "command-r", "mpt"),
+                         ::testing::Values("qwen2", "qwen35", "llama-bpe", "llama-spm", "phi-3",
+                                           "gpt-2", "starcoder", "refact", "command-r", "mpt"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
