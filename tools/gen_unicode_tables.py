@@ -8,9 +8,10 @@ import unicodedata
 
 # llama.cpp's tables (unicode-data.cpp) follow Unicode 15.1: probing it, code points assigned in
 # 15.0 and 15.1 are classified, those of 16.0 and later are not. Python 3.13's unicodedata is 15.1;
-# another version would classify some code points differently from llama.cpp. The table written
-# from 15.1 was compared with llama.cpp's classes (libllama of llama-cpp-python 0.3.36) for every
-# code point: identical.
+# another version would classify some code points differently from llama.cpp. The letter, number
+# and whitespace classes written from 15.1 were compared with llama.cpp's (libllama of
+# llama-cpp-python 0.3.36) for every code point: identical. Marks (added later for Qwen3.5) come
+# from the same data but were checked only through llama.cpp's qwen35 tokenizer test.
 UNICODE_VERSION = "15.1.0"
 
 MAX_CP = 0x10FFFF
