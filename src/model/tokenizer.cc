@@ -292,14 +292,16 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   spec.chat_template = f.get_string("tokenizer.chat_template", "");
   // Out-of-range ids are an error here (llama.cpp warns and ignores them): a file that names a
   // missing BOS or EOS would otherwise generate or stop wrongly without notice.
-  auto token_id = [&](const char* key) {
-    const int64_t id = f.get_int(key, -1);
+  auto token_id = [&](const char* key, int64_t def = -1) {
+    const int64_t id = f.get_int(key, def);
     CT_THROW_IF_NOT(id >= -1 && id < (int64_t)spec.tokens.size(), "{}: {} is {}, expected < {}",
                     f.path(), key, id, spec.tokens.size());
     return (int32_t)id;
   };
-  spec.bos = token_id("tokenizer.ggml.bos_token_id");
-  spec.eos = token_id("tokenizer.ggml.eos_token_id");
+  // Without the keys llama.cpp assumes SentencePiece's <s> = 1 and </s> = 2.
+  const bool spm = spec.model == "llama" && spec.tokens.size() > 2;
+  spec.bos = token_id("tokenizer.ggml.bos_token_id", spm ? 1 : -1);
+  spec.eos = token_id("tokenizer.ggml.eos_token_id", spm ? 2 : -1);
   spec.eot = token_id("tokenizer.ggml.eot_token_id");
   spec.eom = token_id("tokenizer.ggml.eom_token_id");
   if (f.has("tokenizer.ggml.add_bos_token")) {

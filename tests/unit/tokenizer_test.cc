@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "model/gguf.h"
 #include "model/unicode.h"
 
 namespace ct {
@@ -705,6 +707,28 @@ TEST(TokenizerTest, Phi3DropsWhitespaceAfterSpecialTokens) {
   s.name = "other";
   Tokenizer other = Tokenizer::from_vocab(s);
   EXPECT_EQ(texts(other, other.encode("<|user|>\nhi", true)), (Strings{"<|user|>", "\n", "hi"}));
+}
+
+TEST(TokenizerTest, BuildsFromAVocabularyOnlyGguf) {
+  // A SentencePiece file with tokens, types and scores only: no tensors, no BOS/EOS keys (llama.cpp
+  // then assumes <s> = 1 and </s> = 2), no template.
+  GgufWriter w;
+  w.set_str("general.name", "tiny-spm");
+  w.set_str("tokenizer.ggml.model", "llama");
+  w.set_str_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", kSp, "a", kSp + "a"});
+  w.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1});
+  w.set_f32_array("tokenizer.ggml.scores", {0, 0, 0, -2, -2, -1});
+  const std::string path = ::testing::TempDir() + "/ct_tokenizer_vocab_only.gguf";
+  w.write(path);
+  const auto f = GgufFile::open(path);
+  EXPECT_TRUE(f->tensors().empty());
+  const Tokenizer tok = Tokenizer::from_gguf(*f);
+  std::remove(path.c_str());
+  EXPECT_TRUE(tok.is_spm());
+  EXPECT_EQ(tok.bos(), 1);
+  EXPECT_EQ(tok.eos(), 2);
+  EXPECT_TRUE(tok.add_bos());
+  EXPECT_EQ(texts(tok, tok.encode("a a", false)), (Strings{" a", " a"}));
 }
 
 }  // namespace
