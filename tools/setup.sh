@@ -24,6 +24,7 @@ fi
 
 tools/fetch_model.sh
 for m in ${CT_MODELS:-}; do tools/fetch_model.sh "$m"; done
+tools/fetch_vocab_tests.sh || echo "setup: warning: llama.cpp vocabulary test files not fetched; the vocab tests will skip" >&2
 
 if [[ -z "${CT_CUDA:-}" ]]; then
   if command -v nvcc >/dev/null; then CT_CUDA=ON; else CT_CUDA=OFF; fi

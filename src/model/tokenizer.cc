@@ -1,8 +1,10 @@
-// Byte-level BPE tokenizer, matching llama.cpp's "gpt2" vocabulary type token for token: special
-// token partition, regex pre-tokenization (unicode.h), BPE by merge rank, and chat templates.
+// Tokenizers matching llama.cpp's "gpt2" (byte-level BPE) and "llama" (SentencePiece) vocabulary
+// types token for token: special token partition, pre-tokenization (unicode.h), BPE by merge rank
+// or SPM by token score with byte fallback, decoding, and chat templates.
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <queue>
 
 #include "core/error.h"
@@ -22,14 +24,37 @@ constexpr int32_t kTypeByte = 6;
 constexpr int32_t kNoToken = -1;  // a byte without a token of its own
 constexpr int32_t kMerged = -2;   // a symbol merged into its left neighbour
 
-// tokenizer.ggml.pre values whose llama.cpp pre-tokenizer is the GPT-2 regex, alone ("gpt2") or
-// after '\p{N}' ("smollm", and "starcoder" whose tokenizer SmolLM2 reuses). Other pre types use
-// other regexes or token attributes and are rejected rather than tokenised differently.
+// The tokenizer.ggml.pre values of byte-level BPE files we tokenise, with what llama.cpp does for
+// each (llama-vocab.cpp): the pre-tokenizer regex, whether a piece that is itself a token skips
+// the merges, and whether BOS is added when the file does not say. Pre types with other regexes
+// or normalisation are rejected rather than tokenised differently.
 struct PreType {
   const char* name;
-  bool split_digits;
+  unicode::PreSplit split;
+  bool ignore_merges;
+  bool add_bos;
 };
-constexpr PreType kPreTypes[] = {{"smollm", true}, {"starcoder", true}, {"gpt2", false}};
+constexpr PreType kPreTypes[] = {
+    {"gpt2", unicode::PreSplit::kGpt2, false, false},
+    {"gpt-2", unicode::PreSplit::kGpt2, false, false},
+    {"phi-2", unicode::PreSplit::kGpt2, false, false},
+    {"mpt", unicode::PreSplit::kGpt2, false, false},
+    {"olmo", unicode::PreSplit::kGpt2, false, false},
+    {"smollm", unicode::PreSplit::kDigitsGpt2, false, false},
+    {"starcoder", unicode::PreSplit::kDigitsGpt2, false, false},
+    {"refact", unicode::PreSplit::kDigitsGpt2, false, false},
+    {"command-r", unicode::PreSplit::kDigitsGpt2, false, false},
+    {"qwen2", unicode::PreSplit::kQwen2, false, false},
+    {"deepseek-r1-qwen", unicode::PreSplit::kQwen2, false, false},
+    {"stablelm2", unicode::PreSplit::kQwen2, false, false},
+    {"qwen35", unicode::PreSplit::kQwen35, false, false},
+    {"llama3", unicode::PreSplit::kLlama3, true, true},
+    {"llama-v3", unicode::PreSplit::kLlama3, true, true},
+    {"llama-bpe", unicode::PreSplit::kLlama3, true, true},
+    {"falcon3", unicode::PreSplit::kLlama3, true, true},
+    {"dbrx", unicode::PreSplit::kLlama3, false, false},
+    {"smaug-bpe", unicode::PreSplit::kLlama3, false, false},
+};
 
 const PreType* find_pre_type(const std::string& pre) {
   for (const PreType& p : kPreTypes) {
@@ -45,6 +70,73 @@ std::string pre_type_names() {
     names += p.name;
   }
   return names;
+}
+
+// Token texts llama.cpp treats as control tokens whatever their type says ("control-looking"
+// tokens: end of turn, end of message, fill-in-the-middle), and which of them end generation.
+struct NamedSpecial {
+  const char* text;
+  bool eog;
+};
+constexpr NamedSpecial kNamedSpecials[] = {
+    {"<|eot_id|>", true},
+    {"<|im_end|>", true},
+    {"<|end|>", true},
+    {"<end_of_turn>", true},
+    {"<|endoftext|>", true},
+    {"<|end_of_text|>", true},
+    {"<EOT>", true},
+    {"_<EOT>", true},
+    {"<|eom_id|>", true},
+    {"</s>", true},
+    {"<end_of_utterance>", true},
+    {"<|fim_prefix|>", false},
+    {"<fim-prefix>", false},
+    {"<fim_prefix>", false},
+    {"<PRE>", false},
+    {"\xE2\x96\x81<PRE>", false},
+    {"<|fim_suffix|>", false},
+    {"<fim-suffix>", false},
+    {"<fim_suffix>", false},
+    {"<SUF>", false},
+    {"\xE2\x96\x81<SUF>", false},
+    {"<|fim_middle|>", false},
+    {"<fim-middle>", false},
+    {"<fim_middle>", false},
+    {"<MID>", false},
+    {"\xE2\x96\x81<MID>", false},
+    {"<|fim_pad|>", true},
+    {"<fim-pad>", true},
+    {"<fim_pad>", true},
+    {"<PAD>", true},
+    {"<|fim_repo|>", true},
+    {"<|repo_name|>", true},
+    {"<fim-repo>", true},
+    {"<REPO>", true},
+    {"<reponame>", true},
+    {"<|file_sep|>", true},
+};
+
+const char kSpmSpace[] = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+void replace_all(std::string* s, std::string_view from, std::string_view to) {
+  std::string out;
+  out.reserve(s->size());
+  size_t pos = 0;
+  for (size_t at = s->find(from); at != std::string::npos; at = s->find(from, pos)) {
+    out.append(*s, pos, at - pos);
+    out.append(to);
+    pos = at + from.size();
+  }
+  out.append(*s, pos);
+  s->swap(out);
+}
+
+// Length of the UTF-8 sequence a lead byte announces, as llama.cpp's unicode_len_utf8 (which SPM
+// uses to cut text into symbols): a continuation byte counts as 1, F8..FF as 4.
+size_t utf8_lead_len(uint8_t b) {
+  static constexpr size_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+  return kLen[b >> 4];
 }
 
 std::string shorten(const std::string& s, size_t n = 80) {
@@ -83,16 +175,6 @@ int parse_byte_token(const std::string& text) {
     v = v * 16 + d;
   }
   return v;
-}
-
-// Chat template recognition. Only the two families the engine renders natively are accepted; any
-// other template would be rendered wrongly, so it is an error rather than a silent fallback.
-enum class TemplateKind { kChatMl, kLlama3, kUnsupported };
-
-TemplateKind classify_template(const std::string& tmpl) {
-  if (tmpl.empty() || tmpl.find("<|im_start|>") != std::string::npos) return TemplateKind::kChatMl;
-  if (tmpl.find("<|start_header_id|>") != std::string::npos) return TemplateKind::kLlama3;
-  return TemplateKind::kUnsupported;
 }
 
 // Finds the system message a ChatML template inserts when the conversation has none: a string
@@ -160,85 +242,146 @@ struct Candidate {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
-  const std::string& model = f.get_string("tokenizer.ggml.model");
-  CT_THROW_IF_NOT(model == "gpt2",
-                  "{}: tokenizer.ggml.model is '{}', expected 'gpt2' (byte-level BPE)", f.path(),
-                  model);
-  const std::string& pre = f.get_string("tokenizer.ggml.pre");
-  CT_THROW_IF_NOT(find_pre_type(pre) != nullptr,
-                  "{}: tokenizer.ggml.pre is '{}', expected one of: {}", f.path(), pre,
-                  pre_type_names());
-  std::string tmpl = f.get_string("tokenizer.chat_template", "");
-  CT_THROW_IF_NOT(classify_template(tmpl) != TemplateKind::kUnsupported,
-                  "{}: tokenizer.chat_template is not a supported template (expected ChatML with "
-                  "<|im_start|> or Llama-3 with <|start_header_id|>): '{}'",
-                  f.path(), shorten(tmpl));
-
-  std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
-  std::vector<int32_t> types;
-  if (f.has("tokenizer.ggml.token_type")) {
-    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) types.push_back((int32_t)t);
+// Recognises the template's family in llama.cpp's order (llm_chat_detect_template), for the
+// families rendered here. Anything else would be rendered wrongly, so it is kUnsupported and
+// apply_chat_template refuses it rather than falling back silently.
+Tokenizer::ChatFormat Tokenizer::classify_template(const std::string& tmpl) {
+  auto has = [&](const char* s) { return tmpl.find(s) != std::string::npos; };
+  if (tmpl.empty()) return ChatFormat::kChatMl;  // llama.cpp's default as well
+  if (has("<|im_start|>")) {
+    // Phi-4 and SmolVLM use <|im_start|> in formats that are not ChatML.
+    return has("<|im_sep|>") || has("<end_of_utterance>") ? ChatFormat::kUnsupported
+                                                          : ChatFormat::kChatMl;
   }
-  std::vector<std::string> merges = f.get_string_array("tokenizer.ggml.merges");
-  auto token_id = [&](const char* key) {
-    const int64_t id = f.get_int(key, -1);
-    CT_THROW_IF_NOT(id >= -1 && id < (int64_t)tokens.size(), "{}: {} is {}, expected < {}",
-                    f.path(), key, id, tokens.size());
+  if (has("[INST]")) {
+    if (has("[SYSTEM_PROMPT]")) return ChatFormat::kMistralV7;
+    if (has("' [INST] ' + system_message") || has("[AVAILABLE_TOOLS]")) {
+      if (has(" [INST]")) return ChatFormat::kMistralV1;
+      if (has("\"[INST]\"")) return ChatFormat::kMistralV3Tekken;
+      return ChatFormat::kMistralV3;
+    }
+    if (has("content.strip()")) return ChatFormat::kLlama2SysStrip;
+    if (has("bos_token + '[INST]")) return ChatFormat::kLlama2SysBos;
+    if (has("<<SYS>>")) return ChatFormat::kLlama2Sys;
+    return ChatFormat::kLlama2;
+  }
+  if (has("<|start_header_id|>") && has("<|end_header_id|>")) return ChatFormat::kLlama3;
+  return ChatFormat::kUnsupported;
+}
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
+  VocabSpec spec;
+  spec.source = f.path();
+  spec.model = f.get_string("tokenizer.ggml.model");
+  spec.pre = f.get_string("tokenizer.ggml.pre", "");
+  spec.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (f.has("tokenizer.ggml.token_type")) {
+    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) {
+      spec.token_types.push_back((int32_t)t);
+    }
+  }
+  if (f.has("tokenizer.ggml.scores")) {
+    const GgufValue* v = f.find("tokenizer.ggml.scores");
+    if (v->type == GgufValueType::ARRAY && v->elem_type == GgufValueType::INT32) {
+      for (int64_t s : f.get_int_array("tokenizer.ggml.scores")) spec.scores.push_back((float)s);
+    } else {
+      for (double s : f.get_float_array("tokenizer.ggml.scores")) spec.scores.push_back((float)s);
+    }
+  }
+  if (spec.model == "gpt2") spec.merges = f.get_string_array("tokenizer.ggml.merges");
+  spec.chat_template = f.get_string("tokenizer.chat_template", "");
+  // Out-of-range ids are an error here (llama.cpp warns and ignores them): a file that names a
+  // missing BOS or EOS would otherwise generate or stop wrongly without notice.
+  auto token_id = [&](const char* key, int64_t def = -1) {
+    const int64_t id = f.get_int(key, def);
+    CT_THROW_IF_NOT(id >= -1 && id < (int64_t)spec.tokens.size(), "{}: {} is {}, expected < {}",
+                    f.path(), key, id, spec.tokens.size());
     return (int32_t)id;
   };
-  const int32_t bos = token_id("tokenizer.ggml.bos_token_id");
-  const int32_t eos = token_id("tokenizer.ggml.eos_token_id");
-  const bool add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
+  // Without the keys llama.cpp assumes SentencePiece's <s> = 1 and </s> = 2.
+  const bool spm = spec.model == "llama" && spec.tokens.size() > 2;
+  spec.bos = token_id("tokenizer.ggml.bos_token_id", spm ? 1 : -1);
+  spec.eos = token_id("tokenizer.ggml.eos_token_id", spm ? 2 : -1);
+  spec.eot = token_id("tokenizer.ggml.eot_token_id");
+  spec.eom = token_id("tokenizer.ggml.eom_token_id");
+  if (f.has("tokenizer.ggml.add_bos_token")) {
+    spec.add_bos = f.get_bool("tokenizer.ggml.add_bos_token", false);
+  }
+  spec.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix", true);
+  spec.name = f.get_string("general.name", "");
   try {
-    return from_vocab(std::move(tokens), std::move(types), std::move(merges), pre, std::move(tmpl),
-                      bos, eos, add_bos);
+    return from_vocab(std::move(spec));
   } catch (const Error& e) {
     CT_THROW("{}: {}", f.path(), e.what());
   }
 }
 
-Tokenizer Tokenizer::from_vocab(std::vector<std::string> tokens, std::vector<int32_t> token_types,
-                                std::vector<std::string> merges, std::string pre,
-                                std::string chat_template, int32_t bos, int32_t eos, bool add_bos) {
+Tokenizer Tokenizer::from_vocab(VocabSpec spec) {
   Tokenizer t;
-  const size_t n = tokens.size();
+  const size_t n = spec.tokens.size();
+  CT_THROW_IF_NOT(spec.model == "gpt2" || spec.model == "llama",
+                  "tokenizer.ggml.model is '{}', expected 'gpt2' (byte-level BPE) or 'llama' "
+                  "(SentencePiece)",
+                  spec.model);
+  t.spm_ = spec.model == "llama";
+  const PreType* pre_type = nullptr;
+  if (!t.spm_) {
+    pre_type = find_pre_type(spec.pre);
+    // llama.cpp falls back to a default pre-tokenizer for a missing value ("generation quality
+    // will be degraded"); we refuse rather than tokenise differently from the model's training.
+    CT_THROW_IF_NOT(pre_type != nullptr, "tokenizer.ggml.pre is '{}'{}, expected one of: {}",
+                    spec.pre, spec.pre.empty() ? " (missing)" : "", pre_type_names());
+  }
   CT_THROW_IF_NOT(n > 0 && n < (size_t)INT32_MAX,
                   "tokenizer.ggml.tokens has {} entries, expected 1 to 2^31-2", n);
-  if (token_types.empty()) token_types.assign(n, kTypeNormal);
-  CT_THROW_IF_NOT(token_types.size() == n,
+  if (spec.token_types.empty()) spec.token_types.assign(n, kTypeNormal);
+  CT_THROW_IF_NOT(spec.token_types.size() == n,
                   "tokenizer.ggml.token_type has {} entries, expected {} (one per token)",
-                  token_types.size(), n);
-  const PreType* pre_type = find_pre_type(pre);
-  CT_THROW_IF_NOT(pre_type != nullptr, "tokenizer.ggml.pre is '{}', expected one of: {}", pre,
-                  pre_type_names());
-  const TemplateKind kind = classify_template(chat_template);
-  CT_THROW_IF_NOT(kind != TemplateKind::kUnsupported,
-                  "tokenizer.chat_template is not a supported template (expected ChatML with "
-                  "<|im_start|> or Llama-3 with <|start_header_id|>): '{}'",
-                  shorten(chat_template));
-  CT_THROW_IF_NOT(bos >= -1 && bos < (int32_t)n, "tokenizer.ggml.bos_token_id is {}, expected < {}",
-                  bos, n);
-  CT_THROW_IF_NOT(eos >= -1 && eos < (int32_t)n, "tokenizer.ggml.eos_token_id is {}, expected < {}",
-                  eos, n);
+                  spec.token_types.size(), n);
+  if (spec.scores.empty()) spec.scores.assign(n, 0.0f);
+  CT_THROW_IF_NOT(spec.scores.size() == n,
+                  "tokenizer.ggml.scores has {} entries, expected {} (one per token)",
+                  spec.scores.size(), n);
+  for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos_token_id", spec.bos},
+                                {"eos_token_id", spec.eos},
+                                {"eot_token_id", spec.eot},
+                                {"eom_token_id", spec.eom}}) {
+    CT_THROW_IF_NOT(id >= -1 && id < (int32_t)n, "tokenizer.ggml.{} is {}, expected < {}", key, id,
+                    n);
+  }
 
-  t.tokens_ = std::move(tokens);
-  t.token_type_ = std::move(token_types);
+  t.tokens_ = std::move(spec.tokens);
+  t.token_type_ = std::move(spec.token_types);
+  t.scores_ = std::move(spec.scores);
   t.token_to_id_.reserve(n);
   // A text listed twice resolves to its last id, as in llama.cpp.
   for (size_t i = 0; i < n; ++i) t.token_to_id_[t.tokens_[i]] = (int32_t)i;
 
-  // A byte may have no token (SmolLM2 lacks 21, e.g. 0x04 and 0xC0); encode drops it, as llama.cpp
-  // does.
-  t.byte_ids_.assign(256, kNoToken);
-  for (int b = 0; b < 256; ++b) {
-    auto it = t.token_to_id_.find(unicode::byte_to_unicode((uint8_t)b));
-    if (it != t.token_to_id_.end()) t.byte_ids_[b] = it->second;
+  // llama.cpp makes end-of-turn and fill-in-the-middle tokens control tokens whatever the file
+  // says, so they are parsed only with parse_special and rendered only on request.
+  for (const NamedSpecial& s : kNamedSpecials) {
+    const int32_t id = t.find_token(s.text);
+    if (id >= 0) t.token_type_[id] = kTypeControl;
   }
 
-  t.merges_.reserve(merges.size());
-  for (size_t i = 0; i < merges.size(); ++i) {
-    const std::string& m = merges[i];
+  // Byte tokens: BPE has one per byte in byte-level form (SmolLM2 lacks 21, e.g. 0x04 and 0xC0;
+  // encode drops those, as llama.cpp does). SPM falls back to "<0xXX>", else to the byte as text.
+  t.byte_ids_.assign(256, kNoToken);
+  for (int b = 0; b < 256; ++b) {
+    if (t.spm_) {
+      static const char* hex = "0123456789ABCDEF";
+      const char name[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
+      int32_t id = t.find_token(name);
+      if (id < 0) id = t.find_token(std::string(1, (char)b));
+      t.byte_ids_[b] = id;
+    } else {
+      t.byte_ids_[b] = t.find_token(unicode::byte_to_unicode((uint8_t)b));
+    }
+  }
+
+  t.merges_.reserve(spec.merges.size());
+  for (size_t i = 0; i < spec.merges.size(); ++i) {
+    const std::string& m = spec.merges[i];
     // The separator is searched from index 1 so that a left part starting with ' ' still parses.
     const size_t sp = m.find(' ', 1);
     CT_THROW_IF_NOT(sp != std::string::npos,
@@ -259,18 +402,17 @@ Tokenizer Tokenizer::from_vocab(std::vector<std::string> tokens, std::vector<int
   for (size_t i = 0; i < n; ++i) {
     const std::string& text = t.tokens_[i];
     const int32_t type = t.token_type_[i];
-    const int byte = type == kTypeByte ? parse_byte_token(text) : -1;
-    if (byte >= 0) {
-      t.pieces_[i] = std::string(1, (char)byte);
-    } else if (type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined) {
+    const bool special = type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined;
+    if (type == kTypeByte && parse_byte_token(text) >= 0) {
+      t.pieces_[i] = std::string(1, (char)parse_byte_token(text));
+    } else if (special) {
       t.pieces_[i] = text;
-    } else {
-      t.pieces_[i] = decode_byte_level(text);
-    }
-    if ((type == kTypeControl || type == kTypeUnknown || type == kTypeUserDefined) &&
-        !text.empty()) {
-      t.special_ids_.push_back((int32_t)i);
-    }
+    } else if (type == kTypeNormal) {
+      std::string piece = t.spm_ ? text : decode_byte_level(text);
+      if (t.spm_) replace_all(&piece, kSpmSpace, " ");
+      t.pieces_[i] = std::move(piece);
+    }  // unused and undefined tokens decode to nothing, as in llama.cpp
+    if (special && !text.empty()) t.special_ids_.push_back((int32_t)i);
   }
   // Longest first, so that a special token containing another is matched whole. Ties by id keep
   // the order deterministic (llama.cpp leaves it to an unstable sort).
@@ -279,24 +421,44 @@ Tokenizer Tokenizer::from_vocab(std::vector<std::string> tokens, std::vector<int
     return la != lb ? la > lb : a < b;
   });
 
-  if (eos >= 0) t.eog_ids_.push_back(eos);
-  for (const char* text : {"<|im_end|>", "<|endoftext|>", "<|eot_id|>"}) {
-    const int32_t id = t.find_token(text);
-    if (id >= 0 && std::find(t.eog_ids_.begin(), t.eog_ids_.end(), id) == t.eog_ids_.end()) {
-      t.eog_ids_.push_back(id);
+  // llama.cpp sets per-token attributes from general.name: for Phi-3 whitespace after a special
+  // token (but <unk>, <s>, <|endoftext|>) is dropped, so "<|user|>\n" reads like "<|user|>".
+  t.rstrip_.assign(n, 0);
+  std::string name = spec.name;
+  for (char& c : name) c = (char)std::tolower((unsigned char)c);
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    for (int32_t id : t.special_ids_) t.rstrip_[id] = 1;
+    if (t.find_token("</s>") >= 0) t.rstrip_[t.find_token("</s>")] = 1;
+    for (const char* keep : {"<unk>", "<s>", "<|endoftext|>"}) {
+      if (t.find_token(keep) >= 0) t.rstrip_[t.find_token(keep)] = 0;
     }
   }
 
-  t.pre_ = std::move(pre);
-  t.split_digits_ = pre_type->split_digits;
-  t.chat_format_ = kind == TemplateKind::kLlama3 ? ChatFormat::kLlama3 : ChatFormat::kChatMl;
-  if (t.chat_format_ == ChatFormat::kChatMl) {
-    t.default_system_ = extract_default_system(chat_template);
+  for (int32_t id : {spec.eos, spec.eot, spec.eom}) {
+    if (id >= 0) t.eog_ids_.push_back(id);
   }
-  t.chat_template_ = std::move(chat_template);
-  t.bos_ = bos;
-  t.eos_ = eos;
-  t.add_bos_ = add_bos;
+  for (const NamedSpecial& s : kNamedSpecials) {
+    const int32_t id = t.find_token(s.text);
+    if (s.eog && id >= 0) t.eog_ids_.push_back(id);
+  }
+  std::sort(t.eog_ids_.begin(), t.eog_ids_.end());
+  t.eog_ids_.erase(std::unique(t.eog_ids_.begin(), t.eog_ids_.end()), t.eog_ids_.end());
+
+  if (!t.spm_) {
+    t.pre_ = spec.pre;
+    t.pre_split_ = (int)pre_type->split;
+    t.ignore_merges_ = pre_type->ignore_merges;
+  }
+  t.add_space_prefix_ = t.spm_ && spec.add_space_prefix;
+  t.source_ = std::move(spec.source);
+  t.chat_format_ = classify_template(spec.chat_template);
+  if (t.chat_format_ == ChatFormat::kChatMl) {
+    t.default_system_ = extract_default_system(spec.chat_template);
+  }
+  t.chat_template_ = std::move(spec.chat_template);
+  t.bos_ = spec.bos;
+  t.eos_ = spec.eos;
+  t.add_bos_ = spec.add_bos.value_or(t.spm_ || (pre_type != nullptr && pre_type->add_bos));
   return t;
 }
 
@@ -305,13 +467,22 @@ bool Tokenizer::is_special_type(int32_t id) const {
   return type == kTypeControl || type == kTypeUnknown;
 }
 
-void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
+void Tokenizer::encode_bpe_piece(std::string_view piece, std::vector<int32_t>* out) const {
   const auto* bytes = reinterpret_cast<const uint8_t*>(piece.data());
   const int32_t n = (int32_t)piece.size();
   if (n == 0) return;
   if (n == 1) {
     if (byte_ids_[bytes[0]] != kNoToken) out->push_back(byte_ids_[bytes[0]]);
     return;
+  }
+  if (ignore_merges_) {
+    std::string text;
+    for (int32_t i = 0; i < n; ++i) text += unicode::byte_to_unicode(bytes[i]);
+    const int32_t id = find_token(text);
+    if (id >= 0) {
+      out->push_back(id);
+      return;
+    }
   }
   // A byte without a token stays a symbol (kNoToken never merges), so it separates its neighbours
   // exactly as in llama.cpp, and is dropped from the output.
@@ -349,18 +520,82 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) 
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
-  return encode_impl(text, parse_special, nullptr);
+void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>* out) const {
+  // Symbols are UTF-8 characters as their lead bytes announce them (not validated, as in
+  // llama.cpp). Adjacent symbols whose concatenation is a token merge, highest token score first
+  // and leftmost first among equal scores, until no pair is a token.
+  struct Sym {
+    size_t begin, n;  // bytes of text; n = 0 once merged into the left neighbour
+    int32_t prev, next;
+  };
+  struct Bigram {
+    float score;
+    int32_t left, right;
+    size_t size;                             // bytes of the merged text when it was proposed
+    bool operator<(const Bigram& o) const {  // std::priority_queue is a max-heap
+      return score != o.score ? score < o.score : left > o.left;
+    }
+  };
+  std::vector<Sym> syms;
+  for (size_t off = 0; off < text.size();) {
+    const size_t len = std::min(utf8_lead_len((uint8_t)text[off]), text.size() - off);
+    syms.push_back({off, len, (int32_t)syms.size() - 1, -1});
+    off += len;
+  }
+  if (syms.empty()) return;
+  for (size_t i = 0; i + 1 < syms.size(); ++i) syms[i].next = (int32_t)i + 1;
+
+  std::priority_queue<Bigram> queue;
+  auto consider = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const std::string merged(text.substr(syms[left].begin, syms[left].n + syms[right].n));
+    const int32_t id = find_token(merged);
+    if (id >= 0) queue.push({scores_[id], left, right, merged.size()});
+  };
+  for (size_t i = 0; i + 1 < syms.size(); ++i) consider((int32_t)i, (int32_t)i + 1);
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Sym& l = syms[b.left];
+    Sym& r = syms[b.right];
+    // Stale when either side has merged since: a side that grew or vanished changes the size.
+    if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
+    l.n += r.n;
+    r.n = 0;
+    l.next = r.next;
+    if (r.next >= 0) syms[r.next].prev = b.left;
+    consider(l.prev, b.left);
+    consider(b.left, l.next);
+  }
+  // Every merged symbol is a token; a single character that is not falls back to its bytes'
+  // tokens (llama.cpp's resegment), and a byte without one is dropped (llama.cpp throws).
+  for (int32_t i = 0; i >= 0; i = syms[i].next) {
+    const std::string_view piece = text.substr(syms[i].begin, syms[i].n);
+    const int32_t id = find_token(std::string(piece));
+    if (id >= 0) {
+      out->push_back(id);
+      continue;
+    }
+    for (char c : piece) {
+      if (byte_ids_[(uint8_t)c] != kNoToken) out->push_back(byte_ids_[(uint8_t)c]);
+    }
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special,
+                                       bool starts_text) const {
+  return encode_impl(text, parse_special, nullptr, starts_text);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text,
-                                       const std::vector<std::pair<size_t, size_t>>& plain) const {
-  return encode_impl(text, true, &plain);
+                                       const std::vector<std::pair<size_t, size_t>>& plain,
+                                       bool starts_text) const {
+  return encode_impl(text, true, &plain, starts_text);
 }
 
-std::vector<int32_t> Tokenizer::encode_impl(
-    std::string_view text, bool parse_special,
-    const std::vector<std::pair<size_t, size_t>>* plain) const {
+std::vector<int32_t> Tokenizer::encode_impl(std::string_view text, bool parse_special,
+                                            const std::vector<std::pair<size_t, size_t>>* plain,
+                                            bool starts_text) const {
   // Split the text around special tokens first (llama.cpp's tokenizer_st_partition): each
   // special token in turn, longest first, cuts every occurrence out of the remaining raw text.
   // Control tokens are only recognised with parse_special; user-defined ones always are.
@@ -368,7 +603,10 @@ std::vector<int32_t> Tokenizer::encode_impl(
     int32_t id;  // -1 for raw text
     size_t begin, end;
   };
-  std::vector<Fragment> frags{{-1, 0, text.size()}}, next;
+  // Empty text has no fragment at all, so SPM adds no space prefix to it.
+  std::vector<Fragment> frags, next;
+  if (!text.empty()) frags.push_back({-1, 0, text.size()});
+  auto is_space = [](char c) { return std::isspace((unsigned char)c) != 0; };
   for (int32_t sid : special_ids_) {
     if (!parse_special && is_special_type(sid)) continue;
     const std::string& st = tokens_[sid];
@@ -397,6 +635,9 @@ std::vector<int32_t> Tokenizer::encode_impl(
         if (at > pos) next.push_back({-1, f.begin + pos, f.begin + at});
         next.push_back({sid, 0, 0});
         pos = at + st.size();
+        if (rstrip_[sid]) {
+          while (pos < raw.size() && is_space(raw[pos])) ++pos;
+        }
         at = raw.find(st, pos);
       }
       if (pos < raw.size()) next.push_back({-1, f.begin + pos, f.end});
@@ -406,8 +647,25 @@ std::vector<int32_t> Tokenizer::encode_impl(
 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 8);
+  if (spm_) {
+    // llama.cpp prefixes a space to raw text at the start and after every special token.
+    bool prev_special = starts_text;
+    for (const Fragment& f : frags) {
+      if (f.id >= 0) {
+        ids.push_back(f.id);
+        prev_special = true;
+        continue;
+      }
+      std::string raw = add_space_prefix_ && prev_special ? " " : "";
+      raw.append(text.substr(f.begin, f.end - f.begin));
+      replace_all(&raw, " ", kSpmSpace);
+      encode_spm(raw, &ids);
+      prev_special = false;
+    }
+    return ids;
+  }
   std::vector<unicode::Piece> pieces;
-  const auto mode = split_digits_ ? unicode::PreSplit::kDigitsGpt2 : unicode::PreSplit::kGpt2;
+  const auto mode = (unicode::PreSplit)pre_split_;
   for (const Fragment& f : frags) {
     if (f.id >= 0) {
       ids.push_back(f.id);
@@ -418,7 +676,7 @@ std::vector<int32_t> Tokenizer::encode_impl(
     const std::string raw = unicode::utf8_normalize(text.substr(f.begin, f.end - f.begin));
     unicode::pre_split(raw, mode, &pieces);
     for (const unicode::Piece& p : pieces) {
-      encode_piece(std::string_view(raw).substr(p.begin, p.end - p.begin), &ids);
+      encode_bpe_piece(std::string_view(raw).substr(p.begin, p.end - p.begin), &ids);
     }
   }
   return ids;
@@ -438,7 +696,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool render_speci
 }
 
 bool Tokenizer::is_eog(int32_t id) const {
-  return std::find(eog_ids_.begin(), eog_ids_.end(), id) != eog_ids_.end();
+  return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
 }
 
 int32_t Tokenizer::find_token(const std::string& text) const {
@@ -449,25 +707,93 @@ int32_t Tokenizer::find_token(const std::string& text) const {
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& msgs,
                                            bool add_generation_prompt) const {
   std::string out;
-  if (chat_format_ == ChatFormat::kLlama3) {
-    // As llama.cpp's built-in Llama-3 format: contents trimmed, no BOS (the caller adds it).
-    for (const ChatMessage& m : msgs) {
-      out +=
-          "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+  switch (chat_format_) {
+    case ChatFormat::kChatMl:
+      // The template adds its default system message only to a non-empty conversation that does
+      // not open with a system message of its own.
+      if (!msgs.empty() && msgs[0].role != "system" && !default_system_.empty()) {
+        out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
+      }
+      for (const ChatMessage& m : msgs) {
+        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      }
+      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      return out;
+    case ChatFormat::kLlama3:
+      // As llama.cpp's built-in Llama-3 format: contents trimmed, no default system message.
+      for (const ChatMessage& m : msgs) {
+        out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) +
+               "<|eot_id|>";
+      }
+      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return out;
+    case ChatFormat::kMistralV7:
+      // The [INST] formats always end ready for the assistant: add_generation_prompt is implied.
+      for (const ChatMessage& m : msgs) {
+        if (m.role == "system") {
+          out += "[SYSTEM_PROMPT] " + m.content + "[/SYSTEM_PROMPT]";
+        } else if (m.role == "user") {
+          out += "[INST] " + m.content + "[/INST]";
+        } else {
+          out += " " + m.content + "</s>";
+        }
+      }
+      return out;
+    case ChatFormat::kMistralV1:
+    case ChatFormat::kMistralV3:
+    case ChatFormat::kMistralV3Tekken: {
+      const std::string lead = chat_format_ == ChatFormat::kMistralV1 ? " " : "";
+      const std::string trail = chat_format_ == ChatFormat::kMistralV3Tekken ? "" : " ";
+      bool in_turn = false;
+      for (const ChatMessage& m : msgs) {
+        if (!in_turn) {
+          out += lead + "[INST]" + trail;
+          in_turn = true;
+        }
+        if (m.role == "system") {
+          out += m.content + "\n\n";
+        } else if (m.role == "user") {
+          out += m.content + lead + "[/INST]";
+        } else {
+          out += trail + (chat_format_ == ChatFormat::kMistralV3 ? trim(m.content) : m.content) +
+                 "</s>";
+          in_turn = false;
+        }
+      }
+      return out;
     }
-    if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-    return out;
+    case ChatFormat::kLlama2:
+    case ChatFormat::kLlama2Sys:
+    case ChatFormat::kLlama2SysBos:
+    case ChatFormat::kLlama2SysStrip: {
+      const bool sys = chat_format_ != ChatFormat::kLlama2;
+      const bool strip = chat_format_ == ChatFormat::kLlama2SysStrip;
+      out += "[INST] ";
+      bool in_turn = true;  // the first turn's BOS is the tokenizer's
+      for (const ChatMessage& m : msgs) {
+        const std::string content = strip ? trim(m.content) : m.content;
+        if (!in_turn) {
+          out += chat_format_ == ChatFormat::kLlama2SysBos ? "<s>[INST] " : "[INST] ";
+          in_turn = true;
+        }
+        if (m.role == "system") {
+          out += sys ? "<<SYS>>\n" + content + "\n<</SYS>>\n\n" : content + "\n";
+        } else if (m.role == "user") {
+          out += content + " [/INST]";
+        } else {
+          out += content + "</s>";
+          in_turn = false;
+        }
+      }
+      return out;
+    }
+    case ChatFormat::kUnsupported:
+      break;
   }
-  // The template adds its default system message only to a non-empty conversation that does not
-  // open with a system message of its own.
-  if (!msgs.empty() && msgs[0].role != "system" && !default_system_.empty()) {
-    out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
-  }
-  for (const ChatMessage& m : msgs) {
-    out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  }
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  CT_THROW(
+      "{}: tokenizer.chat_template is not a supported template (expected ChatML with "
+      "<|im_start|>, Llama 3 with <|start_header_id|>, or Llama 2 / Mistral with [INST]): '{}'",
+      source_.empty() ? "tokenizer" : source_, shorten(chat_template_));
 }
 
 }  // namespace ct

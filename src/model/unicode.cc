@@ -1,5 +1,5 @@
-// UTF-8 decoding, code point classes and the GPT-2 pre-tokenizer, written to split text exactly as
-// llama.cpp's pre-tokenizer does for the "gpt2" and "smollm" pre types (see unicode.h).
+// UTF-8 decoding, code point classes and the pre-tokenizers, written to split text exactly as
+// llama.cpp's pre-tokenizers do for the pre types the tokenizer accepts (see unicode.h).
 #include "model/unicode.h"
 
 #include <algorithm>
@@ -99,6 +99,83 @@ void split_gpt2(const std::vector<uint32_t>& cps, const std::vector<CpClass>& cl
   }
 }
 
+// Splits code points [s, e) with the Llama 3 regex, or Qwen2's when max_digits is 1 (the two
+// differ only in how many number characters one piece takes). As in split_gpt2 the alternatives
+// are tried in order at every position and a match never extends past e.
+void split_llama3(const std::vector<uint32_t>& cps, const std::vector<CpClass>& cls,
+                  const std::vector<size_t>& offs, size_t s, size_t e, size_t max_digits,
+                  std::vector<Piece>* pieces) {
+  size_t pos = s;
+  auto emit = [&](size_t end) {
+    pieces->push_back({offs[pos], offs[end]});
+    pos = end;
+  };
+  // (?i:...) only ever compares with ASCII letters, and no other code point lower-cases to one of
+  // s t m d r e v l, so ASCII case folding is the whole of it.
+  auto lower = [&](size_t i) { return cps[i] >= 'A' && cps[i] <= 'Z' ? cps[i] + 32 : cps[i]; };
+  auto is_newline = [&](size_t i) { return cps[i] == '\r' || cps[i] == '\n'; };
+  while (pos < e) {
+    const CpClass c = cls[pos];
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (cps[pos] == '\'' && pos + 1 < e) {
+      const uint32_t c1 = lower(pos + 1);
+      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
+        emit(pos + 2);
+        continue;
+      }
+      if (pos + 2 < e) {
+        const uint32_t c2 = lower(pos + 2);
+        if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
+          emit(pos + 3);
+          continue;
+        }
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+: any one character but a newline or number (a space, a tab, a
+    // bracket) joins the letters after it.
+    if (!is_newline(pos) && c != CpClass::kNumber &&
+        (c == CpClass::kLetter || (pos + 1 < e && cls[pos + 1] == CpClass::kLetter))) {
+      size_t end = pos + 1;
+      while (end < e && cls[end] == CpClass::kLetter) ++end;
+      emit(end);
+      continue;
+    }
+    // \p{N}{1,max_digits}
+    if (c == CpClass::kNumber) {
+      size_t end = pos + 1;
+      while (end < e && end - pos < max_digits && cls[end] == CpClass::kNumber) ++end;
+      emit(end);
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*': a punctuation run takes an optional leading space and the
+    // newlines that follow it.
+    const size_t head = (cps[pos] == ' ' && pos + 1 < e) ? pos + 1 : pos;
+    if (cls[head] == CpClass::kOther) {
+      size_t end = head + 1;
+      while (end < e && cls[end] == CpClass::kOther) ++end;
+      while (end < e && is_newline(end)) ++end;
+      emit(end);
+      continue;
+    }
+    // Whitespace: '\s*[\r\n]+' takes the run up to its last newline; otherwise '\s+(?!\S)'
+    // leaves the run's last character to what follows, and '\s+' takes a run at the end whole.
+    size_t end = pos, after_newline = 0;
+    while (end < e && cls[end] == CpClass::kSpace) {
+      if (is_newline(end)) after_newline = end + 1;
+      ++end;
+    }
+    if (after_newline > 0) {
+      emit(after_newline);
+    } else if (end - pos > 1 && end < e) {
+      emit(end - 1);
+    } else {
+      // A single whitespace character, a trailing run, or (unreachable: every class is handled
+      // above) a character no alternative matches, which the regex would skip as one piece.
+      emit(std::max(end, pos + 1));
+    }
+  }
+}
+
 }  // namespace
 
 CpClass cp_class(uint32_t cp) { return cp < 256 ? latin1_classes()[cp] : cp_class_search(cp); }
@@ -167,7 +244,10 @@ void pre_split(std::string_view text, PreSplit mode, std::vector<Piece>* pieces)
     uint32_t cp;
     const size_t len = utf8_decode(text, pos, &cp);
     cps.push_back(cp);
-    cls.push_back(cp == kInvalidCp ? CpClass::kOther : cp_class(cp));
+    CpClass c = cp == kInvalidCp ? CpClass::kOther : cp_class(cp);
+    // Qwen3.5's regex puts marks wherever it puts letters; every other regex ignores \p{M}.
+    if (c == CpClass::kMark) c = mode == PreSplit::kQwen35 ? CpClass::kLetter : CpClass::kOther;
+    cls.push_back(c);
     offs.push_back(pos);
     pos += len;
   }
@@ -176,6 +256,10 @@ void pre_split(std::string_view text, PreSplit mode, std::vector<Piece>* pieces)
 
   if (mode == PreSplit::kGpt2) {
     split_gpt2(cps, cls, offs, 0, n, pieces);
+    return;
+  }
+  if (mode == PreSplit::kLlama3 || mode == PreSplit::kQwen2 || mode == PreSplit::kQwen35) {
+    split_llama3(cps, cls, offs, 0, n, mode == PreSplit::kLlama3 ? 3 : 1, pieces);
     return;
   }
   // kDigitsGpt2: '\p{N}' makes every number character a piece of its own; the text between them

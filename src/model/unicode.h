@@ -1,6 +1,6 @@
 // Unicode support for the byte-level BPE tokenizer: lossless UTF-8 decoding, the code point
-// classes of the GPT-2 pre-tokenizer regex, the pre-tokenizer itself, and GPT-2's byte<->unicode
-// mapping. Private to src/model (the tokenizer and its tests).
+// classes of the pre-tokenizer regexes, the pre-tokenizers themselves (GPT-2, Llama 3, Qwen2), and
+// GPT-2's byte<->unicode mapping. Private to src/model (the tokenizer and its tests).
 #pragma once
 
 #include <cstddef>
@@ -12,12 +12,13 @@
 namespace ct::unicode {
 
 // The classes the pre-tokenizer regexes distinguish; mutually exclusive (no White_Space code point
-// is a letter or a number).
+// is a letter, number or mark).
 enum class CpClass : uint8_t {
   kOther = 0,   // everything else, including unassigned code points and invalid UTF-8 bytes
   kLetter = 1,  // \p{L}: Lu Ll Lt Lm Lo
   kNumber = 2,  // \p{N}: Nd Nl No
   kSpace = 3,   // \s: the White_Space property
+  kMark = 4,    // \p{M}: Mn Mc Me; only Qwen3.5's regex names it, the others see kOther
 };
 
 struct CpRange {
@@ -52,6 +53,13 @@ std::string utf8_normalize(std::string_view text);
 enum class PreSplit {
   kGpt2,        // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
   kDigitsGpt2,  // first \p{N} (each number character its own piece), then kGpt2 inside pieces
+  // Llama 3, one regex: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
+  //                    | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  kLlama3,
+  kQwen2,  // kLlama3 with \p{N} instead of \p{N}{1,3}: every number character is its own piece
+  // Qwen3.5: kQwen2 with [\p{L}\p{M}]+ for \p{L}+ and [^\s\p{L}\p{M}\p{N}] for [^\s\p{L}\p{N}]:
+  // combining marks belong to the word they follow.
+  kQwen35,
 };
 
 // A piece of the input: text.substr(begin, end - begin).

@@ -7,7 +7,9 @@
 namespace ct {
 
 std::vector<int32_t> tokenize_chunk(const Tokenizer& tok, const std::string& text) {
-  return tok.encode(text + "\n\n", /*parse_special=*/false);
+  // A document always follows the prefix, so it does not start the text (SentencePiece would
+  // otherwise put a space before it).
+  return tok.encode(text + "\n\n", /*parse_special=*/false, /*starts_text=*/false);
 }
 
 namespace {
@@ -63,9 +65,13 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
   tail.add(question, true);
   tail.add(rendered.substr(at + user_marker.size()), false);
   RagPromptTokens out;
-  out.prefix = tok.encode(head.text, head.user);
+  // The prompt opens with BOS where the model's tokenizer adds one (Llama 2/3, Mistral); the
+  // rendered template does not contain it.
+  if (tok.add_bos() && tok.bos() >= 0) out.prefix.push_back(tok.bos());
+  const std::vector<int32_t> head_ids = tok.encode(head.text, head.user);
+  out.prefix.insert(out.prefix.end(), head_ids.begin(), head_ids.end());
   for (const auto& c : chunks) out.chunks.push_back(tokenize_chunk(tok, c));
-  out.query = tok.encode(tail.text, tail.user);
+  out.query = tok.encode(tail.text, tail.user, /*starts_text=*/false);
   return out;
 }
 

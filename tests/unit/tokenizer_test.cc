@@ -2,14 +2,17 @@
 // merges by rank, byte fallback, special token partition, decoding and chat templates.
 #include "model/tokenizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "model/gguf.h"
 #include "model/unicode.h"
 
 namespace ct {
@@ -44,7 +47,8 @@ TEST(UnicodeTest, ClassesOfSampleCodePoints) {
   EXPECT_EQ(unicode::cp_class(0x3000), CpClass::kSpace);    // ideographic space
   EXPECT_EQ(unicode::cp_class(0x001C), CpClass::kOther);    // isspace() in Python, not \s here
   EXPECT_EQ(unicode::cp_class(0x200B), CpClass::kOther);    // zero-width space is Cf
-  EXPECT_EQ(unicode::cp_class(0x0301), CpClass::kOther);    // combining acute (Mn)
+  EXPECT_EQ(unicode::cp_class(0x0301), CpClass::kMark);     // combining acute (Mn)
+  EXPECT_EQ(unicode::cp_class(0x0903), CpClass::kMark);     // Devanagari visarga (Mc)
   EXPECT_EQ(unicode::cp_class(0x1F600), CpClass::kOther);   // 😀
   EXPECT_EQ(unicode::cp_class(0x20000), CpClass::kLetter);  // CJK extension B
   EXPECT_EQ(unicode::cp_class(0x10FFFF), CpClass::kOther);
@@ -185,12 +189,16 @@ TEST(PreSplitTest, PiecesCoverRandomBytesExactly) {
                                   "\xF0\x9F\x98\x80",
                                   "\xFF",
                                   "\xC3",
-                                  "\xE2\x82"};
+                                  "\xE2\x82",
+                                  "\r\n",
+                                  "\xCC\x81",
+                                  "'T"};
   for (int iter = 0; iter < 500; ++iter) {
     std::string text;
     const int n = (int)(rng() % 30);
     for (int i = 0; i < n; ++i) text += alphabet[rng() % std::size(alphabet)];
-    for (PreSplit mode : {PreSplit::kGpt2, PreSplit::kDigitsGpt2}) {
+    for (PreSplit mode : {PreSplit::kGpt2, PreSplit::kDigitsGpt2, PreSplit::kLlama3,
+                          PreSplit::kQwen2, PreSplit::kQwen35}) {
       std::string joined;
       for (const std::string& p : split(text, mode)) {
         EXPECT_FALSE(p.empty());
@@ -222,8 +230,18 @@ struct TinyVocab {
     tokens.push_back(text);
     types.push_back(type);
   }
+  VocabSpec spec(const std::string& tmpl = "", const std::string& pre = "smollm") const {
+    VocabSpec s;
+    s.pre = pre;
+    s.tokens = tokens;
+    s.token_types = types;
+    s.merges = merges;
+    s.chat_template = tmpl;
+    s.eos = 0;
+    return s;
+  }
   Tokenizer build(const std::string& tmpl = "", const std::string& pre = "smollm") const {
-    return Tokenizer::from_vocab(tokens, types, merges, pre, tmpl, -1, 0, false);
+    return Tokenizer::from_vocab(spec(tmpl, pre));
   }
 };
 
@@ -394,7 +412,8 @@ TEST(ChatTemplateTest, DefaultSystemMessageComesOnlyFromALiteral) {
 }
 
 TEST(ChatTemplateTest, Llama3Format) {
-  Tokenizer tok = TinyVocab({}).build("{{ '<|start_header_id|>' + message['role'] }}");
+  Tokenizer tok = TinyVocab({}).build(
+      "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' }}");
   EXPECT_EQ(tok.apply_chat_template({{"system", "S"}, {"user", "  Hi \n"}}, true),
             "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
@@ -411,17 +430,305 @@ TEST(TokenizerTest, RejectsUnsupportedOrInconsistentInput) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { v.build("", "llama-bpe"); }).find("'llama-bpe'"), std::string::npos);
-  EXPECT_NE(message([&] { v.build("[INST] {{ x }} [/INST]"); }).find("[INST]"), std::string::npos);
-  EXPECT_NE(message([&] {
-              Tokenizer::from_vocab(v.tokens, v.types, {"a zz"}, "smollm", "", -1, -1, false);
-            }).find("merges[0] is 'a zz'"),
+  EXPECT_NE(message([&] { v.build("", "deepseek-llm"); }).find("'deepseek-llm'"),
             std::string::npos);
-  EXPECT_THROW(Tokenizer::from_vocab(v.tokens, {1, 1}, v.merges, "smollm", "", -1, -1, false),
-               Error);
-  EXPECT_THROW(Tokenizer::from_vocab({}, {}, {}, "smollm", "", -1, -1, false), Error);
-  EXPECT_THROW(Tokenizer::from_vocab(v.tokens, v.types, v.merges, "smollm", "", 1 << 20, -1, false),
-               Error);
+  VocabSpec bad = v.spec();
+  bad.model = "t5";
+  EXPECT_NE(message([&] { Tokenizer::from_vocab(bad); }).find("'t5'"), std::string::npos);
+  bad = v.spec();
+  bad.merges = {"a zz"};
+  EXPECT_NE(message([&] { Tokenizer::from_vocab(bad); }).find("merges[0] is 'a zz'"),
+            std::string::npos);
+  bad = v.spec();
+  bad.token_types = {1, 1};
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  bad = v.spec();
+  bad.scores = {0.0f};
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  EXPECT_THROW(Tokenizer::from_vocab(VocabSpec{}), Error);
+  bad = v.spec();
+  bad.bos = 1 << 20;
+  EXPECT_THROW(Tokenizer::from_vocab(bad), Error);
+  // An unknown chat template still tokenises; rendering it is refused, naming the template.
+  VocabSpec gemma = v.spec("{{ '<start_of_turn>' + role }}");
+  gemma.source = "gemma.gguf";
+  Tokenizer tok = Tokenizer::from_vocab(gemma);
+  EXPECT_EQ(texts(tok, tok.encode("ab", false)), (Strings{"ab"}));
+  const std::string msg = message([&] { tok.apply_chat_template({{"user", "x"}}, true); });
+  EXPECT_NE(msg.find("gemma.gguf"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("<start_of_turn>"), std::string::npos) << msg;
+}
+
+TEST(PreSplitTest, Llama3GroupsDigitsInThreesAndFoldsContractions) {
+  const PreSplit l3 = PreSplit::kLlama3, qw = PreSplit::kQwen2;
+  EXPECT_EQ(split("1234567", l3), (Strings{"123", "456", "7"}));
+  EXPECT_EQ(split("1234567", qw), (Strings{"1", "2", "3", "4", "5", "6", "7"}));
+  // Qwen3.5 keeps a combining mark with its word; the other regexes end the word there.
+  EXPECT_EQ(split("e\xCC\x81t \xCC\x81!", PreSplit::kQwen35),
+            (Strings{"e\xCC\x81t", " \xCC\x81", "!"}));
+  EXPECT_EQ(split("e\xCC\x81t", qw), (Strings{"e", "\xCC\x81t"}));
+  // A space before a number is never joined to it (there is no ' ?\p{N}').
+  EXPECT_EQ(split("a 12", l3), (Strings{"a", " ", "12"}));
+  // Contractions ignore case, unlike GPT-2's.
+  EXPECT_EQ(split("DON'T I'LL", l3), (Strings{"DON", "'T", " I", "'LL"}));
+  EXPECT_EQ(split("DON'T", PreSplit::kGpt2), (Strings{"DON", "'", "T"}));
+  // Any one character but a newline or number joins the letters after it.
+  EXPECT_EQ(split("(word\tx \xC2\xA0y", l3), (Strings{"(word", "\tx", " ", "\xC2\xA0y"}));
+  EXPECT_EQ(split("\nword", l3), (Strings{"\n", "word"}));
+  // Punctuation takes one leading space and the newlines after it.
+  EXPECT_EQ(split("a !!\n\nb", l3), (Strings{"a", " !!\n\n", "b"}));
+  EXPECT_EQ(split("a.\r\nb", qw), (Strings{"a", ".\r\n", "b"}));
+  // A whitespace run with newlines ends at its last newline; without, it leaves its last
+  // character to the word after it, and at the end of the text it is one piece.
+  EXPECT_EQ(split("a \n \n  b", l3), (Strings{"a", " \n \n", " ", " b"}));
+  EXPECT_EQ(split("a   b  ", l3), (Strings{"a", "  ", " b", "  "}));
+  EXPECT_EQ(split("x  1", l3), (Strings{"x", " ", " ", "1"}));
+}
+
+TEST(TokenizerTest, Llama3EmitsAPieceThatIsATokenWithoutMerging) {
+  // The merges make "ab" + "c" of "abc", but "abc" is a token: Llama 3 ("ignore_merges") takes
+  // it whole, Qwen2 merges.
+  TinyVocab v({"a b"});
+  v.add("abc");
+  Tokenizer llama3 = v.build("", "llama-bpe");
+  EXPECT_EQ(texts(llama3, llama3.encode("abc", false)), (Strings{"abc"}));
+  Tokenizer qwen2 = v.build("", "qwen2");
+  EXPECT_EQ(texts(qwen2, qwen2.encode("abc", false)), (Strings{"ab", "c"}));
+  // Llama 3 adds BOS unless the file says otherwise; Qwen2 does not.
+  VocabSpec s = v.spec("", "llama-bpe");
+  s.bos = 1;
+  EXPECT_TRUE(Tokenizer::from_vocab(s).add_bos());
+  s.add_bos = false;
+  EXPECT_FALSE(Tokenizer::from_vocab(s).add_bos());
+  EXPECT_FALSE(qwen2.add_bos());
+}
+
+// A SentencePiece vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then `pieces` with their
+// scores ("\u2581" is the escaped space).
+const std::string kSp = "\xE2\x96\x81";
+Tokenizer spm_vocab(const std::vector<std::pair<std::string, float>>& pieces,
+                    const std::string& tmpl = "") {
+  VocabSpec s;
+  s.model = "llama";
+  s.tokens = {"<unk>", "<s>", "</s>"};
+  s.token_types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    s.tokens.push_back(fmt::format("<0x{:02X}>", b));
+    s.token_types.push_back(6);
+  }
+  s.scores.assign(s.tokens.size(), 0.0f);
+  for (const auto& [text, score] : pieces) {
+    s.tokens.push_back(text);
+    s.token_types.push_back(1);
+    s.scores.push_back(score);
+  }
+  s.bos = 1;
+  s.eos = 2;
+  s.chat_template = tmpl;
+  return Tokenizer::from_vocab(s);
+}
+
+TEST(SpmTokenizerTest, HighestScoringPairMergesFirst) {
+  // "ab" -> "\u2581ab": the pairs are "\u2581a" and "ab"; the higher score wins.
+  Tokenizer a_first = spm_vocab({{kSp, -3}, {"a", -3}, {"b", -3}, {kSp + "a", -1}, {"ab", -2}});
+  EXPECT_EQ(texts(a_first, a_first.encode("ab", false)), (Strings{" a", "b"}));
+  Tokenizer ab_first = spm_vocab({{kSp, -3}, {"a", -3}, {"b", -3}, {kSp + "a", -2}, {"ab", -1}});
+  EXPECT_EQ(texts(ab_first, ab_first.encode("ab", false)), (Strings{" ", "ab"}));
+  // Equal scores: leftmost first; a merge result merges further.
+  Tokenizer tie = spm_vocab({{"a", -3}, {"aa", -1}, {"aaa", -0.5}, {kSp, -3}});
+  EXPECT_EQ(texts(tie, tie.encode("aaaa", false, /*starts_text=*/false)), (Strings{"aaa", "a"}));
+  EXPECT_TRUE(tie.is_spm());
+  EXPECT_TRUE(tie.add_bos());
+}
+
+TEST(SpmTokenizerTest, CharactersWithoutATokenFallBackToBytes) {
+  Tokenizer tok = spm_vocab({{kSp, -3}, {"a", -3}, {kSp + "a", -1}});
+  // é (C3 A9) and 😀 (F0 9F 98 80) have no token: their bytes' tokens are used.
+  const std::vector<int32_t> ids = tok.encode("a\xC3\xA9\xF0\x9F\x98\x80", false);
+  EXPECT_EQ(texts(tok, ids), (Strings{" a", "\xC3", "\xA9", "\xF0", "\x9F", "\x98", "\x80"}));
+  EXPECT_EQ(ids[1], 3 + 0xC3);
+  EXPECT_EQ(tok.decode(ids), " a\xC3\xA9\xF0\x9F\x98\x80");
+  // A truncated sequence is one symbol as its lead byte says (not validated, as in llama.cpp).
+  EXPECT_EQ(tok.encode("\xE2\x82", false, false), (std::vector<int32_t>{3 + 0xE2, 3 + 0x82}));
+  EXPECT_TRUE(tok.encode("", false).empty());  // no space prefix for empty text
+}
+
+TEST(SpmTokenizerTest, SpacePrefixAtTheStartAndAfterSpecialTokens) {
+  Tokenizer tok = spm_vocab({{kSp, -3}, {"a", -3}, {"b", -3}, {kSp + "a", -1}, {kSp + "b", -1}});
+  EXPECT_EQ(texts(tok, tok.encode("a b", false)), (Strings{" a", " b"}));
+  EXPECT_EQ(texts(tok, tok.encode("a b", false, /*starts_text=*/false)), (Strings{"a", " b"}));
+  EXPECT_EQ(texts(tok, tok.encode("a</s>b", true)), (Strings{" a", "</s>", " b"}));
+  // Without parse_special "</s>" is text: '<' '/' 's' '>' fall back to bytes.
+  EXPECT_EQ(tok.encode("</s>", false).size(), 5u);
+  EXPECT_TRUE(tok.is_eog(2));
+}
+
+// Qwen2.5's template as its GGUF stores it: the default system message is a literal in the
+// branch without tools.
+const char kQwen25Template[] = R"qwen({%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+)qwen";
+
+TEST(ChatTemplateTest, QwenDefaultSystemMessage) {
+  Tokenizer tok = TinyVocab({}).build(kQwen25Template, "qwen2");
+  EXPECT_EQ(tok.apply_chat_template({{"user", "Hi"}}, true),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(tok.apply_chat_template({{"system", "S"}, {"user", "Hi"}}, false),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplateTest, MistralAndLlama2Formats) {
+  const std::vector<ChatMessage> chat = {
+      {"system", "S"}, {"user", "U1"}, {"assistant", " A1 "}, {"user", "U2"}};
+  // Mistral-7B-Instruct-v0.2: the Llama 2 format without <<SYS>>.
+  Tokenizer v02 = TinyVocab({}).build(
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+      "+ message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + eos_token}}{% endif "
+      "%}{% endfor %}");
+  EXPECT_EQ(v02.apply_chat_template(chat, true), "[INST] S\nU1 [/INST] A1 </s>[INST] U2 [/INST]");
+  Tokenizer llama2 = TinyVocab({}).build("[INST] <<SYS>>\\n' + system_message + '\\n<</SYS>>");
+  EXPECT_EQ(llama2.apply_chat_template(chat, true),
+            "[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s>[INST] U2 [/INST]");
+  Tokenizer v1 = TinyVocab({}).build("[AVAILABLE_TOOLS] [INST]'");
+  EXPECT_EQ(v1.apply_chat_template(chat, true),
+            " [INST] S\n\nU1 [/INST]  A1 </s> [INST] U2 [/INST]");
+  Tokenizer v3 = TinyVocab({}).build("[AVAILABLE_TOOLS]'[INST]'");  // assistant text trimmed
+  EXPECT_EQ(v3.apply_chat_template(chat, true), "[INST] S\n\nU1[/INST] A1</s>[INST] U2[/INST]");
+  Tokenizer tekken = TinyVocab({}).build("[AVAILABLE_TOOLS]\"[INST]\"");
+  EXPECT_EQ(tekken.apply_chat_template(chat, true), "[INST]S\n\nU1[/INST] A1 </s>[INST]U2[/INST]");
+  Tokenizer v7 = TinyVocab({}).build("[SYSTEM_PROMPT][INST]");
+  EXPECT_EQ(v7.apply_chat_template(chat, true),
+            "[SYSTEM_PROMPT] S[/SYSTEM_PROMPT][INST] U1[/INST]  A1 </s>[INST] U2[/INST]");
+}
+
+TEST(ChatTemplateTest, UnknownTemplatesAreRefusedWhenRendered) {
+  for (const char* tmpl : {"{{'<|user|>' + '\\n' + message['content'] + '<|end|>'}}<|assistant|>",
+                           "<start_of_turn>user", "<|im_start|><|im_sep|>"}) {
+    VocabSpec s = TinyVocab({}).spec(tmpl);
+    s.source = "m.gguf";
+    Tokenizer tok = Tokenizer::from_vocab(s);
+    try {
+      tok.apply_chat_template({{"user", "x"}}, true);
+      ADD_FAILURE() << "accepted " << tmpl;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("m.gguf: tokenizer.chat_template"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::string(tmpl).substr(0, 10)), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(TokenizerTest, EndOfTurnTokensBecomeControlTokens) {
+  // "<|eot_id|>" written as a normal token is treated as control and ends generation, as in
+  // llama.cpp; so are eot/eom ids the file names.
+  TinyVocab v({});
+  v.add("<|eot_id|>", 1);
+  v.add("<|eom_id|>", 4);
+  v.add("<|custom|>", 3);
+  VocabSpec s = v.spec();
+  s.eot = (int32_t)v.tokens.size() - 1;
+  Tokenizer tok = Tokenizer::from_vocab(s);
+  const int32_t eot = tok.find_token("<|eot_id|>"), eom = tok.find_token("<|eom_id|>");
+  EXPECT_TRUE(tok.is_eog(eot));
+  EXPECT_TRUE(tok.is_eog(eom));
+  EXPECT_TRUE(tok.is_eog(tok.find_token("<|custom|>")));  // named by eot_token_id
+  EXPECT_FALSE(tok.is_eog(tok.find_token("<|im_start|>")));
+  EXPECT_EQ(std::count(tok.eog_ids().begin(), tok.eog_ids().end(), eot), 1);
+  // Control now: not parsed without parse_special, not rendered without render_special.
+  const std::vector<int32_t> plain = tok.encode("<|eot_id|>", false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), eot), 0);
+  EXPECT_EQ(tok.encode("<|eot_id|>", true), (std::vector<int32_t>{eot}));
+  EXPECT_EQ(tok.decode({eot}), "");
+}
+
+TEST(TokenizerTest, Phi3DropsWhitespaceAfterSpecialTokens) {
+  // llama.cpp keys this on general.name: after a special token (but <s>, <unk>, <|endoftext|>)
+  // whitespace is dropped.
+  VocabSpec s = TinyVocab({"h i", "\xC4\xA0 x"}).spec();
+  s.tokens.push_back("<|user|>");
+  s.token_types.push_back(4);
+  s.name = "Phi3";
+  Tokenizer phi3 = Tokenizer::from_vocab(s);
+  EXPECT_EQ(texts(phi3, phi3.encode("<|user|>\n hi<|endoftext|> x", true)),
+            (Strings{"<|user|>", "hi", "<|endoftext|>", " x"}));
+  s.name = "other";
+  Tokenizer other = Tokenizer::from_vocab(s);
+  EXPECT_EQ(texts(other, other.encode("<|user|>\nhi", true)), (Strings{"<|user|>", "\n", "hi"}));
+}
+
+TEST(TokenizerTest, BuildsFromAVocabularyOnlyGguf) {
+  // A SentencePiece file with tokens, types and scores only: no tensors, no BOS/EOS keys (llama.cpp
+  // then assumes <s> = 1 and </s> = 2), no template.
+  GgufWriter w;
+  w.set_str("general.name", "tiny-spm");
+  w.set_str("tokenizer.ggml.model", "llama");
+  w.set_str_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", kSp, "a", kSp + "a"});
+  w.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1});
+  w.set_f32_array("tokenizer.ggml.scores", {0, 0, 0, -2, -2, -1});
+  const std::string path = ::testing::TempDir() + "/ct_tokenizer_vocab_only.gguf";
+  w.write(path);
+  const auto f = GgufFile::open(path);
+  EXPECT_TRUE(f->tensors().empty());
+  const Tokenizer tok = Tokenizer::from_gguf(*f);
+  std::remove(path.c_str());
+  EXPECT_TRUE(tok.is_spm());
+  EXPECT_EQ(tok.bos(), 1);
+  EXPECT_EQ(tok.eos(), 2);
+  EXPECT_TRUE(tok.add_bos());
+  EXPECT_EQ(texts(tok, tok.encode("a a", false)), (Strings{" a", " a"}));
 }
 
 }  // namespace

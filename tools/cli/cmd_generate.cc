@@ -119,8 +119,12 @@ void run_generate(const GenerateArgs& a) {
   if (!a.system.empty()) msgs.push_back({"system", a.system});
   msgs.push_back({"user", text});
   const std::string prompt = a.raw ? text : tok.apply_chat_template(msgs, true);
-  const std::vector<int32_t> ids = tok.encode(prompt, /*parse_special=*/!a.raw);
-  CT_THROW_IF_NOT(!ids.empty(), "the prompt is empty after tokenisation");
+  // BOS where the model's tokenizer adds one (Llama 2/3, Mistral); templates leave it out.
+  std::vector<int32_t> ids;
+  if (tok.add_bos() && tok.bos() >= 0) ids.push_back(tok.bos());
+  const std::vector<int32_t> body = tok.encode(prompt, /*parse_special=*/!a.raw);
+  CT_THROW_IF_NOT(!body.empty(), "the prompt is empty after tokenisation");
+  ids.insert(ids.end(), body.begin(), body.end());
   const int n_ctx = (int)ids.size() + a.max_tokens + 1;
   CT_THROW_IF_NOT(n_ctx <= model->config().n_ctx_train,
                   "prompt of {} tokens plus {} new tokens exceeds the model's context of {}",

@@ -14,5 +14,6 @@ void register_calibrate(CLI::App& app);
 void register_bench_tiers(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_models(CLI::App& app);  // `models` and `pull`
+void register_tokenize(CLI::App& app);
 
 }  // namespace ct::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   ct::cli::register_bench_tiers(app);
   ct::cli::register_serve(app);
   ct::cli::register_models(app);
+  ct::cli::register_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
