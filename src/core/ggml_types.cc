@@ -23,7 +23,7 @@
 namespace ct {
 namespace {
 
-constexpr int64_t kQK = 32;     // elements per block of the legacy types (Q4_0 ... Q8_0)
+constexpr int64_t kQK = 32;  // elements per block of the legacy types (Q4_0 ... Q8_0)
 constexpr int64_t kQKK = kGgmlQK_K;
 
 // Block layouts, identical to ggml's block_* structs (little-endian, packed, fp16 as uint16_t).
@@ -67,7 +67,7 @@ struct BlockQ3_K {
 };
 struct BlockQ4_K {
   uint16_t d, dmin;
-  uint8_t scales[12];   // 8 6-bit scales and 8 6-bit mins, see q4_k_scale_min
+  uint8_t scales[12];    // 8 6-bit scales and 8 6-bit mins, see q4_k_scale_min
   uint8_t qs[kQKK / 2];  // element 64c + j: low nibble of qs[32c + j], 64c + 32 + j: high nibble
 };
 struct BlockQ5_K {
@@ -364,9 +364,8 @@ void dequant_q4_1_avx2(const void* src, float* dst, int64_t nb) {
 // order: byte j of the result comes from byte j / 8 of qh, tested against bit j % 8.
 inline __m256i q5_high_bits(uint32_t qh) {
   const __m256i bytes = _mm256_shuffle_epi8(
-      _mm256_set1_epi32((int)qh),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
-                       3, 3, 3, 3, 3, 3, 3));
+      _mm256_set1_epi32((int)qh), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
   const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
@@ -381,8 +380,8 @@ void dequant_q5_0_avx2(const void* src, float* dst, int64_t nb) {
     std::memcpy(&qh, b + 2, 4);
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
     const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m256i lo4 = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask),
-                                         _mm_and_si128(raw, mask));
+    const __m256i lo4 =
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
     const __m256i q = _mm256_or_si256(lo4, q5_high_bits(qh));  // 32 bytes 0..31
     alignas(32) uint8_t qb[32];
     _mm256_store_si256(reinterpret_cast<__m256i*>(qb), q);
@@ -471,8 +470,7 @@ void dequant_q6_k_avx2(const void* src, float* dst, int64_t nb) {
     const float d = _cvtsh_ss(b.d);
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h));
-      const __m256i ql1 =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32));
+      const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * h + 32));
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * h));
       // Quarter k of the half: elements 128h + 32k + l, l < 32.
       const __m256i lo[4] = {_mm256_and_si256(ql0, mask4), _mm256_and_si256(ql1, mask4),
@@ -845,8 +843,8 @@ std::string ggml_supported_type_names() {
 
 const GgmlTypeTraits& ggml_traits(GgmlType t) {
   const GgmlTypeTraits* tt = ggml_type_traits(t);
-  CT_THROW_IF_NOT(tt != nullptr, "ggml type {} is not supported (supported: {})",
-                  ggml_type_name(t), ggml_supported_type_names());
+  CT_THROW_IF_NOT(tt != nullptr, "ggml type {} is not supported (supported: {})", ggml_type_name(t),
+                  ggml_supported_type_names());
   return *tt;
 }
 

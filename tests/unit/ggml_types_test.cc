@@ -168,10 +168,10 @@ struct TypeCase {
 };
 const std::vector<TypeCase>& all_types() {
   static const std::vector<TypeCase> v = {
-      {GgmlType::F32, {}},       {GgmlType::F16, {}},       {GgmlType::BF16, {}},
-      {GgmlType::Q4_0, {0}},     {GgmlType::Q4_1, {0, 2}},  {GgmlType::Q5_0, {0}},
-      {GgmlType::Q5_1, {0, 2}},  {GgmlType::Q8_0, {0}},     {GgmlType::Q2_K, {80, 82}},
-      {GgmlType::Q3_K, {108}},   {GgmlType::Q4_K, {0, 2}},  {GgmlType::Q5_K, {0, 2}},
+      {GgmlType::F32, {}},      {GgmlType::F16, {}},      {GgmlType::BF16, {}},
+      {GgmlType::Q4_0, {0}},    {GgmlType::Q4_1, {0, 2}}, {GgmlType::Q5_0, {0}},
+      {GgmlType::Q5_1, {0, 2}}, {GgmlType::Q8_0, {0}},    {GgmlType::Q2_K, {80, 82}},
+      {GgmlType::Q3_K, {108}},  {GgmlType::Q4_K, {0, 2}}, {GgmlType::Q5_K, {0, 2}},
       {GgmlType::Q6_K, {208}},
   };
   return v;
@@ -193,8 +193,8 @@ TEST(GgmlTypesTest, TableAndRowSizes) {
     EXPECT_NE(tt->to_f32, nullptr) << tt->name;
     EXPECT_NE(tt->from_f32, nullptr) << tt->name;
   }
-  for (GgmlType t : {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::I8, GgmlType::F64,
-                     static_cast<GgmlType>(99)}) {
+  for (GgmlType t :
+       {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::I8, GgmlType::F64, static_cast<GgmlType>(99)}) {
     EXPECT_FALSE(ggml_type_supported(t)) << ggml_type_name(t);
     EXPECT_EQ(ggml_type_traits(t), nullptr) << ggml_type_name(t);
   }
