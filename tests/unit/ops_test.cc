@@ -44,6 +44,29 @@ TEST(Ops, MatmulMatchesReference) {
   }
 }
 
+TEST(Ops, MatmulWithRowStrideFillsAColumnBlock) {
+  // The output head is multiplied in slices of its rows: each slice fills columns [c0, c0 + n)
+  // of rows ldy floats apart and leaves the other columns alone.
+  const int m = 6, k = 40, n = 9, ldy = 25, c0 = 11;
+  auto x = randn((size_t)m * k, 60), w = randn((size_t)n * k, 61), b = randn(n, 62);
+  std::vector<float> dense(m * n);
+  matmul_wt_ref(x.data(), m, k, w.data(), n, dense.data(), b.data());
+  for (bool ref : {false, true}) {
+    std::vector<float> y((size_t)m * ldy, -7.0f);
+    (ref ? matmul_wt_ref : matmul_wt)(x.data(), m, k, w.data(), n, y.data() + c0, b.data(), ldy);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < ldy; ++j) {
+        const float got = y[(size_t)i * ldy + j];
+        if (j < c0 || j >= c0 + n) {
+          ASSERT_EQ(got, -7.0f) << "row " << i << " column " << j << (ref ? " (ref)" : "");
+        } else {
+          ASSERT_NEAR(got, dense[(size_t)i * n + j - c0], 1e-4f) << "row " << i << " col " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(Ops, RmsNormMatchesReference) {
   const int m = 7, d = 33;
   auto x = randn(m * d, 4), w = randn(d, 5);
