@@ -1,6 +1,8 @@
-// GGML tensor element types as stored in GGUF files: block layouts, row sizes, names, and
-// conversion to/from float. The scalar functions here are the reference every fast path is tested
-// against.
+// GGML tensor element types as stored in GGUF files: one table of type traits (block layout, name,
+// conversion to and from float), like ggml's type_traits. A new type is one row of the table plus
+// its block functions. The scalar functions are the reference every fast path is tested against.
+// The decode kernels (dot products straight from the blocks) live in the CPU backend's own table
+// (backend/cpu/qgemv.cc), as ggml keeps its CPU traits apart from the format.
 #pragma once
 
 #include <cstddef>
@@ -33,12 +35,36 @@ enum class GgmlType : uint32_t {
   BF16 = 30,
 };
 
+// Elements per K-quant super-block (ggml's QK_K).
+constexpr int64_t kGgmlQK_K = 256;
+
+// Converts n_blocks whole blocks; src may be unaligned.
+using GgmlToF32 = void (*)(const void* src, float* dst, int64_t n_blocks);
+using GgmlFromF32 = void (*)(const float* src, void* dst, int64_t n_blocks);
+
+struct GgmlTypeTraits {
+  GgmlType type;
+  const char* name;      // as ggml spells it: "q4_K", "f32", ...
+  int64_t block_elems;   // elements per block (1 for plain types)
+  size_t block_bytes;    // bytes per block
+  GgmlToF32 to_f32_ref;  // plain scalar reference
+  GgmlToF32 to_f32;      // fast path (AVX2 where written, the reference otherwise); bit-identical
+  GgmlFromF32 from_f32;  // encoder, or null where we have none
+};
+
+// The row for t, or null for types without a dequantiser (Q8_1, Q8_K, integer types, unknown
+// values). Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+const GgmlTypeTraits* ggml_type_traits(GgmlType t);
+// The row for t; throws ct::Error naming the type and the supported ones when there is none.
+const GgmlTypeTraits& ggml_traits(GgmlType t);
+
 // Name as used by ggml ("q4_1", "f32", ...); "unknown(<n>)" for values we do not know.
 std::string ggml_type_name(GgmlType t);
-// True for the types this engine can convert to float: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
+// True when t has a row in the table (can be converted to float).
 bool ggml_type_supported(GgmlType t);
-// Elements per block (1 for plain types) and bytes per block. Throws ct::Error for unsupported
-// types.
+// Comma-separated names of the supported types, for error messages.
+std::string ggml_supported_type_names();
+// Elements per block and bytes per block. Throw ct::Error for unsupported types.
 int64_t ggml_block_elems(GgmlType t);
 size_t ggml_block_bytes(GgmlType t);
 // Bytes of a row of n elements; n must be a multiple of the block size (throws otherwise).
@@ -46,11 +72,12 @@ size_t ggml_row_bytes(GgmlType t, int64_t n);
 
 // Converts n elements (n multiple of the block size) from the packed representation to float.
 void ggml_to_f32(GgmlType t, const void* src, float* dst, int64_t n);
-// Plain scalar version of ggml_to_f32, the reference its SIMD paths are tested against; results
-// are bit-identical.
+// The scalar reference of ggml_to_f32; results are bit-identical.
 void ggml_to_f32_ref(GgmlType t, const void* src, float* dst, int64_t n);
-// Quantises/converts n floats into the packed representation (used by the GGUF writer in tests
-// and by the chunk store for F16/BF16). Same rounding as ggml's reference quantisers.
+// Quantises/converts n floats into the packed representation (the GGUF writer in tests, the chunk
+// store for F16/BF16). F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 round like ggml's reference quantisers;
+// the K-quant encoders are plain (no ggml-style scale search), good enough for test models.
+// Throws ct::Error for types without an encoder.
 void ggml_from_f32(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace ct

@@ -3,6 +3,7 @@
 
 #ifdef CT_HAVE_CUDA
 #include <numeric>
+#include <vector>
 
 namespace ct {
 
@@ -19,15 +20,27 @@ std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx) {
   d.n_rot = c.n_rot;
   d.neox = c.rope_style == cpu::RopeStyle::kNeox;
   d.rms_eps = c.rms_eps;
+  // The decoder uploads F32 weights; the model keeps them in their file encoding, so each
+  // block's matrices are dequantised here and dropped once uploaded (host peak: the F32 model).
+  std::vector<LayerWeightsF32> f32(c.n_layer);
   cuda::DecoderWeights w;
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& lw = m.layer_weights(l);
-    w.layers.push_back({lw.attn_norm.data(), lw.wqkv.data(),
-                        lw.bqkv.empty() ? nullptr : lw.bqkv.data(), lw.wo.data(),
-                        lw.ffn_norm.data(), lw.w_gate_up.data(), lw.w_down.data()});
+    f32[l] = m.layer_weights_f32(l);
+    w.layers.push_back({lw.attn_norm.data(), f32[l].wqkv.data(),
+                        lw.bqkv.empty() ? nullptr : lw.bqkv.data(), f32[l].wo.data(),
+                        lw.ffn_norm.data(), f32[l].w_gate_up.data(), f32[l].w_down.data()});
   }
-  w.tok_embd = m.token_embedding();
-  w.output = m.output_matrix();
+  auto to_f32 = [](const cpu::QMatrix& q) {
+    std::vector<float> v((size_t)q.rows * q.cols);
+    cpu::qmatrix_to_f32(q, 0, q.rows, v.data());
+    return v;
+  };
+  const std::vector<float> tok_embd = to_f32(m.token_embedding());
+  const bool tied = m.output_matrix().data == m.token_embedding().data;
+  const std::vector<float> output = tied ? std::vector<float>() : to_f32(m.output_matrix());
+  w.tok_embd = tok_embd.data();
+  w.output = tied ? tok_embd.data() : output.data();  // the decoder recognises tying by pointer
   w.out_norm = m.output_norm();
   return std::make_unique<cuda::Decoder>(d, w, n_ctx);
 }

@@ -1,4 +1,6 @@
-// Loading a Llama-family GGUF and the decoder forward pass (pre-norm, GQA, SwiGLU).
+// Loading a Llama-family GGUF and the decoder forward pass (pre-norm, GQA, SwiGLU). Weights stay
+// in their file encoding (mapped): decode steps read the blocks directly (cpu::qgemv); multi-row
+// products dequantise one matrix at a time into the workspace and run SGEMM.
 #include "model/model.h"
 
 #include <omp.h>
@@ -6,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <initializer_list>
+#include <utility>
 
 #include "core/error.h"
 #include "core/ggml_types.h"
@@ -15,52 +19,95 @@
 namespace ct {
 namespace {
 
-// Dequantises a tensor into `dst` after checking its shape; the message names file and tensor.
-void load_tensor(const GgufFile& f, const std::string& name, const std::vector<int64_t>& ne,
-                 float* dst) {
+std::string dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// The tensor `name` after checking its shape (trailing 1s ignored) and type; the messages name
+// the file, the tensor, the value found and the one expected.
+const GgufTensorInfo& checked_tensor(const GgufFile& f, const std::string& name,
+                                     const std::vector<int64_t>& ne) {
   const GgufTensorInfo& t = f.tensor(name);
   std::vector<int64_t> got = t.ne;
   while (got.size() > ne.size() && got.back() == 1) got.pop_back();
   if (got != ne) {
-    auto dims = [](const std::vector<int64_t>& v) {
-      std::string s = "[";
-      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-      return s + "]";
-    };
     CT_THROW("{}: tensor '{}' has shape {}, expected {}", f.path(), name, dims(t.ne), dims(ne));
   }
   if (!ggml_type_supported(t.type)) {
-    CT_THROW("{}: tensor '{}' has type {}, expected one of f32, f16, bf16, q4_0, q4_1, q8_0",
-             f.path(), name, ggml_type_name(t.type));
+    CT_THROW("{}: tensor '{}' has type {}, expected one of {}", f.path(), name,
+             ggml_type_name(t.type), ggml_supported_type_names());
   }
-  const int64_t row = ne[0], rows = t.n_rows();
-  const size_t row_bytes = ggml_row_bytes(t.type, row);
-#pragma omp parallel for if (rows > 256)
-  for (int64_t r = 0; r < rows; ++r) {
-    ggml_to_f32(t.type, t.data + (size_t)r * row_bytes, dst + (size_t)r * row, row);
-  }
+  return t;
 }
 
+// A small tensor (norm gain, bias) dequantised to F32.
 std::vector<float> load_vec(const GgufFile& f, const std::string& name,
                             const std::vector<int64_t>& ne) {
-  int64_t n = 1;
-  for (auto d : ne) n *= d;
-  std::vector<float> v((size_t)n);
-  load_tensor(f, name, ne, v.data());
+  const GgufTensorInfo& t = checked_tensor(f, name, ne);
+  std::vector<float> v((size_t)t.n_elements());
+  ggml_to_f32(t.type, t.data, v.data(), t.n_elements());
   return v;
 }
 
-// The packed form of a 2-D tensor for the decode path, or an invalid QMatrix.
-cpu::QMatrix packed(const GgufFile& f, const std::string& name) {
-  const GgufTensorInfo& t = f.tensor(name);
+// A weight matrix [rows][cols] as a view into the mapped file, in its encoding.
+cpu::QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t cols, int64_t rows) {
+  const GgufTensorInfo& t = checked_tensor(f, name, {cols, rows});
   cpu::QMatrix q;
-  if (!cpu::qgemv_supported(t.type) || t.ne.size() < 2 || t.ne[0] % 32 != 0) return q;
   q.type = t.type;
   q.data = t.data;
-  q.cols = (int)t.ne[0];
-  q.rows = (int)t.n_rows();
-  q.row_bytes = ggml_row_bytes(t.type, t.ne[0]);
+  q.cols = (int)cols;
+  q.rows = (int)rows;
+  q.row_bytes = ggml_row_bytes(t.type, cols);
+  // The reader sizes every tensor from its type and shape and checks it lies inside the file;
+  // a matrix view must cover exactly that.
+  CT_THROW_IF_NOT(t.nbytes == q.row_bytes * (size_t)rows,
+                  "{}: tensor '{}' ({} {}) holds {} bytes, expected {} ({} rows of {} bytes)",
+                  f.path(), name, ggml_type_name(t.type), dims(t.ne), t.nbytes,
+                  q.row_bytes * (size_t)rows, rows, q.row_bytes);
   return q;
+}
+
+// y[n][R] = x[n][K] [W_0; W_1; ...]^T (+ bias[R]), R the matrices' total rows, K their shared
+// columns. One row (decoding, memory-bound): dot products straight from the blocks (qgemv),
+// reading each weight once in its encoding. Several rows (prefill, compute-bound): the matrices
+// are dequantised one after another, stacked, into the workspace's scratch and multiplied by one
+// SGEMM, so Q/K/V and gate/up each stay one product.
+void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, int n, float* y,
+             const float* bias, Workspace& ws) {
+  const int K = (*mats.begin())->cols;
+  int R = 0;
+  for (const cpu::QMatrix* m : mats) R += m->rows;
+  if (n == 1 && !ws.use_reference) {
+    const cpu::QMatrix* ms[cpu::kMaxMany];
+    float* ys[cpu::kMaxMany];
+    int i = 0, off = 0;
+    for (const cpu::QMatrix* m : mats) {
+      ms[i] = m;
+      ys[i++] = y + off;
+      off += m->rows;
+    }
+    cpu::qgemv_many(ms, ys, i, x);
+    if (bias) {
+      for (int j = 0; j < R; ++j) y[j] += bias[j];
+    }
+    return;
+  }
+  if (ws.wbuf.size() < (size_t)R * K) ws.wbuf.resize((size_t)R * K);
+  float* w = ws.wbuf.data();
+  for (const cpu::QMatrix* m : mats) {
+    CT_ASSERT(m->cols == K, "stacked matrices with {} and {} columns", m->cols, K);
+    if (ws.use_reference) {
+      for (int r = 0; r < m->rows; ++r) {
+        ggml_to_f32_ref(m->type, m->data + (size_t)r * m->row_bytes, w + (size_t)r * K, K);
+      }
+    } else {
+      cpu::qmatrix_to_f32(*m, 0, m->rows, w);
+    }
+    w += (size_t)m->rows * K;
+  }
+  (ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt)(x, n, K, ws.wbuf.data(), R, y, bias, 0);
 }
 
 std::string compute_fingerprint(const GgufFile& f) {
@@ -105,51 +152,68 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   m->rope_ = cpu::Rope(c.head_dim, c.n_rot, c.rope_theta, c.rope_style, c.rope_freq_scale,
                        c.rope_freq_factors);
   const int64_t E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
-  m->tok_embd_ = load_vec(*f, "token_embd.weight", {E, c.n_vocab});
-  if (!c.tied_output) m->output_ = load_vec(*f, "output.weight", {E, c.n_vocab});
+  m->tok_embd_ = load_matrix(*f, "token_embd.weight", E, c.n_vocab);
+  m->output_ = c.tied_output ? m->tok_embd_ : load_matrix(*f, "output.weight", E, c.n_vocab);
   m->out_norm_ = load_vec(*f, "output_norm.weight", {E});
   m->layers_.resize(c.n_layer);
   for (int l = 0; l < c.n_layer; ++l) {
     LayerWeights& w = m->layers_[l];
     const std::string p = "blk." + std::to_string(l) + ".";
     w.attn_norm = load_vec(*f, p + "attn_norm.weight", {E});
-    w.wqkv.resize((size_t)(Q + 2 * KV) * E);
-    load_tensor(*f, p + "attn_q.weight", {E, Q}, w.wqkv.data());
-    load_tensor(*f, p + "attn_k.weight", {E, KV}, w.wqkv.data() + (size_t)Q * E);
-    load_tensor(*f, p + "attn_v.weight", {E, KV}, w.wqkv.data() + (size_t)(Q + KV) * E);
+    w.wq = load_matrix(*f, p + "attn_q.weight", E, Q);
+    w.wk = load_matrix(*f, p + "attn_k.weight", E, KV);
+    w.wv = load_matrix(*f, p + "attn_v.weight", E, KV);
     if (c.has_qkv_bias) {
-      w.bqkv.resize(Q + 2 * KV);
-      load_tensor(*f, p + "attn_q.bias", {Q}, w.bqkv.data());
-      load_tensor(*f, p + "attn_k.bias", {KV}, w.bqkv.data() + Q);
-      load_tensor(*f, p + "attn_v.bias", {KV}, w.bqkv.data() + Q + KV);
+      w.bqkv.reserve(Q + 2 * KV);
+      for (const auto& [name, len] :
+           {std::pair{"attn_q.bias", Q}, {"attn_k.bias", KV}, {"attn_v.bias", KV}}) {
+        const std::vector<float> b = load_vec(*f, p + name, {len});
+        w.bqkv.insert(w.bqkv.end(), b.begin(), b.end());
+      }
     }
-    w.wo = load_vec(*f, p + "attn_output.weight", {Q, E});
+    w.wo = load_matrix(*f, p + "attn_output.weight", Q, E);
     w.ffn_norm = load_vec(*f, p + "ffn_norm.weight", {E});
-    w.w_gate_up.resize((size_t)2 * F * E);
-    load_tensor(*f, p + "ffn_gate.weight", {E, F}, w.w_gate_up.data());
-    load_tensor(*f, p + "ffn_up.weight", {E, F}, w.w_gate_up.data() + (size_t)F * E);
-    w.w_down = load_vec(*f, p + "ffn_down.weight", {F, E});
-    w.q_q = packed(*f, p + "attn_q.weight");
-    w.q_k = packed(*f, p + "attn_k.weight");
-    w.q_v = packed(*f, p + "attn_v.weight");
-    w.q_o = packed(*f, p + "attn_output.weight");
-    w.q_gate = packed(*f, p + "ffn_gate.weight");
-    w.q_up = packed(*f, p + "ffn_up.weight");
-    w.q_down = packed(*f, p + "ffn_down.weight");
+    w.w_gate = load_matrix(*f, p + "ffn_gate.weight", E, F);
+    w.w_up = load_matrix(*f, p + "ffn_up.weight", E, F);
+    w.w_down = load_matrix(*f, p + "ffn_down.weight", F, E);
   }
-  m->q_head_ = packed(*f, c.tied_output ? "token_embd.weight" : "output.weight");
   m->fingerprint_ = compute_fingerprint(*f);
   m->file_ = std::move(f);
   return m;
 }
 
 size_t Model::weight_bytes() const {
-  size_t n = tok_embd_.size() + output_.size() + out_norm_.size();
+  auto bytes = [](const cpu::QMatrix& w) { return (size_t)w.rows * w.row_bytes; };
+  size_t n = bytes(tok_embd_) + (output_.data == tok_embd_.data ? 0 : bytes(output_)) +
+             out_norm_.size() * sizeof(float);
   for (const auto& w : layers_) {
-    n += w.attn_norm.size() + w.wqkv.size() + w.bqkv.size() + w.wo.size() + w.ffn_norm.size() +
-         w.w_gate_up.size() + w.w_down.size();
+    n += (w.attn_norm.size() + w.bqkv.size() + w.ffn_norm.size()) * sizeof(float);
+    for (const cpu::QMatrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      n += bytes(*m);
+    }
   }
-  return n * sizeof(float);
+  return n;
+}
+
+LayerWeightsF32 Model::layer_weights_f32(int l) const {
+  const LayerWeights& w = layers_[l];
+  auto stacked = [](std::initializer_list<const cpu::QMatrix*> ms) {
+    size_t n = 0;
+    for (const cpu::QMatrix* m : ms) n += (size_t)m->rows * m->cols;
+    std::vector<float> v(n);
+    float* p = v.data();
+    for (const cpu::QMatrix* m : ms) {
+      cpu::qmatrix_to_f32(*m, 0, m->rows, p);
+      p += (size_t)m->rows * m->cols;
+    }
+    return v;
+  };
+  LayerWeightsF32 f;
+  f.wqkv = stacked({&w.wq, &w.wk, &w.wv});
+  f.wo = stacked({&w.wo});
+  f.w_gate_up = stacked({&w.w_gate, &w.w_up});
+  f.w_down = stacked({&w.w_down});
+  return f;
 }
 
 void Workspace::reserve(const ModelConfig& c, int n) {
@@ -169,7 +233,8 @@ void Model::embed(const int32_t* tokens, int n, float* x) const {
     CT_THROW_IF_NOT(tokens[i] >= 0 && tokens[i] < cfg_.n_vocab,
                     "token id {} at index {} outside the vocabulary [0, {})", tokens[i], i,
                     cfg_.n_vocab);
-    std::memcpy(x + (size_t)i * E, tok_embd_.data() + (size_t)tokens[i] * E, E * sizeof(float));
+    ggml_to_f32(tok_embd_.type, tok_embd_.data + (size_t)tokens[i] * tok_embd_.row_bytes,
+                x + (size_t)i * E, E);
   }
 }
 
@@ -181,22 +246,11 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
   ws.reserve(c, n);
   CT_ASSERT(pos[n - 1] < kv.n_ctx(), "position {} beyond cache size {}", pos[n - 1], kv.n_ctx());
   const bool ref = ws.use_reference;
-  auto matmul = ref ? cpu::matmul_wt_ref : cpu::matmul_wt;
   auto rms = ref ? cpu::rms_norm_ref : cpu::rms_norm;
 
-  // One row (decoding) with quantised weights: read the packed blocks, not the F32 copies.
-  const bool packed_row = n == 1 && !ref && w.q_q.valid() && w.q_k.valid() && w.q_v.valid() &&
-                          w.q_o.valid() && w.q_gate.valid() && w.q_up.valid() && w.q_down.valid();
   rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  if (packed_row) {
-    const cpu::QMatrix* qkv_w[3] = {&w.q_q, &w.q_k, &w.q_v};
-    float* qkv_y[3] = {ws.qkv.data(), ws.qkv.data() + Q, ws.qkv.data() + Q + KV};
-    cpu::qgemv_many(qkv_w, qkv_y, 3, ws.xn.data());
-    for (size_t i = 0; i < w.bqkv.size(); ++i) ws.qkv[i] += w.bqkv[i];
-  } else {
-    matmul(ws.xn.data(), n, E, w.wqkv.data(), QKV, ws.qkv.data(),
-           w.bqkv.empty() ? nullptr : w.bqkv.data());
-  }
+  project({&w.wq, &w.wk, &w.wv}, ws.xn.data(), n, ws.qkv.data(),
+          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws);
   float* q = ws.qkv.data();
   float* k = q + Q;
   float* v = k + KV;
@@ -243,21 +297,11 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
   } else {
     cpu::attention(a);
   }
-  if (packed_row) {
-    cpu::qgemv(w.q_o, ws.attn.data(), ws.proj.data());
-  } else {
-    matmul(ws.attn.data(), n, Q, w.wo.data(), E, ws.proj.data(), nullptr);
-  }
+  project({&w.wo}, ws.attn.data(), n, ws.proj.data(), nullptr, ws);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  if (packed_row) {
-    const cpu::QMatrix* gu_w[2] = {&w.q_gate, &w.q_up};
-    float* gu_y[2] = {ws.gu.data(), ws.gu.data() + F};
-    cpu::qgemv_many(gu_w, gu_y, 2, ws.xn.data());
-  } else {
-    matmul(ws.xn.data(), n, E, w.w_gate_up.data(), 2 * F, ws.gu.data(), nullptr);
-  }
+  project({&w.w_gate, &w.w_up}, ws.xn.data(), n, ws.gu.data(), nullptr, ws);
   for (int i = 0; i < n; ++i) {
     float* g = ws.gu.data() + (size_t)i * 2 * F;
     std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
@@ -267,11 +311,7 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
       cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
     }
   }
-  if (packed_row) {
-    cpu::qgemv(w.q_down, ws.h.data(), ws.proj.data());
-  } else {
-    matmul(ws.h.data(), n, F, w.w_down.data(), E, ws.proj.data(), nullptr);
-  }
+  project({&w.w_down}, ws.h.data(), n, ws.proj.data(), nullptr, ws);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 }
 
@@ -279,14 +319,30 @@ void Model::logits(const float* x, int n, float* out, Workspace& ws) const {
   const ModelConfig& c = cfg_;
   ws.reserve(c, n);
   auto rms = ws.use_reference ? cpu::rms_norm_ref : cpu::rms_norm;
-  auto matmul = ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt;
   rms(x, out_norm_.data(), ws.xn.data(), n, c.n_embd, c.rms_eps);
-  if (n == 1 && !ws.use_reference && q_head_.valid()) {
-    cpu::qgemv(q_head_, ws.xn.data(), out);
+  if (n == 1 && !ws.use_reference) {
+    cpu::qgemv(output_, ws.xn.data(), out);
     return;
   }
-  const float* head = output_.empty() ? tok_embd_.data() : output_.data();
-  matmul(ws.xn.data(), n, c.n_embd, head, c.n_vocab, out, nullptr);
+  // The head is by far the largest matrix (n_vocab rows); it is dequantised and multiplied in
+  // slices of 2*n_ff rows, so the scratch stays the size of the largest layer matrix (gate and
+  // up stacked) instead of an F32 copy of the head.
+  const int E = c.n_embd, V = c.n_vocab;
+  const int slice = std::max(256, 2 * c.n_ff);
+  if (ws.wbuf.size() < (size_t)slice * E) ws.wbuf.resize((size_t)slice * E);
+  auto matmul = ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt;
+  for (int r0 = 0; r0 < V; r0 += slice) {
+    const int r1 = std::min(V, r0 + slice);
+    if (ws.use_reference) {
+      for (int r = r0; r < r1; ++r) {
+        ggml_to_f32_ref(output_.type, output_.data + (size_t)r * output_.row_bytes,
+                        ws.wbuf.data() + (size_t)(r - r0) * E, E);
+      }
+    } else {
+      cpu::qmatrix_to_f32(output_, r0, r1, ws.wbuf.data());
+    }
+    matmul(ws.xn.data(), n, E, ws.wbuf.data(), r1 - r0, out + r0, nullptr, V);
+  }
 }
 
 std::vector<float> Model::prefill(const int32_t* tokens, int n, int pos0, KVCache& kv,

@@ -18,18 +18,25 @@ namespace ct {
 
 class GgufFile;
 
-// Weights of one block, dequantised to F32 at load time; matrices are [out][in] row-major.
+// Weights of one block. Matrices [out][in] stay in their file encoding (views into the mapped
+// GGUF, any type of core/ggml_types.h); only the small vectors are F32 copies.
 struct LayerWeights {
   std::vector<float> attn_norm;  // F32 [n_embd]
-  std::vector<float> wqkv;       // F32 [q_dim + 2*kv_dim][n_embd]: Q, K, V projections stacked
   std::vector<float> bqkv;       // F32 [q_dim + 2*kv_dim], empty without QKV bias
-  std::vector<float> wo;         // F32 [n_embd][q_dim]
   std::vector<float> ffn_norm;   // F32 [n_embd]
+  cpu::QMatrix wq;               // [q_dim][n_embd]
+  cpu::QMatrix wk, wv;           // [kv_dim][n_embd]
+  cpu::QMatrix wo;               // [n_embd][q_dim]
+  cpu::QMatrix w_gate, w_up;     // [n_ff][n_embd]
+  cpu::QMatrix w_down;           // [n_embd][n_ff]
+};
+
+// F32 copies of one block's matrices, stacked as the GPU decoder multiplies them.
+struct LayerWeightsF32 {
+  std::vector<float> wqkv;       // F32 [q_dim + 2*kv_dim][n_embd]: Q, K, V rows stacked
+  std::vector<float> wo;         // F32 [n_embd][q_dim]
   std::vector<float> w_gate_up;  // F32 [2*n_ff][n_embd]: gate rows then up rows
   std::vector<float> w_down;     // F32 [n_embd][n_ff]
-  // The same matrices in their packed GGUF form, when quantised: the single-row (decode) path
-  // reads these instead of the F32 copies. Invalid (null) for F32/F16/BF16 files.
-  cpu::QMatrix q_q, q_k, q_v, q_o, q_gate, q_up, q_down;
 };
 
 // Reusable per-sequence scratch; grown on demand, never shrunk, so the layer loop allocates
@@ -43,6 +50,10 @@ struct Workspace {
   std::vector<float> gu;      // F32 [n][2*n_ff]
   std::vector<float> h;       // F32 [n][n_ff]
   std::vector<float> proj;    // F32 [n][n_embd]
+  // F32 [rows][cols]: the weight matrix (or stacked matrices, or a slice of the output head) of
+  // the current multi-row product, dequantised from the file encoding. One layer matrix at a
+  // time, so its size is that of the largest one (gate and up stacked), not the model's.
+  std::vector<float> wbuf;
   bool use_reference = false;  // run the plain-loop reference operators (tests only)
 };
 
@@ -56,8 +67,9 @@ struct LayerTap {
 
 class Model {
  public:
-  // Loads the GGUF at `path`: config, tokenizer, weights (dequantised to F32). Throws ct::Error
-  // naming the file and tensor for a missing tensor, a wrong shape, or an unsupported type.
+  // Loads the GGUF at `path`: config, tokenizer, weights (kept in their file encoding, mapped).
+  // Throws ct::Error naming the file and tensor for a missing tensor, a wrong shape, an
+  // unsupported type, or a row length the type's blocks do not divide.
   static std::unique_ptr<Model> load(const std::string& path);
   ~Model();
 
@@ -67,9 +79,10 @@ class Model {
   // Identifies the weights: SHA-256 over the GGUF header (metadata and tensor table), the file
   // size and 16 sampled 64 KiB blocks of tensor data. Part of every chunk id.
   const std::string& fingerprint() const { return fingerprint_; }
+  // Bytes the weights occupy: the mapped matrices in their encoding plus the F32 vectors.
   size_t weight_bytes() const;
 
-  // x[n][n_embd] = embedding rows of tokens[n].
+  // x[n][n_embd] = embedding rows of tokens[n], dequantised from the file encoding.
   void embed(const int32_t* tokens, int n, float* x) const;
   // One decoder block on n rows at positions pos[n] (strictly increasing). Writes the rows'
   // post-RoPE K and V into kv at their positions, then attends causally over kv rows
@@ -89,12 +102,13 @@ class Model {
   KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
   const cpu::Rope& rope() const { return rope_; }
 
-  // The F32 weights, for other backends that upload them (src/model/cuda_decoder.h).
+  // The weights, for other backends (src/model/cuda_decoder.h). The F32 copies cost the
+  // model's F32 size in host memory while they live; they are made on request only.
   const LayerWeights& layer_weights(int l) const { return layers_[l]; }
-  const float* token_embedding() const { return tok_embd_.data(); }  // F32 [n_vocab][n_embd]
-  const float* output_matrix() const {  // F32 [n_vocab][n_embd]; the embedding when tied
-    return output_.empty() ? tok_embd_.data() : output_.data();
-  }
+  LayerWeightsF32 layer_weights_f32(int l) const;
+  const cpu::QMatrix& token_embedding() const { return tok_embd_; }  // [n_vocab][n_embd]
+  // [n_vocab][n_embd]; the same view as token_embedding() when tied (same data pointer).
+  const cpu::QMatrix& output_matrix() const { return output_; }
   const float* output_norm() const { return out_norm_.data(); }  // F32 [n_embd]
 
  private:
@@ -104,11 +118,10 @@ class Model {
   ModelConfig cfg_;
   Tokenizer tok_;
   cpu::Rope rope_;
-  std::vector<float> tok_embd_;  // F32 [n_vocab][n_embd]
-  std::vector<float> output_;    // F32 [n_vocab][n_embd], empty when tied to tok_embd_
-  std::vector<float> out_norm_;  // F32 [n_embd]
-  cpu::QMatrix q_head_;          // packed output head (or tied embedding), when quantised
-  std::unique_ptr<GgufFile> file_;  // kept mapped: the packed matrices point into it
+  cpu::QMatrix tok_embd_;           // [n_vocab][n_embd]
+  cpu::QMatrix output_;             // [n_vocab][n_embd]; equals tok_embd_ when tied
+  std::vector<float> out_norm_;     // F32 [n_embd]
+  std::unique_ptr<GgufFile> file_;  // kept mapped: every QMatrix points into it
   std::vector<LayerWeights> layers_;
 };
 

@@ -48,10 +48,6 @@ std::string to_gpt2(const std::string& text) {
   return s;
 }
 
-bool is_quantised(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0;
-}
-
 class WeightGen {
  public:
   explicit WeightGen(uint32_t seed) : rng_(seed) {}
@@ -111,12 +107,11 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
   for (GgmlType t : {o.weight_type, embd_type}) {
     CT_THROW_IF_NOT(ggml_type_supported(t), "{}: tiny model weight type {} is not supported", path,
                     ggml_type_name(t));
-    if (is_quantised(t)) {
-      CT_THROW_IF_NOT(o.n_embd % 32 == 0 && o.n_ff % 32 == 0 && n_q % 32 == 0,
-                      "{}: weight type {} needs n_embd ({}), n_ff ({}) and n_head*head_dim ({}) to "
-                      "be multiples of 32",
-                      path, ggml_type_name(t), o.n_embd, o.n_ff, n_q);
-    }
+    const int64_t be = ggml_block_elems(t);
+    CT_THROW_IF_NOT(o.n_embd % be == 0 && o.n_ff % be == 0 && n_q % be == 0,
+                    "{}: weight type {} needs n_embd ({}), n_ff ({}) and n_head*head_dim ({}) to "
+                    "be multiples of {} (its block size)",
+                    path, ggml_type_name(t), o.n_embd, o.n_ff, n_q, be);
   }
 
   const TinyVocab vocab = tiny_vocab();

@@ -34,8 +34,9 @@ struct TinyModelOptions {
   std::string rope_scaling_type;
   float rope_scaling_factor = 1.0f;
   // Type of every 2-D matrix (attention, FFN, output and, unless token_embd_type is set, the
-  // token embedding): F32, F16, BF16, Q8_0, Q4_1 or Q4_0. Quantised types need n_embd, n_ff and
-  // n_head * head_dim to be multiples of 32. Norm weights and biases are always F32.
+  // token embedding): any type of core/ggml_types.h. Block types need n_embd, n_ff and
+  // n_head * head_dim to be multiples of the block size (32, or 256 for the K-quants). Norm
+  // weights and biases are always F32.
   GgmlType weight_type = GgmlType::F32;
   std::optional<GgmlType> token_embd_type;  // e.g. Q8_0 with Q4_1 matrices, like SmolLM2 Q4_1
   // True: no output.weight, the output projection reuses token_embd.weight (as in SmolLM2).

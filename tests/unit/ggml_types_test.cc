@@ -8,7 +8,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -158,26 +160,61 @@ TEST(Bf16Test, KnownValues) {
   EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
 }
 
+// Every supported type with the byte offsets of its fp16 scale fields inside a block (the ggml
+// block_* layouts), for tests that fill blocks with random bytes but need finite scales.
+struct TypeCase {
+  GgmlType type;
+  std::vector<int> scale_offsets;
+};
+const std::vector<TypeCase>& all_types() {
+  static const std::vector<TypeCase> v = {
+      {GgmlType::F32, {}},      {GgmlType::F16, {}},      {GgmlType::BF16, {}},
+      {GgmlType::Q4_0, {0}},    {GgmlType::Q4_1, {0, 2}}, {GgmlType::Q5_0, {0}},
+      {GgmlType::Q5_1, {0, 2}}, {GgmlType::Q8_0, {0}},    {GgmlType::Q2_K, {80, 82}},
+      {GgmlType::Q3_K, {108}},  {GgmlType::Q4_K, {0, 2}}, {GgmlType::Q5_K, {0, 2}},
+      {GgmlType::Q6_K, {208}},
+  };
+  return v;
+}
+
 TEST(GgmlTypesTest, TableAndRowSizes) {
   EXPECT_EQ(ggml_type_name(GgmlType::Q4_1), "q4_1");
   EXPECT_EQ(ggml_type_name(GgmlType::Q6_K), "q6_K");
   EXPECT_EQ(ggml_type_name(GgmlType::BF16), "bf16");
+  EXPECT_EQ(ggml_type_name(GgmlType::Q8_K), "q8_K");
   EXPECT_EQ(ggml_type_name(static_cast<GgmlType>(99)), "unknown(99)");
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
-                     GgmlType::Q8_0}) {
-    EXPECT_TRUE(ggml_type_supported(t)) << ggml_type_name(t);
+  for (const TypeCase& c : all_types()) {
+    const GgmlTypeTraits* tt = ggml_type_traits(c.type);
+    ASSERT_NE(tt, nullptr) << ggml_type_name(c.type);
+    EXPECT_EQ(tt->type, c.type);
+    EXPECT_EQ(ggml_type_name(c.type), tt->name);
+    EXPECT_TRUE(ggml_type_supported(c.type)) << tt->name;
+    EXPECT_NE(tt->to_f32_ref, nullptr) << tt->name;
+    EXPECT_NE(tt->to_f32, nullptr) << tt->name;
+    EXPECT_NE(tt->from_f32, nullptr) << tt->name;
   }
-  EXPECT_FALSE(ggml_type_supported(GgmlType::Q4_K));
-  EXPECT_FALSE(ggml_type_supported(GgmlType::Q5_0));
-  EXPECT_FALSE(ggml_type_supported(static_cast<GgmlType>(99)));
+  for (GgmlType t :
+       {GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::I8, GgmlType::F64, static_cast<GgmlType>(99)}) {
+    EXPECT_FALSE(ggml_type_supported(t)) << ggml_type_name(t);
+    EXPECT_EQ(ggml_type_traits(t), nullptr) << ggml_type_name(t);
+  }
 
   EXPECT_EQ(ggml_row_bytes(GgmlType::F32, 7), 28u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::F16, 3), 6u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::BF16, 5), 10u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_0, 32), 18u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_1, 64), 40u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_0, 64), 44u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_1, 32), 24u);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q8_0, 96), 102u);
+  // K-quants: 256-element super-blocks (the sizes of ggml's block_q2_K ... block_q6_K).
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q2_K, 512), 168u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q3_K, 256), 110u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_K, 256), 144u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_K, 256), 176u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q6_K, 768), 630u);
   EXPECT_EQ(ggml_block_elems(GgmlType::Q8_0), 32);
+  EXPECT_EQ(ggml_block_elems(GgmlType::Q4_K), 256);
   EXPECT_EQ(ggml_block_elems(GgmlType::F16), 1);
   EXPECT_EQ(ggml_block_bytes(GgmlType::Q4_1), 20u);
 }
@@ -195,12 +232,13 @@ std::string error_of(F&& f) {
 TEST(GgmlTypesTest, UnsupportedTypesAndBadLengthsThrowNamingThem) {
   float buf[64] = {};
   uint8_t raw[256] = {};
-  const std::string bb = error_of([] { ggml_block_bytes(GgmlType::Q4_K); });
-  EXPECT_NE(bb.find("q4_K"), std::string::npos) << bb;
+  const std::string bb = error_of([] { ggml_block_bytes(GgmlType::Q8_K); });
+  EXPECT_NE(bb.find("q8_K"), std::string::npos) << bb;
   EXPECT_NE(bb.find("not supported"), std::string::npos) << bb;
-  EXPECT_NE(error_of([&] { ggml_to_f32(GgmlType::Q5_0, raw, buf, 32); }).find("q5_0"),
+  EXPECT_NE(bb.find("q6_K"), std::string::npos) << "lists the supported types: " << bb;
+  EXPECT_NE(error_of([&] { ggml_to_f32(GgmlType::Q8_1, raw, buf, 32); }).find("q8_1"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { ggml_to_f32_ref(GgmlType::Q5_1, raw, buf, 32); }).find("q5_1"),
+  EXPECT_NE(error_of([&] { ggml_to_f32_ref(GgmlType::I32, raw, buf, 32); }).find("i32"),
             std::string::npos);
   EXPECT_NE(
       error_of([&] { ggml_from_f32(static_cast<GgmlType>(99), buf, raw, 1); }).find("unknown(99)"),
@@ -211,6 +249,8 @@ TEST(GgmlTypesTest, UnsupportedTypesAndBadLengthsThrowNamingThem) {
   EXPECT_NE(m.find("32"), std::string::npos) << m;
   EXPECT_NE(error_of([&] { ggml_to_f32(GgmlType::Q4_1, raw, buf, 48); }).find("48"),
             std::string::npos);
+  const std::string k = error_of([&] { ggml_to_f32(GgmlType::Q4_K, raw, buf, 64); });
+  EXPECT_NE(k.find("256"), std::string::npos) << k;
 }
 
 // --- hand-computed blocks ---------------------------------------------------------------------
@@ -369,6 +409,33 @@ TEST_P(RoundTripTest, ErrorWithinBounds) {
       case GgmlType::Q8_0:
         bound = amax / 127.0 * (0.5 + 127 * e16);
         break;
+      case GgmlType::Q5_0:
+        bound = amax / 16 * (1 + 32 * e16);
+        break;
+      case GgmlType::Q5_1: {
+        const double d = (mx - mn) / 31.0;
+        bound = d / 2 + 31 * d * e16 + std::fabs(mn) * e16;
+        break;
+      }
+      // K-quants: half a step of the sub-block scale, which is rounded to an integer multiple of
+      // the super-block scale; bounds are the measured worst errors of our encoders as a fraction
+      // of the super-block's largest magnitude (q2_K 0.33, q3_K 0.26, q4_K 0.065, q5_K 0.032,
+      // q6_K 0.023) times about 1.3.
+      case GgmlType::Q2_K:
+        bound = amax * 0.43;
+        break;
+      case GgmlType::Q3_K:
+        bound = amax * 0.34;
+        break;
+      case GgmlType::Q4_K:
+        bound = amax * 0.085;
+        break;
+      case GgmlType::Q5_K:
+        bound = amax * 0.041;
+        break;
+      case GgmlType::Q6_K:
+        bound = amax * 0.03;
+        break;
       default:
         FAIL();
     }
@@ -384,39 +451,57 @@ TEST_P(RoundTripTest, ErrorWithinBounds) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllTypes, RoundTripTest,
-    // Limits about 1.3-2.5x the measured NMSE of a correct implementation
-    // (f16 4.2e-8, bf16 2.8e-6, q8_0 2.9e-5, q4_1 6.0e-3, q4_0 7.4e-3).
+    // Limits about 1.3-2.5x the measured NMSE of a correct implementation (f16 4.2e-8, bf16
+    // 2.8e-6, q8_0 2.9e-5, q4_1 6.0e-3, q4_0 7.4e-3, q5_0 1.8e-3, q5_1 1.4e-3; our plain K-quant
+    // encoders: q2_K 0.105, q3_K 0.024, q4_K 6.0e-3, q5_K 1.4e-3, q6_K 3.6e-4).
     ::testing::Values(BoundCase{GgmlType::F32, 1e-30}, BoundCase{GgmlType::F16, 1e-7},
                       BoundCase{GgmlType::BF16, 5e-6}, BoundCase{GgmlType::Q8_0, 4e-5},
-                      BoundCase{GgmlType::Q4_1, 8e-3}, BoundCase{GgmlType::Q4_0, 9.5e-3}),
+                      BoundCase{GgmlType::Q4_1, 8e-3}, BoundCase{GgmlType::Q4_0, 9.5e-3},
+                      BoundCase{GgmlType::Q5_0, 2.5e-3}, BoundCase{GgmlType::Q5_1, 2e-3},
+                      BoundCase{GgmlType::Q2_K, 0.14}, BoundCase{GgmlType::Q3_K, 0.032},
+                      BoundCase{GgmlType::Q4_K, 8e-3}, BoundCase{GgmlType::Q5_K, 2e-3},
+                      BoundCase{GgmlType::Q6_K, 5e-4}),
     [](const auto& info) { return ggml_type_name(info.param.type); });
 
 // --- SIMD path against the scalar reference ---------------------------------------------------
 
-class FastPathTest : public ::testing::TestWithParam<GgmlType> {};
-
-TEST_P(FastPathTest, MatchesScalarBitForBit) {
-#if !(defined(__AVX2__) && defined(__FMA__))
-  GTEST_SKIP() << "built without AVX2/FMA: ggml_to_f32 is the scalar reference";
-#endif
-  const GgmlType t = GetParam();
-  const size_t bb = ggml_block_bytes(t);
-  const int64_t nb = 2000;
-  std::mt19937 rng(5);
-  // Random bytes everywhere (all nibble and int8 patterns), then finite fp16 scales/minimums of
-  // every magnitude including subnormals; an extra leading byte makes the source unaligned.
-  std::vector<uint8_t> raw(1 + nb * bb);
+// Random bytes everywhere (all nibble, int8 and scale-byte patterns), then finite fp16
+// scales/minimums of every magnitude including subnormals (for F16, every element is such a
+// value); an `offset` of leading bytes makes the source unaligned.
+std::vector<uint8_t> random_blocks(const TypeCase& c, int64_t nb, uint32_t seed, size_t offset) {
+  const size_t bb = ggml_block_bytes(c.type);
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> raw(offset + nb * bb);
   for (uint8_t& b : raw) b = (uint8_t)rng();
-  const int n_scales = t == GgmlType::Q4_1 ? 2 : 1;
+  auto finite_half = [&] {
+    uint16_t h;
+    do h = (uint16_t)rng();
+    while ((h & 0x7c00) == 0x7c00);
+    return h;
+  };
   for (int64_t b = 0; b < nb; ++b) {
-    for (int s = 0; s < n_scales; ++s) {
-      uint16_t h;
-      do h = (uint16_t)rng();
-      while ((h & 0x7c00) == 0x7c00);
-      std::memcpy(&raw[1 + b * bb + 2 * s], &h, 2);
+    uint8_t* blk = raw.data() + offset + b * bb;
+    if (c.type == GgmlType::F16) {
+      const uint16_t h = finite_half();
+      std::memcpy(blk, &h, 2);
+    } else if (c.type == GgmlType::F32 || c.type == GgmlType::BF16) {
+      blk[bb - 1] &= 0xbf;  // clear the top exponent bit: never inf or nan
+    }
+    for (int off : c.scale_offsets) {
+      const uint16_t h = finite_half();
+      std::memcpy(blk + off, &h, 2);
     }
   }
-  const int64_t n = nb * 32;
+  return raw;
+}
+
+class FastPathTest : public ::testing::TestWithParam<TypeCase> {};
+
+TEST_P(FastPathTest, MatchesScalarBitForBit) {
+  const GgmlType t = GetParam().type;
+  const int64_t nb = 2000 * 32 / ggml_block_elems(t);
+  const std::vector<uint8_t> raw = random_blocks(GetParam(), nb, 5, 1);
+  const int64_t n = nb * ggml_block_elems(t);
   std::vector<float> fast((size_t)n), ref((size_t)n);
   ggml_to_f32(t, raw.data() + 1, fast.data(), n);
   ggml_to_f32_ref(t, raw.data() + 1, ref.data(), n);
@@ -426,9 +511,109 @@ TEST_P(FastPathTest, MatchesScalarBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Quantised, FastPathTest,
-                         ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0),
-                         [](const auto& info) { return ggml_type_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(AllTypes, FastPathTest, ::testing::ValuesIn(all_types()),
+                         [](const auto& info) { return ggml_type_name(info.param.type); });
+
+// --- against gguf-py (tools/make_quant_fixture.py) --------------------------------------------
+
+struct FixtureRecord {
+  uint32_t kind = 0;  // 0: decode bytes -> floats, 1: encode floats -> bytes
+  GgmlType type = GgmlType::F32;
+  uint32_t n_blocks = 0;
+  std::vector<uint8_t> bytes;
+  std::vector<float> floats;
+};
+
+std::vector<FixtureRecord> read_quant_fixture() {
+  const std::string path = std::string(CT_FIXTURE_DIR) + "/ggml_quant_blocks.bin";
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open " << path
+                         << " (regenerate with tools/make_quant_fixture.py)";
+  auto u32 = [&] {
+    uint32_t v = 0;
+    in.read(reinterpret_cast<char*>(&v), 4);
+    return v;
+  };
+  char magic[4] = {};
+  in.read(magic, 4);
+  EXPECT_EQ(std::string(magic, 4), "CTQF") << path;
+  EXPECT_EQ(u32(), 1u) << path << ": version";
+  const uint32_t n = u32();
+  std::vector<FixtureRecord> recs(n);
+  for (FixtureRecord& r : recs) {
+    r.kind = u32();
+    r.type = static_cast<GgmlType>(u32());
+    r.n_blocks = u32();
+    r.bytes.resize(u32());
+    r.floats.resize(u32());
+    in.read(reinterpret_cast<char*>(r.bytes.data()), (std::streamsize)r.bytes.size());
+    in.read(reinterpret_cast<char*>(r.floats.data()), (std::streamsize)r.floats.size() * 4);
+  }
+  EXPECT_TRUE(in.good()) << path << " is truncated";
+  return recs;
+}
+
+// Our dequantisers (reference and fast path) against gguf.quants.dequantize, block by block:
+// bit-identical, except Q4_1/Q5_1, where we fuse q*d + m into one rounding and gguf-py rounds
+// twice, so they may differ by half an ulp of q*d plus half an ulp of the result.
+TEST(GgmlFixtureTest, DequantisationMatchesGgufPy) {
+  std::set<GgmlType> seen;
+  for (const FixtureRecord& r : read_quant_fixture()) {
+    if (r.kind != 0) continue;
+    const GgmlType t = r.type;
+    seen.insert(t);
+    const int64_t be = ggml_block_elems(t);
+    const size_t bb = ggml_block_bytes(t);
+    ASSERT_EQ(r.bytes.size(), r.n_blocks * bb) << ggml_type_name(t);
+    ASSERT_EQ(r.floats.size(), r.n_blocks * (size_t)be) << ggml_type_name(t);
+    const bool fused = t == GgmlType::Q4_1 || t == GgmlType::Q5_1;
+    for (uint32_t b = 0; b < r.n_blocks; ++b) {
+      const uint8_t* blk = r.bytes.data() + b * bb;
+      const float* want = r.floats.data() + b * be;
+      float m = 0;
+      if (fused) {
+        uint16_t h;
+        std::memcpy(&h, blk + 2, 2);
+        m = fp16_to_f32(h);
+      }
+      std::vector<float> ref((size_t)be), fast((size_t)be);
+      ggml_to_f32_ref(t, blk, ref.data(), be);
+      ggml_to_f32(t, blk, fast.data(), be);
+      for (int64_t j = 0; j < be; ++j) {
+        ASSERT_EQ(bits_of(fast[j]), bits_of(ref[j])) << ggml_type_name(t) << " block " << b;
+        if (fused) {
+          const double tol = std::ldexp(std::fabs((double)want[j] - m) + std::fabs(want[j]), -24);
+          ASSERT_LE(std::fabs((double)ref[j] - want[j]), tol)
+              << ggml_type_name(t) << " block " << b << " element " << j;
+        } else {
+          ASSERT_EQ(bits_of(ref[j]), bits_of(want[j]))
+              << ggml_type_name(t) << " block " << b << " element " << j << ": " << ref[j]
+              << " vs gguf-py " << want[j];
+        }
+      }
+    }
+  }
+  for (const TypeCase& c : all_types()) {
+    EXPECT_TRUE(seen.count(c.type)) << "no fixture blocks for " << ggml_type_name(c.type);
+  }
+}
+
+// Our encoders against gguf.quants.quantize for the types gguf-py can encode, byte for byte.
+TEST(GgmlFixtureTest, QuantisationMatchesGgufPy) {
+  int n = 0;
+  for (const FixtureRecord& r : read_quant_fixture()) {
+    if (r.kind != 1) continue;
+    ++n;
+    std::vector<uint8_t> got(r.bytes.size());
+    ASSERT_EQ(ggml_row_bytes(r.type, (int64_t)r.floats.size()), r.bytes.size());
+    ggml_from_f32(r.type, r.floats.data(), got.data(), (int64_t)r.floats.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], r.bytes[i]) << ggml_type_name(r.type) << " byte " << i << " (block "
+                                    << i / ggml_block_bytes(r.type) << ")";
+    }
+  }
+  EXPECT_EQ(n, 7) << "f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0";
+}
 
 }  // namespace
 }  // namespace ct

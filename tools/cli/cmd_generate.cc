@@ -111,7 +111,7 @@ void run_generate(const GenerateArgs& a) {
   const std::string model_path = resolve_model(a.model);
   std::fprintf(stderr, "loading %s ...\n", model_path.c_str());
   auto model = Model::load(model_path);
-  std::fprintf(stderr, "loaded in %.2fs (%d layers, %.0f MiB of F32 weights)\n", load_t.seconds(),
+  std::fprintf(stderr, "loaded in %.2fs (%d layers, %.0f MiB of weights)\n", load_t.seconds(),
                model->config().n_layer, model->weight_bytes() / 1048576.0);
   const Tokenizer& tok = model->tokenizer();
   Timer t;  // TTFT counts from here: templating, tokenising, prefill, first sample

@@ -16,27 +16,30 @@
 
 namespace ct::cpu {
 
-void matmul_wt(const float* x, int m, int k, const float* w, int n, float* y, const float* bias) {
+void matmul_wt(const float* x, int m, int k, const float* w, int n, float* y, const float* bias,
+               int ldy) {
+  if (ldy == 0) ldy = n;
   if (m == 1) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, 0.0f, y, 1);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y, ldy);
   }
   if (bias) {
     for (int i = 0; i < m; ++i) {
-      float* row = y + (size_t)i * n;
+      float* row = y + (size_t)i * ldy;
       for (int j = 0; j < n; ++j) row[j] += bias[j];
     }
   }
 }
 
-void matmul_wt_ref(const float* x, int m, int k, const float* w, int n, float* y,
-                   const float* bias) {
+void matmul_wt_ref(const float* x, int m, int k, const float* w, int n, float* y, const float* bias,
+                   int ldy) {
+  if (ldy == 0) ldy = n;
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
       double acc = bias ? bias[j] : 0.0;
       for (int t = 0; t < k; ++t) acc += (double)x[(size_t)i * k + t] * w[(size_t)j * k + t];
-      y[(size_t)i * n + j] = (float)acc;
+      y[(size_t)i * ldy + j] = (float)acc;
     }
   }
 }

@@ -8,11 +8,12 @@
 
 namespace ct::cpu {
 
-// Y[m][n] = X[m][k] * W[n][k]^T (+ bias[n]). OpenBLAS SGEMM; W is the GGUF row layout.
+// Y[m][n] = X[m][k] * W[n][k]^T (+ bias[n]). OpenBLAS SGEMM; W is the GGUF row layout. Rows of
+// Y are ldy floats apart (0: n), so that a slice of W's rows fills a column block of Y.
 void matmul_wt(const float* x, int m, int k, const float* w, int n, float* y,
-               const float* bias = nullptr);
+               const float* bias = nullptr, int ldy = 0);
 void matmul_wt_ref(const float* x, int m, int k, const float* w, int n, float* y,
-                   const float* bias = nullptr);
+                   const float* bias = nullptr, int ldy = 0);
 
 // y[i] = x[i] / rms(x[i]) * w, rows of length d.
 void rms_norm(const float* x, const float* w, float* y, int m, int d, float eps);

@@ -1,6 +1,9 @@
-// Matrix-vector products straight from GGUF quantised blocks (Q4_0, Q4_1, Q8_0), for decoding:
-// one token reads every weight once, so reading 4.5-8.5 bits per weight instead of an F32 copy's
-// 32 is what makes decode fast. Results equal the dequantised-F32 product up to float rounding.
+// Matrix-vector products straight from GGUF blocks, for decoding: one token reads every weight
+// once, so reading 2.6-8.5 bits per weight instead of an F32 copy's 32 is what makes decode fast.
+// Every type of the ggml type table (core/ggml_types.h) has a kernel here (the CPU side of the
+// traits, as ggml-cpu's type_traits_cpu): fused AVX2 dot products for the common types, a
+// dequantise-a-block-then-dot path for the others. Results equal the dequantised-F32 product up
+// to float rounding.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +13,7 @@
 
 namespace ct::cpu {
 
-// A weight matrix [rows][cols] in its packed GGUF form (points into the mapped file).
+// A weight matrix [rows][cols] in its GGUF encoding (points into the mapped file; not owned).
 struct QMatrix {
   GgmlType type = GgmlType::F32;
   const uint8_t* data = nullptr;
@@ -19,15 +22,19 @@ struct QMatrix {
   bool valid() const { return data != nullptr; }
 };
 
-bool qgemv_supported(GgmlType t);  // Q4_0, Q4_1, Q8_0
+// True for every type with a row in the ggml type table.
+bool qgemv_supported(GgmlType t);
 
-// y[rows] = W x. cols must be a multiple of 32.
+// y[rows] = W x. cols must be a multiple of the type's block size.
 void qgemv(const QMatrix& w, const float* x, float* y);
 // y_m = W_m x for n <= kMaxMany matrices sharing the input (Q, K, V; gate, up), in one parallel
 // region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
 constexpr int kMaxMany = 4;
 void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x);
-// Reference: dequantise each row (ggml_to_f32) and accumulate in double.
+// Reference: dequantise each row (ggml_to_f32_ref) and accumulate in double.
 void qgemv_ref(const QMatrix& w, const float* x, float* y);
+
+// dst[r - r0][cols] = rows [r0, r1) of W as F32 (ggml_to_f32, rows split across threads).
+void qmatrix_to_f32(const QMatrix& w, int r0, int r1, float* dst);
 
 }  // namespace ct::cpu
