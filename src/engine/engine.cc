@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -38,10 +39,19 @@ std::string calibration_tier_key(const TierSpec& t) {
 
 size_t parse_bytes(const std::string& text) {
   CT_THROW_IF_NOT(!text.empty(), "empty size, expected a number with optional K/M/G suffix");
+  // Digits with at most one '.', parsed whole by from_chars: std::stod threw std::invalid_argument
+  // for "." and std::out_of_range for 400 digits, and ignored the rest of "1.2.3".
   size_t i = 0;
-  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
-  CT_THROW_IF_NOT(i > 0, "size '{}' does not start with a number (expected e.g. 512M, 2G)", text);
-  const double v = std::stod(text.substr(0, i));
+  int n_dots = 0;
+  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) {
+    n_dots += text[i] == '.';
+    ++i;
+  }
+  double v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + i, v);
+  CT_THROW_IF_NOT(
+      i > 0 && n_dots <= 1 && ec == std::errc() && end == text.data() + i,
+      "size '{}' is not a number with an optional K, M or G suffix (expected e.g. 512M, 2G)", text);
   const std::string suf = text.substr(i);
   double mul = 1;
   if (suf == "K" || suf == "KiB") {
@@ -53,7 +63,11 @@ size_t parse_bytes(const std::string& text) {
   } else if (!suf.empty()) {
     CT_THROW("size '{}' has unknown suffix '{}', expected K, M or G", text, suf);
   }
-  return (size_t)(v * mul);
+  // Converting a double at or above 2^64 to size_t is undefined; 2^63 bytes is far beyond any
+  // capacity or bandwidth.
+  const double bytes = v * mul;
+  CT_THROW_IF_NOT(bytes < 0x1p63, "size '{}' is {} bytes, expected less than 2^63", text, bytes);
+  return (size_t)bytes;
 }
 
 TierSpec parse_tier_spec(const std::string& text) {
@@ -81,8 +95,15 @@ TierSpec parse_tier_spec(const std::string& text) {
     }
   } else if (t.kind == "redis") {
     if (parts.size() > 1) t.host = parts[1];
-    if (parts.size() > 2) t.port = std::atoi(parts[2].c_str());
-    CT_THROW_IF_NOT(t.port > 0 && t.port < 65536, "tier '{}': port must be in 1..65535", text);
+    if (parts.size() > 2) {
+      // The whole field must be the number: atoi read "6379abc" as 6379 and "99999999999" as
+      // whatever strtol's result wrapped to.
+      const std::string& p = parts[2];
+      const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), t.port);
+      if (ec != std::errc() || end != p.data() + p.size()) t.port = 0;
+    }
+    CT_THROW_IF_NOT(parts.size() <= 3 && t.port > 0 && t.port < 65536,
+                    "tier '{}': expected redis[:HOST[:PORT]] with PORT in 1..65535", text);
   } else {
     CT_THROW("tier '{}': unknown kind '{}', expected device, host, disk or redis", text, t.kind);
   }

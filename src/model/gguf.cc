@@ -325,9 +325,22 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   }
   // The mapping keeps the file referenced; the descriptor is not needed afterwards.
   ::close(fd);
+  f->parse(static_cast<const uint8_t*>(f->map_));
+  return f;
+}
 
-  const auto* base = static_cast<const uint8_t*>(f->map_);
-  Parser ps(f->path_, base, f->size_);
+std::unique_ptr<GgufFile> GgufFile::open_memory(const void* data, size_t size,
+                                                const std::string& name) {
+  std::unique_ptr<GgufFile> f(new GgufFile());
+  f->path_ = name;
+  f->size_ = size;
+  f->parse(static_cast<const uint8_t*>(data));
+  return f;
+}
+
+void GgufFile::parse(const uint8_t* base) {
+  const std::string& path = path_;
+  Parser ps(path_, base, size_);
 
   const uint32_t magic = ps.read<uint32_t>("header");
   if (magic != kMagic) {
@@ -350,7 +363,7 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     CT_THROW("{}: unsupported GGUF version {} (expected 2 or 3)", path, version);
   }
-  f->version_ = version;
+  version_ = version;
   const uint64_t n_tensors = ps.read<uint64_t>("header");
   const uint64_t n_kv = ps.read<uint64_t>("header");
 
@@ -364,20 +377,20 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     GgufValue v;
     ps.read_value(static_cast<GgufValueType>(type_code), v, what, 0);
-    if (!f->kv_.emplace(key, std::move(v)).second) CT_THROW("{}: duplicate key '{}'", path, key);
+    if (!kv_.emplace(key, std::move(v)).second) CT_THROW("{}: duplicate key '{}'", path, key);
   }
 
-  if (f->has("general.alignment")) {
-    const int64_t a = f->get_int("general.alignment");
+  if (has("general.alignment")) {
+    const int64_t a = get_int("general.alignment");
     if (a <= 0 || !std::has_single_bit((uint64_t)a)) {
       CT_THROW("{}: key 'general.alignment' is {}, expected a power of two", path, a);
     }
-    f->alignment_ = (uint64_t)a;
+    alignment_ = (uint64_t)a;
   }
 
   // Counts are not trusted for allocation: every entry consumes bytes, so the loops below stop at
   // the end of the file, and a tensor info takes at least 32 bytes.
-  f->tensors_.reserve(std::min<uint64_t>(n_tensors, ps.left() / 32));
+  tensors_.reserve(std::min<uint64_t>(n_tensors, ps.left() / 32));
   for (uint64_t t = 0; t < n_tensors; ++t) {
     GgufTensorInfo info;
     info.name = ps.read_string(fmt::format("the name of tensor info #{}", t));
@@ -396,24 +409,24 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     info.type = static_cast<GgmlType>(ps.read<uint32_t>(what));
     info.offset = ps.read<uint64_t>(what);
-    if (!f->tensor_index_.emplace(info.name, f->tensors_.size()).second) {
+    if (!tensor_index_.emplace(info.name, tensors_.size()).second) {
       CT_THROW("{}: duplicate tensor '{}'", path, info.name);
     }
-    f->tensors_.push_back(std::move(info));
+    tensors_.push_back(std::move(info));
   }
 
   // The data section starts at the first aligned offset after the tensor infos.
-  const uint64_t data_start = (ps.pos() + f->alignment_ - 1) / f->alignment_ * f->alignment_;
-  for (GgufTensorInfo& info : f->tensors_) {
+  const uint64_t data_start = (ps.pos() + alignment_ - 1) / alignment_ * alignment_;
+  for (GgufTensorInfo& info : tensors_) {
     int64_t n_el = 1;
     for (int64_t d : info.ne) {
       if (__builtin_mul_overflow(n_el, d, &n_el)) {
         CT_THROW("{}: tensor '{}' has more elements than fit in 64 bits", path, info.name);
       }
     }
-    if (info.offset % f->alignment_ != 0) {
+    if (info.offset % alignment_ != 0) {
       CT_THROW("{}: tensor '{}' has data offset {}, expected a multiple of the alignment {}", path,
-               info.name, info.offset, f->alignment_);
+               info.name, info.offset, alignment_);
     }
     // Types we cannot convert keep nbytes 0 and are rejected by the model loader, which can name
     // the tensor and its use.
@@ -434,11 +447,11 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
     }
     uint64_t start = 0, end = 0;
     if (__builtin_add_overflow(data_start, info.offset, &start) ||
-        __builtin_add_overflow(start, nbytes, &end) || end > f->size_) {
+        __builtin_add_overflow(start, nbytes, &end) || end > size_) {
       CT_THROW(
           "{}: tensor '{}' ({} bytes at offset {} of the data section, which starts at {}) "
           "extends past the end of the file ({} bytes); the file may be truncated",
-          path, info.name, nbytes, info.offset, data_start, f->size_);
+          path, info.name, nbytes, info.offset, data_start, size_);
     }
     info.nbytes = (size_t)nbytes;
     info.data = base + start;
@@ -448,14 +461,14 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   // no longer fits its slot: it is named here rather than read as wrong weights.
   uint64_t expected = 0, end = 0;
   bool all_sized = true;
-  for (size_t i = 0; i < f->tensors_.size(); ++i) {
-    const GgufTensorInfo& info = f->tensors_[i];
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const GgufTensorInfo& info = tensors_[i];
     if (!ggml_type_supported(info.type)) {  // size unknown; the loader names the type
       all_sized = false;
       break;
     }
     if (info.offset != expected) {
-      const GgufTensorInfo* prev = i > 0 ? &f->tensors_[i - 1] : nullptr;
+      const GgufTensorInfo* prev = i > 0 ? &tensors_[i - 1] : nullptr;
       CT_THROW(
           "{}: tensor '{}' starts at data offset {}, expected {}{}: the type or shape of {} does "
           "not match its data",
@@ -466,18 +479,17 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
           prev ? fmt::format("'{}' or '{}'", prev->name, info.name) : "it");
     }
     end = info.offset + info.nbytes;
-    expected = (end + f->alignment_ - 1) / f->alignment_ * f->alignment_;
+    expected = (end + alignment_ - 1) / alignment_ * alignment_;
   }
   // ... and the last one ends the file (up to its padding), so a shrunken last tensor is caught.
-  if (all_sized && !f->tensors_.empty() && f->size_ - (data_start + end) >= f->alignment_) {
-    const GgufTensorInfo& last = f->tensors_.back();
+  if (all_sized && !tensors_.empty() && size_ - (data_start + end) >= alignment_) {
+    const GgufTensorInfo& last = tensors_.back();
     CT_THROW(
         "{}: the last tensor '{}' (type {}, {} bytes) ends {} bytes before the end of the file, "
         "expected less than the alignment {}: its type or shape does not match the data",
-        path, last.name, ggml_type_name(last.type), last.nbytes, f->size_ - (data_start + end),
-        f->alignment_);
+        path, last.name, ggml_type_name(last.type), last.nbytes, size_ - (data_start + end),
+        alignment_);
   }
-  return f;
 }
 
 GgufFile::~GgufFile() {

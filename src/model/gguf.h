@@ -66,6 +66,11 @@ class GgufFile {
   // truncation, a tensor extending past the end of file, unknown value type, misaligned offsets).
   // Tensor types the engine cannot convert are accepted here and rejected by the model loader.
   static std::unique_ptr<GgufFile> open(const std::string& path);
+  // Parses a GGUF image already in memory (the fuzz targets; same parser and checks as open).
+  // The file does not copy or own the bytes: tensor data points into them, so they must outlive
+  // the returned file. `name` stands for the path in error messages.
+  static std::unique_ptr<GgufFile> open_memory(const void* data, size_t size,
+                                               const std::string& name);
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
@@ -99,6 +104,8 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  // Parses size_ bytes at base (the mapping or the caller's buffer) into the metadata and tensors.
+  void parse(const uint8_t* base);
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;

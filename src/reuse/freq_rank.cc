@@ -284,7 +284,10 @@ ChunkRanking rank_chunk_tokens(const std::vector<const float*>& k_layers,
   validate_options(opt);
   if (n_tok == 0) return {};
   const int n_layer = static_cast<int>(k_layers.size());
-  const auto [lo, hi] = kept_bins(opt, n_tok);
+  // Plain variables, not a structured binding: clang before 16 cannot capture bindings in the
+  // OpenMP region below (the fuzz and sanitizer builds use clang).
+  const std::pair<int, int> bins = kept_bins(opt, n_tok);
+  const int lo = bins.first, hi = bins.second;
   const bool filter = opt.mode != RankMode::kL2;
   std::vector<double> kmag(static_cast<size_t>(n_layer) * n_tok);
   std::vector<double> vmag(kmag.size());

@@ -51,6 +51,19 @@ nlohmann::json meta_scalars_to_json(const ChunkMeta& m) {
                         {"scores_len", m.scores.size()}};
 }
 
+// An integer field of the meta JSON within [lo, hi]. nlohmann's get<int32_t>() on a float such as
+// 1e300 is undefined behaviour and on a wider integer it wraps, so the type and range are checked
+// first; throws ct::Error naming the field (decode_header turns it into its error).
+int64_t json_int(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
+  const nlohmann::json& v = j.at(key);
+  const bool is_int = v.is_number_integer();
+  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > (uint64_t)hi;
+  if (!is_int || too_big || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    CT_THROW("{} is {}, expected an integer in [{}, {}]", key, v.dump(), lo, hi);
+  }
+  return v.get<int64_t>();
+}
+
 }  // namespace
 
 bool is_valid_chunk_id(std::string_view id) {
@@ -268,9 +281,14 @@ std::optional<RecordHeader> decode_header(const uint8_t* p, size_t n, std::strin
   h.slab_stride = get_le<uint64_t>(p + kOffSlabStride);
   h.total_bytes = get_le<uint64_t>(p + kOffTotalBytes);
   const uint64_t crc_bytes = 4ull * n_layer * (uint64_t)h.n_groups;
-  if (kFixedHeaderBytes + (uint64_t)json_bytes + arrays_bytes + crc_bytes != *hb ||
-      h.group_rows == 0) {
+  if (kFixedHeaderBytes + (uint64_t)json_bytes + arrays_bytes + crc_bytes != *hb) {
     *err = "header section lengths are inconsistent";
+    return std::nullopt;
+  }
+  // covering_groups and check_groups compute in int: a group_rows above INT_MAX turned negative
+  // there and sent reads before the slab and past the checksum table.
+  if (h.group_rows == 0 || h.group_rows > (uint32_t)kMaxRecordDim) {
+    *err = fmt::format("group_rows {}, expected 1 to {}", h.group_rows, kMaxRecordDim);
     return std::nullopt;
   }
   const uint8_t* q = p + kFixedHeaderBytes;
@@ -279,17 +297,22 @@ std::optional<RecordHeader> decode_header(const uint8_t* p, size_t n, std::strin
     ChunkMeta& m = h.meta;
     m.id = j.at("id").get<std::string>();
     m.model_fingerprint = j.at("model_fingerprint").get<std::string>();
-    m.n_tok = j.at("n_tok").get<int32_t>();
-    m.n_layer = j.at("n_layer").get<int32_t>();
-    m.kv_dim = j.at("kv_dim").get<int32_t>();
+    constexpr int64_t kI32Min = INT32_MIN, kI32Max = INT32_MAX;
+    m.n_tok = (int32_t)json_int(j, "n_tok", kI32Min, kI32Max);
+    m.n_layer = (int32_t)json_int(j, "n_layer", kI32Min, kI32Max);
+    m.kv_dim = (int32_t)json_int(j, "kv_dim", kI32Min, kI32Max);
     m.dtype = parse_kv_dtype(j.at("dtype").get<std::string>());
     m.sink = j.at("sink").get<bool>();
     m.rank_mode = j.at("rank_mode").get<std::string>();
     m.alpha = j.at("alpha").get<double>();
     m.rank_ms = j.at("rank_ms").get<double>();
-    const size_t n_tokens = j.at("tokens_len").get<size_t>();
-    const size_t n_order = j.at("order_len").get<size_t>();
-    const size_t n_scores = j.at("scores_len").get<size_t>();
+    // Each length is bounded by the section before the sum is formed: 4 * (a + b + c) wrapped
+    // around 2^64 for lengths near 2^61, matched arrays_bytes, and the resize below then asked
+    // for 2^63 bytes.
+    const int64_t max_len = arrays_bytes / 4;
+    const size_t n_tokens = (size_t)json_int(j, "tokens_len", 0, max_len);
+    const size_t n_order = (size_t)json_int(j, "order_len", 0, max_len);
+    const size_t n_scores = (size_t)json_int(j, "scores_len", 0, max_len);
     if (4 * (n_tokens + n_order + n_scores) != arrays_bytes) {
       *err = "array lengths disagree with the arrays section";
       return std::nullopt;

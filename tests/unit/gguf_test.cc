@@ -742,6 +742,48 @@ TEST_F(GgufTest, RandomCorruptionNeverCrashes) {
   EXPECT_GT(opened, 10);  // most mutations of token text or values are still well-formed
 }
 
+TEST_F(GgufTest, OpenMemoryParsesLikeOpenAndNamesTheImage) {
+  // The from-memory route (the fuzz targets) runs the same parser as the mapped file: same
+  // metadata, same tensors, data pointing into the caller's bytes, same checks.
+  test::TinyModelOptions o;
+  o.n_layer = 1;
+  o.weight_type = GgmlType::Q8_0;
+  const std::string path = test::write_tiny_model(dir_.file("tiny.gguf"), o);
+  const std::string bytes = read_bytes(path);
+  const auto mapped = GgufFile::open(path);
+  const auto mem = GgufFile::open_memory(bytes.data(), bytes.size(), "image.gguf");
+  EXPECT_EQ(mem->path(), "image.gguf");
+  EXPECT_EQ(mem->version(), mapped->version());
+  EXPECT_EQ(mem->file_size(), bytes.size());
+  EXPECT_EQ(mem->metadata().size(), mapped->metadata().size());
+  EXPECT_EQ(mem->get_string_array("tokenizer.ggml.tokens"),
+            mapped->get_string_array("tokenizer.ggml.tokens"));
+  ASSERT_EQ(mem->tensors().size(), mapped->tensors().size());
+  for (size_t i = 0; i < mem->tensors().size(); ++i) {
+    const GgufTensorInfo& a = mem->tensors()[i];
+    const GgufTensorInfo& b = mapped->tensors()[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.ne, b.ne);
+    ASSERT_EQ(a.nbytes, b.nbytes) << a.name;
+    const auto* base = reinterpret_cast<const uint8_t*>(bytes.data());
+    EXPECT_TRUE(a.data >= base && a.data + a.nbytes <= base + bytes.size()) << a.name;
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.nbytes), 0) << a.name;
+  }
+  // One byte short of the last tensor's data (the writer pads after it, so cut inside the data).
+  const GgufTensorInfo& last = mem->tensors().back();
+  const size_t last_end =
+      (size_t)(last.data - reinterpret_cast<const uint8_t*>(bytes.data())) + last.nbytes;
+  const std::string cut = bytes.substr(0, last_end - 1);
+  try {
+    GgufFile::open_memory(cut.data(), cut.size(), "image.gguf");
+    ADD_FAILURE() << "a truncated image opened";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains_all(e.what(), {"image.gguf: ", "extends past the end of the file"}));
+  }
+  EXPECT_TRUE(contains_all(error_of([] { GgufFile::open_memory(nullptr, 0, "empty"); }),
+                           {"empty: truncated while reading header"}));
+}
+
 // --- tiny model ---------------------------------------------------------------------------------
 
 class TinyModelTest : public ::testing::Test {

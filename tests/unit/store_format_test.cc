@@ -136,6 +136,69 @@ TEST_F(HeaderTest, HostileMetaWithAValidChecksumIsRejected) {
   EXPECT_NE(err.find("kv_dim"), std::string::npos) << err;
 }
 
+// Fixed-header fields and meta JSON text edited in place, the checksum recomputed: what the record
+// fuzz target (fuzz/record_fuzz.cc, flag bit 0) does. header_bytes and json_bytes follow the edit.
+std::vector<uint8_t> resealed(std::vector<uint8_t> h, const std::string& from = "",
+                              const std::string& to = "") {
+  if (!from.empty()) {
+    uint32_t json_bytes = 0;
+    std::memcpy(&json_bytes, &h[16], 4);
+    std::string json(h.begin() + 64, h.begin() + 64 + json_bytes);
+    const size_t at = json.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " not in " << json;
+    json.replace(at, from.size(), to);
+    h.erase(h.begin() + 64, h.begin() + 64 + json_bytes);
+    h.insert(h.begin() + 64, json.begin(), json.end());
+    const uint32_t jb = (uint32_t)json.size(), hb = (uint32_t)h.size();
+    std::memcpy(&h[16], &jb, 4);
+    std::memcpy(&h[12], &hb, 4);
+  }
+  std::memset(&h[36], 0, 4);
+  const uint32_t crc = crc32c(h.data(), h.size());
+  std::memcpy(&h[36], &crc, 4);
+  return h;
+}
+
+// Inputs found by fuzzing the record reader (kept in fuzz/corpus/record as crash-*): each has a
+// valid checksum and used to get past decode_header.
+TEST_F(HeaderTest, FuzzFoundHostileFieldsWithAValidChecksumAreRejected) {
+  std::string err;
+  ASSERT_TRUE(decode_header(resealed(bytes_).data(), bytes_.size(), &err)) << err;
+
+  // group_rows above INT_MAX with one group per layer: covering_groups divided by a negative
+  // group size and returned spans before row 0 and past the checksum table.
+  std::vector<uint8_t> g = bytes_;
+  const uint32_t one = 1, huge_rows = 0xFFFFFFFFu;
+  std::memcpy(&g[28], &one, 4);
+  std::memcpy(&g[32], &huge_rows, 4);
+  const size_t crc_table = 4 * crcs_.size();
+  g.erase(g.end() - (long)crc_table + 4 * 3, g.end());  // 3 layers x 1 group remain
+  const uint32_t hb = (uint32_t)g.size();
+  std::memcpy(&g[12], &hb, 4);
+  g = resealed(g);
+  EXPECT_FALSE(decode_header(g.data(), g.size(), &err));
+  EXPECT_NE(err.find("group_rows 4294967295, expected 1 to 16777216"), std::string::npos) << err;
+
+  // Array lengths whose 4 * sum wraps around 2^64 to the arrays section's size: the reader then
+  // resized a vector to 2^61 elements (ASan: allocation-size-too-big; elsewhere bad_alloc).
+  const std::string lens = "\"order_len\":130";
+  std::vector<uint8_t> w = resealed(bytes_, lens, "\"order_len\":2305843009213693953");
+  w = resealed(w, "\"tokens_len\":130", "\"tokens_len\":2305843009213693951");
+  w = resealed(w, "\"scores_len\":130", "\"scores_len\":390");
+  EXPECT_FALSE(decode_header(w.data(), w.size(), &err));
+  EXPECT_NE(err.find("tokens_len is 2305843009213693951, expected an integer in [0, 390]"),
+            std::string::npos)
+      << err;
+
+  // n_tok as a float out of int range (undefined behaviour in nlohmann's conversion) and as an
+  // integer above 2^32 (wrapped silently to 130 + 2^32 - 2^32 = 130 and was accepted).
+  for (const std::string bad : {"1e300", "4294967426", "130.0"}) {
+    const std::vector<uint8_t> n = resealed(bytes_, "\"n_tok\":130", "\"n_tok\":" + bad);
+    EXPECT_FALSE(decode_header(n.data(), n.size(), &err)) << bad;
+    EXPECT_NE(err.find("n_tok is"), std::string::npos) << err;
+  }
+}
+
 TEST(KvUnpack, F16EqualsScalarConversionForEveryHalfAndTailLength) {
   std::vector<uint16_t> all(0x10000);
   for (uint32_t h = 0; h < 0x10000; ++h) all[h] = (uint16_t)h;
