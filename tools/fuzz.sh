@@ -63,8 +63,8 @@ run_one() {  # name, corpus name, then environment assignments for the target
     -rss_limit_mb=2048 -detect_leaks=1 -print_final_stats=1 -artifact_prefix="$dir/artifacts/" \
     >"$dir/log" 2>&1 || rc=$?
   local execs rate result
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$dir/log" | tail -1 | grep -o '[0-9]*$' || true)
-  rate=$(grep -o 'stat::average_exec_per_sec: [0-9]*' "$dir/log" | tail -1 | grep -o '[0-9]*$' || true)
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/log" | tail -1 | grep -o '[0-9]*$' || true)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$dir/log" | tail -1 | grep -o '[0-9]*$' || true)
   if [[ $rc -eq 0 ]]; then
     result="ok, no findings"
   else
