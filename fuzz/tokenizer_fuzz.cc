@@ -32,9 +32,16 @@ const Fixture& fixture() {
       std::fprintf(stderr, "tokenizer_fuzz: %s, %d tokens\n", path, f.tok->n_vocab());
     } else {
       const ct::test::TinyVocab v = ct::test::tiny_vocab();
-      f.tok = std::make_unique<ct::Tokenizer>(
-          ct::Tokenizer::from_vocab(v.tokens, v.token_type, v.merges, "smollm",
-                                    ct::test::kTinyChatTemplate, v.im_start, v.im_end, false));
+      ct::VocabSpec spec;
+      spec.pre = "smollm";
+      spec.tokens = v.tokens;
+      spec.token_types = v.token_type;
+      spec.merges = v.merges;
+      spec.chat_template = ct::test::kTinyChatTemplate;
+      spec.bos = v.im_start;
+      spec.eos = v.im_end;
+      spec.add_bos = false;
+      f.tok = std::make_unique<ct::Tokenizer>(ct::Tokenizer::from_vocab(std::move(spec)));
     }
     for (int c = 0; c < 128; ++c) {
       f.ascii_ok[c] = !f.tok->encode(std::string(1, (char)c), false).empty();
