@@ -165,8 +165,10 @@ TEST_F(CalibrateTest, NoiseBandReMeasuresCloseProbesAndStoresThem) {
   EXPECT_EQ(run.search.n_paired_probes, 2 * opt.paired_rounds * run.search.n_paired);
   EXPECT_EQ((int)f.calls.size(), run.search.n_eval);
   EXPECT_NEAR(run.entry.chosen_r, 0.22, 0.01);  // a deterministic objective: same answer
-  const sched::CalibrationEntry* e =
-      sched::CalibrationStore::load(eng.options().calibration_path).find(eng.calibration_key(0));
+  // The store must outlive e (found by ASan: a temporary store freed the entry before the loop).
+  const sched::CalibrationStore store =
+      sched::CalibrationStore::load(eng.options().calibration_path);
+  const sched::CalibrationEntry* e = store.find(eng.calibration_key(0));
   ASSERT_NE(e, nullptr);
   int flagged = 0;
   for (const auto& p : e->probes) flagged += p.paired ? 1 : 0;
