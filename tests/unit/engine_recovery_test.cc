@@ -114,6 +114,17 @@ class EngineRecoveryTest : public ::testing::Test {
     EXPECT_EQ(third.retries, 0);
   }
 
+  // Answers once with an engine that is then closed; returns the first chunk's id, the path of
+  // its record and the answer, for tests that damage the record while no engine runs.
+  struct FirstChunk {
+    std::string id, path, text;
+  };
+  FirstChunk answer_once() const {
+    Engine eng(options());
+    const Answer a = ask(eng);
+    return {a.chunks[0].id, disk(eng).path_of(a.chunks[0].id), a.text};
+  }
+
   static test::TempDir* model_dir_;
   static std::string* model_path_;
   test::TempDir cache_;
@@ -139,14 +150,7 @@ TEST_F(EngineRecoveryTest, TruncatedRecord) {
 // Damage done while no engine runs is found by the start-up scan: the file is deleted, the
 // chunk is simply missing and is re-encoded before the prefill (no retry needed).
 TEST_F(EngineRecoveryTest, TruncatedWhileStopped) {
-  std::string id, path, text;
-  {
-    Engine eng(options());
-    const Answer a = ask(eng);
-    text = a.text;
-    id = a.chunks[0].id;
-    path = disk(eng).path_of(id);
-  }
+  const auto [id, path, text] = answer_once();
   ASSERT_EQ(::truncate(path.c_str(), 100), 0) << path;
   Engine eng(options());
   EXPECT_FALSE(eng.pool().contains(id));
@@ -183,14 +187,7 @@ void rewrite_meta(const std::string& path, const std::function<void(ChunkMeta&)>
 // would otherwise write outside its buffers. The chunk is re-encoded and the answer unchanged.
 TEST_F(EngineRecoveryTest, HostileRankingInAStoredRecordIsRefused) {
   for (int variant = 0; variant < 3; ++variant) {
-    std::string id, path, text;
-    {
-      Engine eng(options());
-      const Answer a = ask(eng);
-      text = a.text;
-      id = a.chunks[0].id;
-      path = disk(eng).path_of(id);
-    }
+    const auto [id, path, text] = answer_once();
     rewrite_meta(path, [variant](ChunkMeta& m) {
       if (variant == 0) m.order[0] = 1000000;
       if (variant == 1) m.order[1] = m.order[0];
@@ -210,14 +207,7 @@ TEST_F(EngineRecoveryTest, HostileRankingInAStoredRecordIsRefused) {
 // re-encodes, and the answer is the one from an intact cache.
 TEST_F(EngineRecoveryTest, RecordThatDoesNotMatchTheRequestIsReplaced) {
   for (int variant = 0; variant < 3; ++variant) {
-    std::string id, path, text;
-    {
-      Engine eng(options());
-      const Answer a = ask(eng);
-      text = a.text;
-      id = a.chunks[0].id;
-      path = disk(eng).path_of(id);
-    }
+    const auto [id, path, text] = answer_once();
     rewrite_meta(path, [variant](ChunkMeta& m) {
       if (variant == 0) m.tokens[0] = 1 << 30;
       if (variant == 1) std::swap(m.tokens[0], m.tokens[1]);
