@@ -14,24 +14,13 @@
 #include "backend/cpu/vec.h"
 #include "core/fp16.h"
 #include "core/ggml_types.h"
+#include "support/random_data.h"
 
 namespace ct::cpu {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using test::max_abs_diff;
+using test::randn;
 
 TEST(Ops, MatmulMatchesReference) {
   for (int m : {1, 3, 37}) {

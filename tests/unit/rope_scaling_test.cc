@@ -11,6 +11,7 @@
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "model/model.h"
+#include "support/random_data.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -48,20 +49,8 @@ void reference_rotate(std::vector<float>& x, int n, int stride, int n_heads, int
   }
 }
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using test::max_abs_diff;
+using test::randn;
 
 TEST(RopeScaling, EveryPathMatchesTheDefinitionWithFactorsAndLinearScale) {
   const int head_dim = 16, n_rot = 16, heads = 3, stride = head_dim * heads, n = 6;

@@ -17,6 +17,7 @@
 #include "core/sha256.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
+#include "support/random_data.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -90,10 +91,7 @@ class SelectiveTest : public ::testing::TestWithParam<std::string> {
   }
 
   static float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float m = 0;
-    for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-    return m;
+    return test::max_abs_diff(a, b);
   }
 
   static std::string record_hash(const ChunkKV& c) {
