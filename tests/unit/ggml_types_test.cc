@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "support/quant_fixture.h"
 
 namespace ct {
 namespace {
@@ -516,42 +517,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, FastPathTest, ::testing::ValuesIn(all_types()
 
 // --- against gguf-py (tools/make_quant_fixture.py) --------------------------------------------
 
-struct FixtureRecord {
-  uint32_t kind = 0;  // 0: decode bytes -> floats, 1: encode floats -> bytes
-  GgmlType type = GgmlType::F32;
-  uint32_t n_blocks = 0;
-  std::vector<uint8_t> bytes;
-  std::vector<float> floats;
-};
-
-std::vector<FixtureRecord> read_quant_fixture() {
-  const std::string path = std::string(CT_FIXTURE_DIR) + "/ggml_quant_blocks.bin";
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << "cannot open " << path
-                         << " (regenerate with tools/make_quant_fixture.py)";
-  auto u32 = [&] {
-    uint32_t v = 0;
-    in.read(reinterpret_cast<char*>(&v), 4);
-    return v;
-  };
-  char magic[4] = {};
-  in.read(magic, 4);
-  EXPECT_EQ(std::string(magic, 4), "CTQF") << path;
-  EXPECT_EQ(u32(), 1u) << path << ": version";
-  const uint32_t n = u32();
-  std::vector<FixtureRecord> recs(n);
-  for (FixtureRecord& r : recs) {
-    r.kind = u32();
-    r.type = static_cast<GgmlType>(u32());
-    r.n_blocks = u32();
-    r.bytes.resize(u32());
-    r.floats.resize(u32());
-    in.read(reinterpret_cast<char*>(r.bytes.data()), (std::streamsize)r.bytes.size());
-    in.read(reinterpret_cast<char*>(r.floats.data()), (std::streamsize)r.floats.size() * 4);
-  }
-  EXPECT_TRUE(in.good()) << path << " is truncated";
-  return recs;
-}
+using test::read_quant_fixture;
+using FixtureRecord = test::QuantFixtureRecord;
 
 // Our dequantisers (reference and fast path) against gguf.quants.dequantize, block by block:
 // bit-identical, except Q4_1/Q5_1, where we fuse q*d + m into one rounding and gguf-py rounds

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "backend/cpu/vec.h"
 #include "core/fp16.h"
 #include "core/ggml_types.h"
+#include "support/quant_fixture.h"
 #include "support/random_data.h"
 
 namespace ct::cpu {
@@ -204,6 +207,29 @@ const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, Gg
                               GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                               GgmlType::Q6_K};
 
+// Byte offsets of the fp16 fields in one block: the scale d, then the min where the type has one.
+std::vector<int> fp16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0:
+      return {0};
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {0, 2};
+    case GgmlType::Q2_K:
+      return {80, 82};
+    case GgmlType::Q3_K:
+      return {108};
+    case GgmlType::Q6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
 std::vector<uint8_t> encode_matrix(GgmlType t, const std::vector<float>& wf, int rows, int cols) {
   const size_t rb = ggml_row_bytes(t, cols);
   std::vector<uint8_t> packed(rb * rows);
@@ -213,9 +239,65 @@ std::vector<uint8_t> encode_matrix(GgmlType t, const std::vector<float>& wf, int
   return packed;
 }
 
+// The scale the kernels' float rounding is relative to, per row: sum_c |w_rc x_c| with w the
+// dequantised row; for types with a min (element d*q + m or d*sc*q - dmin*m, computed by the
+// kernels as d*sum(q*x) + m*sum(x)) the two terms count separately, sum_c (|d q| + |m|) |x_c|,
+// found by dequantising the row with the min, then the scale, set to zero.
+std::vector<double> term_magnitudes(const QMatrix& w, const float* x) {
+  const std::vector<int> fields = fp16_fields(w.type);
+  const size_t bb = ggml_block_bytes(w.type);
+  std::vector<double> mag(w.rows);
+  std::vector<float> a(w.cols), b(w.cols);
+  for (int r = 0; r < w.rows; ++r) {
+    const uint8_t* row = w.data + (size_t)r * w.row_bytes;
+    if (fields.size() < 2) {
+      ggml_to_f32_ref(w.type, row, a.data(), w.cols);
+      std::fill(b.begin(), b.end(), 0.0f);
+    } else {
+      std::vector<uint8_t> only_d(row, row + w.row_bytes), only_m = only_d;
+      for (size_t blk = 0; blk < w.row_bytes / bb; ++blk) {
+        std::memset(&only_d[blk * bb + fields[1]], 0, 2);
+        std::memset(&only_m[blk * bb + fields[0]], 0, 2);
+      }
+      ggml_to_f32_ref(w.type, only_d.data(), a.data(), w.cols);
+      ggml_to_f32_ref(w.type, only_m.data(), b.data(), w.cols);
+    }
+    for (int c = 0; c < w.cols; ++c) {
+      mag[r] += (std::fabs((double)a[c]) + std::fabs((double)b[c])) * std::fabs((double)x[c]);
+    }
+  }
+  return mag;
+}
+
+// The decode kernel (qgemv) and the generic dequantise-and-dot path (qgemv_dequant) against the
+// double-precision reference (qgemv_ref) and, where given, against expected values computed
+// elsewhere: |y - y_ref| <= kRelTol * term magnitude + abs_tol for every row. The kernels sum in
+// float, in another order than the reference, so a relative bound of 2e-6 (about 16 float ulps)
+// is float rounding; a layout mistake is an error of the order of the magnitude itself.
+constexpr double kRelTol = 2e-6;
+void expect_kernels_match_reference(const QMatrix& w, const float* x, double abs_tol,
+                                    const std::string& what,
+                                    const std::vector<double>* expected = nullptr) {
+  std::vector<float> y(w.rows), yd(w.rows), yr(w.rows);
+  qgemv(w, x, y.data());
+  qgemv_dequant(w, x, yd.data());
+  qgemv_ref(w, x, yr.data());
+  const auto mag = term_magnitudes(w, x);
+  for (int r = 0; r < w.rows; ++r) {
+    const double tol = kRelTol * mag[r] + abs_tol;
+    ASSERT_LE(std::fabs((double)y[r] - yr[r]), tol)
+        << what << " row " << r << ": kernel " << y[r] << " vs reference " << yr[r];
+    ASSERT_LE(std::fabs((double)yd[r] - yr[r]), tol)
+        << what << " row " << r << ": dequant path " << yd[r] << " vs reference " << yr[r];
+    if (expected != nullptr) {
+      ASSERT_LE(std::fabs((double)y[r] - (*expected)[r]), tol)
+          << what << " row " << r << ": kernel " << y[r] << " vs expected " << (*expected)[r];
+    }
+  }
+}
+
 TEST(QGemv, MatchesDequantisedReferenceForEveryType) {
-  // 512 columns: two K-quant super-blocks, sixteen 32-element blocks. The kernels sum in float
-  // in another order than the double reference; the bound is relative to sum_c |w_rc x_c|.
+  // 512 columns: two K-quant super-blocks, sixteen 32-element blocks.
   const int rows = 70, cols = 512;
   for (GgmlType t : kAllTypes) {
     const auto wf = randn((size_t)rows * cols, 30, 0.5f);
@@ -223,20 +305,12 @@ TEST(QGemv, MatchesDequantisedReferenceForEveryType) {
     QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
     ASSERT_TRUE(qgemv_supported(t)) << ggml_type_name(t);
     auto x = randn(cols, 31);
-    std::vector<float> y(rows), yr(rows), row(cols);
-    qgemv(w, x.data(), y.data());
-    qgemv_ref(w, x.data(), yr.data());
-    for (int r = 0; r < rows; ++r) {
-      ggml_to_f32_ref(t, packed.data() + r * w.row_bytes, row.data(), cols);
-      double mag = 0;
-      for (int c = 0; c < cols; ++c) mag += std::fabs((double)row[c] * x[c]);
-      ASSERT_LE(std::fabs((double)y[r] - yr[r]), 2e-6 * mag + 1e-6)
-          << ggml_type_name(t) << " row " << r << ": " << y[r] << " vs " << yr[r];
-    }
+    expect_kernels_match_reference(w, x.data(), 1e-6, ggml_type_name(t));
     // The quantised product stays close to the F32 one (catches a kernel and reference that
-    // agree on a wrong layout only if the encoder shares the mistake; the fixture test in
-    // ggml_types_test.cc rules that out).
-    std::vector<float> yf(rows);
+    // agree on a wrong layout only if the encoder shares the mistake; the fixture tests rule
+    // that out).
+    std::vector<float> y(rows), yf(rows);
+    qgemv(w, x.data(), y.data());
     matmul_wt_ref(x.data(), 1, cols, wf.data(), rows, yf.data());
     double err = 0, sig = 0;
     for (int r = 0; r < rows; ++r) {
@@ -248,39 +322,73 @@ TEST(QGemv, MatchesDequantisedReferenceForEveryType) {
 }
 
 TEST(QGemv, MatchesReferenceOnRandomBlocks) {
-  // Random bytes reach every quant, scale and min pattern (negative Q6_K scales, the largest
-  // 6-bit scales, set and clear high bits) that an encoder may never produce; only the fp16
-  // fields (byte offsets per block) are set to finite values in [-1, 1].
-  const std::pair<GgmlType, std::vector<int>> cases[] = {
-      {GgmlType::Q4_0, {0}},    {GgmlType::Q4_1, {0, 2}}, {GgmlType::Q5_0, {0}},
-      {GgmlType::Q5_1, {0, 2}}, {GgmlType::Q8_0, {0}},    {GgmlType::Q2_K, {80, 82}},
-      {GgmlType::Q3_K, {108}},  {GgmlType::Q4_K, {0, 2}}, {GgmlType::Q5_K, {0, 2}},
-      {GgmlType::Q6_K, {208}}};
-  const int rows = 40, cols = 768;
+  // Random bytes reach every quant, scale and min pattern (negative Q6_K and Q3_K scales, the
+  // largest 6-bit scales, set and clear high bits) that an encoder may never produce; only the
+  // fp16 fields (byte offsets per block) are set to finite values in [-1, 1]. F16/BF16 rows are
+  // random bit patterns without inf/nan (and for BF16 below 2^64), at a width that is a multiple of
+  // 16 and at one that leaves a tail of 13 elements.
   std::mt19937 rng(77);
   std::uniform_real_distribution<float> scale(-1.0f, 1.0f);
-  for (const auto& [t, offsets] : cases) {
-    const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
-    std::vector<uint8_t> packed(rb * rows);
-    for (uint8_t& v : packed) v = (uint8_t)rng();
-    for (size_t blk = 0; blk < packed.size() / bb; ++blk) {
-      for (int off : offsets) {
-        const uint16_t h = f32_to_fp16(scale(rng));
-        std::memcpy(&packed[blk * bb + off], &h, 2);
+  for (GgmlType t : kAllTypes) {
+    if (t == GgmlType::F32) continue;
+    const bool plain = ggml_block_elems(t) == 1;
+    for (int cols : plain ? std::vector<int>{768, 781} : std::vector<int>{768}) {
+      const int rows = 40;
+      const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
+      std::vector<uint8_t> packed(rb * rows);
+      for (uint8_t& v : packed) v = (uint8_t)rng();
+      if (plain) {
+        for (size_t i = 0; i + 1 < packed.size(); i += 2) {
+          uint16_t h;
+          std::memcpy(&h, &packed[i], 2);
+          if (t == GgmlType::F16 && (h & 0x7c00) == 0x7c00) h &= (uint16_t)~0x4000;
+          // BF16: exponents up to 2^64 (not 2^127), so that sums of 781 products stay finite.
+          if (t == GgmlType::BF16 && (h & 0x4000) != 0) h &= (uint16_t)~0x2000;
+          std::memcpy(&packed[i], &h, 2);
+        }
       }
+      for (size_t blk = 0; blk < packed.size() / bb; ++blk) {
+        for (int off : fp16_fields(t)) {
+          const uint16_t h = f32_to_fp16(scale(rng));
+          std::memcpy(&packed[blk * bb + off], &h, 2);
+        }
+      }
+      QMatrix w{t, packed.data(), rows, cols, rb};
+      const auto x = randn(cols, 78);
+      // F16/BF16 values reach down to subnormals: the relative bound only.
+      expect_kernels_match_reference(w, x.data(), plain ? 0.0 : 1e-6,
+                                     ggml_type_name(t) + " cols " + std::to_string(cols));
     }
-    QMatrix w{t, packed.data(), rows, cols, rb};
-    const auto x = randn(cols, 78);
-    std::vector<float> y(rows), yr(rows), row(cols);
-    qgemv(w, x.data(), y.data());
-    qgemv_ref(w, x.data(), yr.data());
+  }
+}
+
+TEST(QGemv, MatchesGgufPyOnFixtureBlocks) {
+  // The gguf-py fixture's decode records (random bytes with fp16 scales from 2^-20 to 2^3, both
+  // signs; F16/BF16 random bit patterns) as matrices of one block per row (64-element rows for
+  // F16/BF16, 32 for F32), against gguf.quants' own dequantised floats dotted in double: an
+  // expectation independent of our dequantisers. Only relative bounds, as the scales are tiny.
+  std::set<GgmlType> seen;
+  for (const test::QuantFixtureRecord& rec : test::read_quant_fixture()) {
+    if (rec.kind != 0) continue;
+    const GgmlType t = rec.type;
+    const int be = (int)ggml_block_elems(t);
+    const int n = (int)rec.floats.size();
+    const int cols = be > 1 ? be : (t == GgmlType::F32 ? 32 : 64);
+    ASSERT_EQ(n % cols, 0) << ggml_type_name(t);
+    const int rows = n / cols;
+    ASSERT_EQ(rec.bytes.size(), ggml_row_bytes(t, cols) * rows) << ggml_type_name(t);
+    seen.insert(t);
+    QMatrix w{t, rec.bytes.data(), rows, cols, ggml_row_bytes(t, cols)};
+    const auto x = randn(cols, 90 + (uint32_t)t, 0.5f);  // BF16 blocks reach 1.3e37
+    std::vector<double> expected(rows, 0.0);
     for (int r = 0; r < rows; ++r) {
-      ggml_to_f32_ref(t, packed.data() + r * rb, row.data(), cols);
-      double mag = 0;
-      for (int c = 0; c < cols; ++c) mag += std::fabs((double)row[c] * x[c]);
-      ASSERT_LE(std::fabs((double)y[r] - yr[r]), 2e-6 * mag + 1e-6)
-          << ggml_type_name(t) << " row " << r << ": " << y[r] << " vs " << yr[r];
+      for (int c = 0; c < cols; ++c) expected[r] += (double)rec.floats[(size_t)r * cols + c] * x[c];
     }
+    expect_kernels_match_reference(w, x.data(), 0.0, ggml_type_name(t) + " (gguf-py fixture)",
+                                   &expected);
+  }
+  for (GgmlType t : kAllTypes) {
+    EXPECT_TRUE(seen.count(t)) << "no fixture blocks for " << ggml_type_name(t);
   }
 }
 

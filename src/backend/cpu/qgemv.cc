@@ -2,12 +2,20 @@
 // the format table (core/ggml_types.h). Fused kernels: Q8_0 is d*sum(q*x); Q4_0/Q5_0 are
 // d*sum((q-8|16)*x); Q4_1 is d*sum(q*x) + m*sum(x); the K-quants with mins (Q4_K, Q5_K) are
 // sum over sub-blocks of d*sc*sum(q*x) - dmin*m*sum(x); Q6_K is sum of d*sc*sum((q-32)*x). The
-// per-32-element sums of x that the mins need are computed once per input vector. Other types
-// dequantise up to 256 elements into a stack buffer (the format table's fast path) and dot that.
-// Rows are split across OpenMP threads.
+// per-32-element sums of x that the mins need are computed once per input vector. Q5_1 is Q4_1
+// with a fifth bit; Q2_K and Q3_K have a scale (and for Q2_K a min, using 16-element sums of x)
+// per 16 elements; F16/BF16 convert in registers. qgemv_dequant, the generic path (dequantise up
+// to 256 elements into a stack buffer with the format table's fast path, then dot), is kept as
+// the baseline they are benchmarked and tested against. Rows are split across OpenMP threads.
 #include "backend/cpu/qgemv.h"
 
 #include <immintrin.h>
+
+// The CPU backend is AVX2-only (CMakeLists.txt: -march=native, or -mavx2 -mfma -mf16c with
+// CT_NATIVE=OFF); there is no scalar build of these kernels to fall back to.
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "backend/cpu/qgemv.cc needs AVX2, FMA and F16C (see CT_NATIVE in CMakeLists.txt)"
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -15,6 +23,7 @@
 
 #include "backend/cpu/vec.h"
 #include "core/error.h"
+#include "core/fp16.h"
 
 namespace ct::cpu {
 namespace {
@@ -22,9 +31,16 @@ namespace {
 constexpr int kQK = 32;
 constexpr int kQKK = (int)kGgmlQK_K;
 
-// One output row: the dot product of a packed row of `cols` elements with x. xsum32[b] is the
-// sum of x[32b, 32b + 32), for kernels that need it.
-using RowDot = float (*)(const uint8_t* row, const float* x, const float* xsum32, int cols);
+// Sums of the input vector over aligned pieces, computed once per qgemv call for the kernels
+// with a min or offset term: s32[b] = sum of x[32b, 32b + 32) and s16[b] = sum of x[16b, 16b + 16)
+// (null when no kernel of the call needs them).
+struct XSums {
+  const float* s32 = nullptr;
+  const float* s16 = nullptr;
+};
+
+// One output row: the dot product of a packed row of `cols` elements with x.
+using RowDot = float (*)(const uint8_t* row, const float* x, const XSums& xs, int cols);
 
 // The block scale, converted by the F16C instruction: exact like fp16_to_f32, which does it in
 // software with branches and was a visible part of decode time (two conversions per Q4_1 block).
@@ -80,13 +96,44 @@ inline __m256i q5_high_bits(const uint8_t* qh_bytes) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-float dot_f32(const uint8_t* row, const float* x, const float*, int cols) {
+float dot_f32(const uint8_t* row, const float* x, const XSums&, int cols) {
   return vec_dot(reinterpret_cast<const float*>(row), x, cols);
+}
+
+// F16 and BF16 convert 8 elements at a time in registers (F16C; BF16 is the upper half of an F32)
+// and multiply-add, with two accumulators as vec_dot. Both conversions are exact.
+inline __m256 load_f16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+inline __m256 load_bf16x8(const uint8_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <bool kBf16>
+float dot_half_row(const uint8_t* row, const float* x, const XSums&, int cols) {
+  auto load = [](const uint8_t* p) { return kBf16 ? load_bf16x8(p) : load_f16x8(p); };
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= cols; i += 16) {
+    acc0 = _mm256_fmadd_ps(load(row + 2 * i), _mm256_loadu_ps(x + i), acc0);
+    acc1 = _mm256_fmadd_ps(load(row + 2 * i + 16), _mm256_loadu_ps(x + i + 8), acc1);
+  }
+  for (; i + 8 <= cols; i += 8)
+    acc0 = _mm256_fmadd_ps(load(row + 2 * i), _mm256_loadu_ps(x + i), acc0);
+  float s = hsum256_ps(_mm256_add_ps(acc0, acc1));
+  for (; i < cols; ++i) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    s += (kBf16 ? bf16_to_f32(h) : _cvtsh_ss(h)) * x[i];
+  }
+  return s;
 }
 
 // Offset types (Q4_0, Q5_0, Q6_K) subtract the offset in the 8-bit integers, which is exact,
 // rather than as offset * sum(x) afterwards, which would cancel.
-float dot_q4_0(const uint8_t* row, const float* x, const float*, int cols) {
+float dot_q4_0(const uint8_t* row, const float* x, const XSums&, int cols) {
   const __m256i eight = _mm256_set1_epi8(8);
   __m256 acc = _mm256_setzero_ps();
   for (int b = 0; b < cols / kQK; ++b) {
@@ -97,19 +144,19 @@ float dot_q4_0(const uint8_t* row, const float* x, const float*, int cols) {
   return hsum256_ps(acc);
 }
 
-float dot_q4_1(const uint8_t* row, const float* x, const float* xsum, int cols) {
+float dot_q4_1(const uint8_t* row, const float* x, const XSums& xs, int cols) {
   __m256 acc = _mm256_setzero_ps();
   float extra = 0;
   for (int b = 0; b < cols / kQK; ++b) {
     const uint8_t* blk = row + (size_t)b * 20;
     acc =
         _mm256_fmadd_ps(_mm256_set1_ps(half(blk)), dot_u8x32(nibbles32(blk + 4), x + b * kQK), acc);
-    extra += half(blk + 2) * xsum[b];
+    extra += half(blk + 2) * xs.s32[b];
   }
   return hsum256_ps(acc) + extra;
 }
 
-float dot_q5_0(const uint8_t* row, const float* x, const float*, int cols) {
+float dot_q5_0(const uint8_t* row, const float* x, const XSums&, int cols) {
   const __m256i sixteen = _mm256_set1_epi8(16);
   __m256 acc = _mm256_setzero_ps();
   for (int b = 0; b < cols / kQK; ++b) {
@@ -121,7 +168,20 @@ float dot_q5_0(const uint8_t* row, const float* x, const float*, int cols) {
   return hsum256_ps(acc);
 }
 
-float dot_q8_0(const uint8_t* row, const float* x, const float*, int cols) {
+// Q5_1: d, m, 4 bytes qh, 16 bytes qs; element = d*q + m, so the row is d*sum(q*x) + m*sum(x).
+float dot_q5_1(const uint8_t* row, const float* x, const XSums& xs, int cols) {
+  __m256 acc = _mm256_setzero_ps();
+  float extra = 0;
+  for (int b = 0; b < cols / kQK; ++b) {
+    const uint8_t* blk = row + (size_t)b * 24;
+    const __m256i q = _mm256_or_si256(nibbles32(blk + 8), q5_high_bits(blk + 4));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)), dot_u8x32(q, x + b * kQK), acc);
+    extra += half(blk + 2) * xs.s32[b];
+  }
+  return hsum256_ps(acc) + extra;
+}
+
+float dot_q8_0(const uint8_t* row, const float* x, const XSums&, int cols) {
   __m256 acc = _mm256_setzero_ps();
   for (int b = 0; b < cols / kQK; ++b) {
     const uint8_t* blk = row + (size_t)b * 34;
@@ -149,7 +209,7 @@ inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
 
 // Q4_K (kFive false) and Q5_K: d, dmin, 12 scale bytes, [Q5_K: 32 bytes qh], 128 bytes qs.
 template <bool kFive>
-float dot_q45_k(const uint8_t* row, const float* x, const float* xsum, int cols) {
+float dot_q45_k(const uint8_t* row, const float* x, const XSums& xs, int cols) {
   constexpr size_t kBytes = kFive ? 176 : 144;
   const __m256i mask = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps();
@@ -177,17 +237,100 @@ float dot_q45_k(const uint8_t* row, const float* x, const float* xsum, int cols)
         int sc, m;
         q4_k_scale_min(scales, s, sc, m);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc), dot_u8x32(q, xb + 32 * s), acc);
-        mins += dmin * (float)m * xsum[b * 8 + s];
+        mins += dmin * (float)m * xs.s32[b * 8 + s];
       }
     }
   }
   return hsum256_ps(acc) - mins;
 }
 
+// sum_j q_j * x_j for the two 16-element halves of 32 8-bit quants (unsigned or signed), which
+// have their own scales in Q2_K, Q3_K and Q6_K.
+template <bool kSigned>
+inline void dot_halves16(__m256i q, const float* x, __m256& s0, __m256& s1) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  auto fma8 = [](__m128i b, const float* xp, __m256 acc) {
+    return kSigned ? fma_i8x8(b, xp, acc) : fma_u8x8(b, xp, acc);
+  };
+  s0 = fma8(_mm_srli_si128(lo, 8), x + 8, fma8(lo, x, _mm256_setzero_ps()));
+  s1 = fma8(_mm_srli_si128(hi, 8), x + 24, fma8(hi, x + 16, _mm256_setzero_ps()));
+}
+
+// Q2_K: 16 scale bytes (low nibble scale, high nibble min, per 16 elements), 64 bytes qs, d, dmin.
+// Element 128h + 32s + j is bits 2s..2s+1 of qs[32h + j]; element = d*sc*q - dmin*m, so a
+// sub-block contributes d*sc*sum(q*x) - dmin*m*sum(x) with the 16-element sums of x.
+float dot_q2_k(const uint8_t* row, const float* x, const XSums& xs, int cols) {
+  const __m256i mask = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int b = 0; b < cols / kQKK; ++b) {
+    const uint8_t* blk = row + (size_t)b * 84;
+    const uint8_t* scales = blk;
+    const float d = half(blk + 80), dmin = half(blk + 82);
+    const float* xb = x + b * kQKK;
+    const float* s16 = xs.s16 + b * 16;
+    float m = 0;
+    for (int i = 0; i < 16; ++i) m += (float)(scales[i] >> 4) * s16[i];
+    mins += dmin * m;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        // 2-bit fields stay inside their byte after a 16-bit shift by < 8 and the mask.
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), mask);
+        __m256 s0, s1;
+        dot_halves16<false>(q, xb + 128 * h + 32 * s, s0, s1);
+        const int sub = 8 * h + 2 * s;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(scales[sub] & 0x0f)), s0, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(scales[sub + 1] & 0x0f)), s1, acc);
+      }
+    }
+  }
+  return hsum256_ps(acc) - mins;
+}
+
+// Sub-block i (< 16) scale of a Q3_K super-block, as core/ggml_types.cc's q3_k_scale: low 4 bits
+// from byte i (i < 8) or the high nibble of byte i - 8, top 2 bits from byte 8 + i % 4 at bit
+// 2 * (i / 4), minus 32.
+inline int q3_k_scale(const uint8_t* s, int i) {
+  const int lo = i < 8 ? (s[i] & 0x0f) : (s[i - 8] >> 4);
+  const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+// Q3_K: 32 bytes hmask, 64 bytes qs (low 2 bits, laid out as Q2_K), 12 scale bytes, d. Element
+// 128h + 32s + j: q = low bits + 4 * (bit 4h + s of hmask[j]) - 4, signed in [-4, 3]; element =
+// d*sc*q with the scale of its 16 elements.
+float dot_q3_k(const uint8_t* row, const float* x, const XSums&, int cols) {
+  const __m256i mask = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+  __m256 acc = _mm256_setzero_ps();
+  for (int b = 0; b < cols / kQKK; ++b) {
+    const uint8_t* blk = row + (size_t)b * 110;
+    const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+    const float d = half(blk + 108);
+    float dl[16];
+    for (int i = 0; i < 16; ++i) dl[i] = d * (float)q3_k_scale(blk + 96, i);
+    const float* xb = x + b * kQKK;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 32 * h));
+      for (int s = 0; s < 4; ++s) {
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * s), mask);
+        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hmask, 4 * h + s), one);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)), four);
+        __m256 s0, s1;
+        dot_halves16<true>(q, xb + 128 * h + 32 * s, s0, s1);
+        const int sub = 8 * h + 2 * s;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dl[sub]), s0, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dl[sub + 1]), s1, acc);
+      }
+    }
+  }
+  return hsum256_ps(acc);
+}
+
 // Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, d. Element 128h + 32k + l (k < 4, l < 32):
 // low nibble (k odd: of ql[64h + 32 + l], k >= 2: the high nibble) and 2 bits of qh[32h + l] at
 // bit 2k; minus 32, times d * scales[8h + 2k + l / 16].
-float dot_q6_k(const uint8_t* row, const float* x, const float*, int cols) {
+float dot_q6_k(const uint8_t* row, const float* x, const XSums&, int cols) {
   const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
   const __m256i off = _mm256_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
@@ -222,10 +365,9 @@ float dot_q6_k(const uint8_t* row, const float* x, const float*, int cols) {
 }
 
 // Any type: dequantise up to 256 elements (a multiple of every block size) with the format
-// table's fast path into a stack buffer that stays in L1, then dot.
-template <GgmlType kType>
-float dot_dequant(const uint8_t* row, const float* x, const float*, int cols) {
-  static const GgmlTypeTraits& tt = ggml_traits(kType);
+// table's fast path into a stack buffer that stays in L1, then dot. The generic path behind
+// qgemv_dequant, the baseline the dedicated kernels are measured and tested against.
+float dot_dequant(const GgmlTypeTraits& tt, const uint8_t* row, const float* x, int cols) {
   constexpr int kChunk = 256;
   alignas(32) float buf[kChunk];
   __m256 acc = _mm256_setzero_ps();
@@ -245,23 +387,24 @@ float dot_dequant(const uint8_t* row, const float* x, const float*, int cols) {
 struct Kernel {
   GgmlType type;
   RowDot dot;
-  bool needs_xsum;  // reads the per-32-element sums of x
+  bool needs_s32, needs_s16;  // reads the 32- / 16-element sums of x
 };
 
+// Every type has a dedicated kernel; dot_dequant (qgemv_dequant) is their common baseline.
 const Kernel kKernels[] = {
-    {GgmlType::F32, dot_f32, false},
-    {GgmlType::F16, dot_dequant<GgmlType::F16>, false},
-    {GgmlType::BF16, dot_dequant<GgmlType::BF16>, false},
-    {GgmlType::Q4_0, dot_q4_0, false},
-    {GgmlType::Q4_1, dot_q4_1, true},
-    {GgmlType::Q5_0, dot_q5_0, false},
-    {GgmlType::Q5_1, dot_dequant<GgmlType::Q5_1>, false},
-    {GgmlType::Q8_0, dot_q8_0, false},
-    {GgmlType::Q2_K, dot_dequant<GgmlType::Q2_K>, false},
-    {GgmlType::Q3_K, dot_dequant<GgmlType::Q3_K>, false},
-    {GgmlType::Q4_K, dot_q45_k<false>, true},
-    {GgmlType::Q5_K, dot_q45_k<true>, true},
-    {GgmlType::Q6_K, dot_q6_k, false},
+    {GgmlType::F32, dot_f32, false, false},
+    {GgmlType::F16, dot_half_row<false>, false, false},
+    {GgmlType::BF16, dot_half_row<true>, false, false},
+    {GgmlType::Q4_0, dot_q4_0, false, false},
+    {GgmlType::Q4_1, dot_q4_1, true, false},
+    {GgmlType::Q5_0, dot_q5_0, false, false},
+    {GgmlType::Q5_1, dot_q5_1, true, false},
+    {GgmlType::Q8_0, dot_q8_0, false, false},
+    {GgmlType::Q2_K, dot_q2_k, false, true},
+    {GgmlType::Q3_K, dot_q3_k, false, false},
+    {GgmlType::Q4_K, dot_q45_k<false>, true, false},
+    {GgmlType::Q5_K, dot_q45_k<true>, true, false},
+    {GgmlType::Q6_K, dot_q6_k, false, false},
 };
 
 const Kernel* find_kernel(GgmlType t) {
@@ -285,7 +428,7 @@ void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* 
   CT_ASSERT(n >= 1 && n <= kMaxMany, "qgemv_many: {} matrices", n);
   int offset[kMaxMany + 1] = {0};
   RowDot dot[kMaxMany] = {};
-  bool any_xsum = false;
+  bool any_s32 = false, any_s16 = false;
   for (int m = 0; m < n; ++m) {
     const QMatrix& w = *ws[m];
     const Kernel* k = find_kernel(w.type);
@@ -294,18 +437,29 @@ void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* 
               ws[0]->cols);
     offset[m + 1] = offset[m] + w.rows;
     dot[m] = k->dot;
-    any_xsum = any_xsum || k->needs_xsum;
+    any_s32 = any_s32 || k->needs_s32;
+    any_s16 = any_s16 || k->needs_s16;
   }
   const int cols = ws[0]->cols;
-  std::vector<float> xsum;
-  if (any_xsum) {  // every type that needs it has blocks of 32 or 256, so cols % 32 == 0
-    xsum.resize(cols / kQK);
+  // Every type that needs the sums has blocks of 32 or 256, so cols % 32 == 0.
+  std::vector<float> s32, s16;
+  if (any_s32) {
+    s32.resize(cols / kQK);
     for (int b = 0; b < cols / kQK; ++b) {
       float s = 0;
       for (int j = 0; j < kQK; ++j) s += x[b * kQK + j];
-      xsum[b] = s;
+      s32[b] = s;
     }
   }
+  if (any_s16) {
+    s16.resize(cols / 16);
+    for (int b = 0; b < cols / 16; ++b) {
+      float s = 0;
+      for (int j = 0; j < 16; ++j) s += x[b * 16 + j];
+      s16[b] = s;
+    }
+  }
+  const XSums xs{s32.data(), s16.data()};
   // One parallel region over the rows of all the matrices: one fork/join instead of n.
   const int total = offset[n];
 #pragma omp parallel for schedule(static) if (total >= 64)
@@ -313,7 +467,16 @@ void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* 
     int m = 0;
     while (i >= offset[m + 1]) ++m;
     const int r = i - offset[m];
-    ys[m][r] = dot[m](ws[m]->data + (size_t)r * ws[m]->row_bytes, x, xsum.data(), cols);
+    ys[m][r] = dot[m](ws[m]->data + (size_t)r * ws[m]->row_bytes, x, xs, cols);
+  }
+}
+
+void qgemv_dequant(const QMatrix& w, const float* x, float* y) {
+  const GgmlTypeTraits& tt = ggml_traits(w.type);
+  CT_ASSERT(w.cols % tt.block_elems == 0, "type {} cols {}", tt.name, w.cols);
+#pragma omp parallel for schedule(static) if (w.rows >= 64)
+  for (int r = 0; r < w.rows; ++r) {
+    y[r] = dot_dequant(tt, w.data + (size_t)r * w.row_bytes, x, w.cols);
   }
 }
 

@@ -1,9 +1,8 @@
 // Matrix-vector products straight from GGUF blocks, for decoding: one token reads every weight
 // once, so reading 2.6-8.5 bits per weight instead of an F32 copy's 32 is what makes decode fast.
 // Every type of the ggml type table (core/ggml_types.h) has a kernel here (the CPU side of the
-// traits, as ggml-cpu's type_traits_cpu): fused AVX2 dot products for the common types, a
-// dequantise-a-block-then-dot path for the others. Results equal the dequantised-F32 product up
-// to float rounding.
+// traits, as ggml-cpu's type_traits_cpu): fused AVX2 dot products read the blocks directly.
+// Results equal the dequantised-F32 product up to float rounding.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +30,10 @@ void qgemv(const QMatrix& w, const float* x, float* y);
 // region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
 constexpr int kMaxMany = 4;
 void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x);
+// The generic path for any type, which the dedicated kernels replaced: dequantise 256 elements
+// at a time with the format table's fast path (ggml_to_f32) into a stack buffer, then dot. Kept
+// as the baseline of bench/qgemv_bench.cc and as a second check in the tests.
+void qgemv_dequant(const QMatrix& w, const float* x, float* y);
 // Reference: dequantise each row (ggml_to_f32_ref) and accumulate in double.
 void qgemv_ref(const QMatrix& w, const float* x, float* y);
 
