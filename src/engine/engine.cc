@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -261,13 +262,15 @@ ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::st
     ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
     info.encode_ms = t.ms();
     info.rank_ms = rec.meta.rank_ms;
-    if (!pool_->put(rec, want)) {
-      const std::string msg = fmt::format("chunk {} ({} bytes of K/V) fits in no cache tier",
-                                          info.id.substr(0, 12), rec.meta.kv_bytes());
+    std::string why;
+    if (!pool_->put(rec, want, &why)) {
+      const std::string msg = fmt::format("chunk {} ({} bytes of K/V) fits in no cache tier ({})",
+                                          info.id.substr(0, 12), rec.meta.kv_bytes(), why);
       CT_THROW_IF_NOT(unplaced != nullptr, "{}", msg);
-      // Serving goes on without the pool (e.g. its only tier is a Redis that is down): this
-      // request uses the record from memory and the next one tries the tiers again.
-      std::fprintf(stderr, "cachetune: %s; using it from memory for this request\n", msg.c_str());
+      // Serving goes on without the pool (e.g. its only tier is a Redis that is down, or a disk
+      // that is full): this request uses the record from memory and the next one tries the tiers
+      // again. The log line repeats at most once a minute; every response carries the note.
+      store::store_log_limited("engine unplaced", msg + "; using it from memory for this request");
       info.tier = "request";
       info.note = msg + "; used from memory for this request only";
       if (meta_out) *meta_out = rec.meta;
@@ -307,7 +310,10 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
   SelectiveOptions sel = sel_in;
   if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache)
     sel.prefix_cache = &prefix_cache_;
-  for (int attempt = 0;; ++attempt) {
+  // Failed reads per chunk in this request. The bound is per chunk: when a tier holding several
+  // of the request's chunks goes away (Redis killed), each of them fails once, one per attempt.
+  std::map<std::string, int> read_failures;
+  for (;;) {
     Timer lookup;
     ans.chunks.clear();
     std::vector<std::unique_ptr<ChunkSource>> srcs;
@@ -345,10 +351,12 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
     try {
       logits = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
     } catch (const ChunkReadError& e) {
-      // Detected corruption or a lost entry: drop it, re-encode on the next attempt.
+      // Detected corruption, a lost entry or an unreachable tier: drop it, re-encode on the next
+      // attempt (twice per chunk at most).
       std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
       pool_->evict(e.chunk_id());
-      CT_THROW_IF_NOT(attempt < 2, "chunk {} could not be read after re-encoding", e.chunk_id());
+      CT_THROW_IF_NOT(++read_failures[e.chunk_id()] <= 2,
+                      "chunk {} could not be read after re-encoding", e.chunk_id());
       ++ans.retries;
       continue;
     }

@@ -58,6 +58,12 @@ class Fd {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
+  // Closes now: 0, or the errno of a failed close (NFS and quotas report write errors there).
+  int close_now() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd >= 0 && ::close(fd) != 0 ? errno : 0;
+  }
 
  private:
   int fd_;
@@ -65,19 +71,27 @@ class Fd {
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-bool pwrite_all(int fd, const uint8_t* p, size_t n, uint64_t off) {
+// Writes exactly n bytes at off, continuing after short writes. Returns 0 or the errno of the
+// failing pwrite (a full medium: a short write, then ENOSPC); a pwrite that writes nothing
+// without an error (not expected from a regular file) is reported as EIO rather than retried
+// forever.
+int pwrite_all(int fd, const uint8_t* p, size_t n, uint64_t off) {
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, p, n, (off_t)off);
     if (w < 0) {
       if (errno == EINTR) continue;
-      return false;
+      return errno;
     }
+    if (w == 0) return EIO;
     p += w;
     n -= (size_t)w;
     off += (uint64_t)w;
   }
-  return true;
+  return 0;
 }
+
+// Errors that mean "this directory cannot be written": the tier then opens read-only.
+bool is_read_only_errno(int e) { return e == EROFS || e == EACCES || e == EPERM; }
 
 // Reads exactly n bytes at off. Returns 0, or the errno of a failed pread (-1 at end of file)
 // with *err set.
@@ -132,7 +146,58 @@ DiskTier::DiskTier(DiskTierOptions opt) : opt_(std::move(opt)) {
   fs::create_directories(opt_.dir, ec);
   CT_THROW_IF_NOT(!ec, "disk tier '{}': cannot create directory {}: {}", opt_.name, opt_.dir,
                   ec.message());
+  const int e = probe_writable();
+  if (is_read_only_errno(e)) {
+    read_only_ = true;
+    last_put_error_ =
+        fmt::format("{} is not writable ({}); the tier is read-only", opt_.dir, errno_text(e));
+  }
   scan();
+  if (read_only_) {
+    store_log(
+        fmt::format("{}: {} is not writable ({}); serving its {} records read-only, new "
+                    "chunks are not stored there (make it writable and restart to store)",
+                    opt_.name, opt_.dir, errno_text(e), entries_.size()));
+  } else if (e != 0) {
+    store_log(fmt::format("{}: cannot create a file in {} ({}); puts will fail until there is room",
+                          opt_.name, opt_.dir, errno_text(e)));
+  }
+}
+
+int DiskTier::probe_writable() {
+  // Named like a put's temporary file, so that a crash between create and unlink leaves nothing
+  // the next start does not remove.
+  const std::string probe =
+      (fs::path(opt_.dir) /
+       fmt::format(".probe{}{}.{}", kTmpMarker, (long)::getpid(), tmp_counter_.fetch_add(1)))
+          .string();
+  if (opt_.fault_hook) {
+    if (const int e = opt_.fault_hook("probe")) return e;
+  }
+  Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return errno;
+  fd.close_now();
+  ::unlink(probe.c_str());
+  return 0;
+}
+
+std::string DiskTier::last_put_error() const {
+  std::lock_guard lock(put_err_mu_);
+  return last_put_error_;
+}
+
+void DiskTier::put_failed(const std::string& why) {
+  ++put_failures_;
+  {
+    std::lock_guard lock(put_err_mu_);
+    last_put_error_ = why;
+    put_refused_until_ = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(std::max(0, opt_.put_retry_after_ms));
+  }
+  std::string line = fmt::format("{}: {}", opt_.name, why);
+  if (opt_.put_retry_after_ms > 0)
+    line += fmt::format("; not writing to {} for {} ms", opt_.dir, opt_.put_retry_after_ms);
+  store_log_limited("disk put " + opt_.dir, line);
 }
 
 std::string DiskTier::path_of(const std::string& id) const {
@@ -161,9 +226,14 @@ void DiskTier::scan() {
   for (const fs::directory_entry& de : it) {
     const std::string fname = de.path().filename().string();
     if (fname[0] == '.' && fname.find(kTmpMarker) != std::string::npos) {
-      store_log(
-          fmt::format("{}: removing leftover temporary file {}", opt_.name, de.path().string()));
-      fs::remove(de.path(), ec);
+      if (read_only_) {
+        store_log(fmt::format("{}: leftover temporary file {} not removed (read-only)", opt_.name,
+                              de.path().string()));
+      } else {
+        store_log(
+            fmt::format("{}: removing leftover temporary file {}", opt_.name, de.path().string()));
+        fs::remove(de.path(), ec);
+      }
       continue;
     }
     if (fname.size() <= std::strlen(kExt) || !fname.ends_with(kExt)) continue;
@@ -195,10 +265,15 @@ void DiskTier::scan() {
       }
     }
     if (!header) {
-      store_log(fmt::format("{}: {} is not a valid record ({}); deleted", opt_.name,
-                            de.path().string(), err));
-      fs::remove(de.path(), ec);
-      scan_rejects_.push_back(fmt::format("{}: {}; deleted", de.path().string(), err));
+      std::string what = "deleted";
+      if (read_only_) {
+        what = "ignored (the directory is read-only)";
+      } else if (!fs::remove(de.path(), ec) && ec) {
+        what = "ignored (cannot delete it: " + ec.message() + ")";
+      }
+      store_log(fmt::format("{}: {} is not a valid record ({}); {}", opt_.name, de.path().string(),
+                            err, what));
+      scan_rejects_.push_back(fmt::format("{}: {}; {}", de.path().string(), err, what));
       continue;
     }
     found.push_back({de.last_write_time(ec), id, std::move(header)});
@@ -215,9 +290,21 @@ void DiskTier::scan() {
 
 bool DiskTier::put(const ChunkKV& kv) {
   check_chunk(kv);
+  if (read_only_) {  // logged once at start; last_put_error() says why
+    ++put_failures_;
+    return false;
+  }
+  {
+    std::lock_guard lock(put_err_mu_);
+    if (std::chrono::steady_clock::now() < put_refused_until_) {
+      ++put_failures_;
+      return false;
+    }
+  }
   auto hook = [this](const char* step) {
     if (opt_.write_hook) opt_.write_hook(step);
   };
+  auto fault = [this](const char* op) { return opt_.fault_hook ? opt_.fault_hook(op) : 0; };
   const ChunkMeta& m = kv.meta;
   const RecordLayout lay = plan_record(m, kAlign);
   const int n_groups = n_row_groups(m.n_tok);
@@ -226,30 +313,42 @@ bool DiskTier::put(const ChunkKV& kv) {
       (fs::path(opt_.dir) /
        fmt::format(".{}{}{}.{}", m.id, kTmpMarker, (long)::getpid(), tmp_counter_.fetch_add(1)))
           .string();
-  auto fail = [&](const std::string& what) {
-    store_log(fmt::format("{}: put chunk {}: {} {}: {}", opt_.name, m.id, what, tmp_path,
-                          errno_text(errno)));
+  // Every failure removes the temporary file; the record under final_path (if any) is untouched.
+  auto fail = [&](const std::string& what, int e) {
     ::unlink(tmp_path.c_str());
+    put_failed(fmt::format("put chunk {}: {}: {}", m.id, what, errno_text(e)));
     return false;
   };
   std::vector<uint32_t> crcs((size_t)m.n_layer * n_groups);
   {
-    Fd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (fd.get() < 0) return fail("create");
+    int e = fault("create");
+    Fd fd(e ? -1 : ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (fd.get() < 0) return fail("cannot create " + tmp_path, e ? e : errno);
+    // A short write (half the bytes, then the error) when the fault hook asks for one.
+    auto write_at = [&](const uint8_t* p, size_t n, uint64_t off) {
+      if (const int fe = fault("write")) {
+        pwrite_all(fd.get(), p, n / 2, off);
+        return fe;
+      }
+      return pwrite_all(fd.get(), p, n, off);
+    };
     std::vector<uint8_t> slab(lay.slab_stride, 0);  // tail stays zero: the 4 KiB padding
     for (int l = 0; l < m.n_layer; ++l) {
       slab_pack(kv, l, slab.data());
       slab_group_crcs(slab.data(), m, &crcs[(size_t)l * n_groups]);
-      if (!pwrite_all(fd.get(), slab.data(), slab.size(), lay.data_offset + l * lay.slab_stride))
-        return fail("write");
+      if ((e = write_at(slab.data(), slab.size(), lay.data_offset + l * lay.slab_stride)))
+        return fail(fmt::format("cannot write layer {} to {}", l, tmp_path), e);
       hook("slab");
     }
     std::vector<uint8_t> header = encode_header(lay, m, crcs);
     header.resize(lay.data_offset, 0);
-    if (!pwrite_all(fd.get(), header.data(), header.size(), 0)) return fail("write");
+    if ((e = write_at(header.data(), header.size(), 0)))
+      return fail("cannot write the header to " + tmp_path, e);
     hook("header");
-    if (opt_.sync_writes && ::fsync(fd.get()) != 0) return fail("fsync");
+    if (opt_.sync_writes && ((e = fault("fsync")) || (::fsync(fd.get()) != 0 && (e = errno))))
+      return fail("cannot fsync " + tmp_path, e);
     hook("fsync");
+    if ((e = fault("close")) || (e = fd.close_now())) return fail("cannot close " + tmp_path, e);
   }
   RecordHeader h;
   h.meta = m;
@@ -261,7 +360,9 @@ bool DiskTier::put(const ChunkKV& kv) {
   h.total_bytes = lay.total_bytes;
   {
     std::lock_guard lock(mu_);
-    if (::rename(tmp_path.c_str(), final_path.c_str()) != 0) return fail("rename");
+    int e = fault("rename");
+    if (e || (::rename(tmp_path.c_str(), final_path.c_str()) != 0 && (e = errno)))
+      return fail(fmt::format("cannot rename {} to {}", tmp_path, final_path), e);
     hook("rename");
     auto [it, inserted] = entries_.try_emplace(m.id);
     if (!inserted) used_bytes_ -= it->second.header->total_bytes;

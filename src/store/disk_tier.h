@@ -11,15 +11,24 @@
 // them behind), and deletes files with a bad magic, version or header checksum, or whose size is
 // not the size the header records (truncated). Slab checksums are checked on every read, on get()
 // and on verify(), not during the scan. One process per directory.
+//
+// A failed put (ENOSPC, EDQUOT, EROFS, EACCES, EIO, a short write; at create, write, fsync,
+// close or rename) removes its temporary file, leaves every stored record as it was (the final
+// name is only ever replaced by rename), is logged (path and errno text; repeats within a minute
+// are counted, not printed) and returns false, so the pool tries the next tier or the engine
+// serves the request from memory. Puts are then refused for put_retry_after_ms.
+// A directory that exists but cannot be written (read-only mount, no permission) is opened in
+// read-only mode: its valid records are indexed and served, damaged ones are ignored instead of
+// deleted, and every put is refused (last_put_error() says why); one line is logged at start.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <functional>
 #include <string>
 
 #include "store/record_format.h"
@@ -37,12 +46,21 @@ struct DiskTierOptions {
   // Tests only: called between the steps of put() ("slab", "header", "fsync", "rename",
   // "dirsync"), so a crash test can kill the process at each point of a write.
   std::function<void(const char* step)> write_hook;
+  // Tests only: consulted before each system call of put() that can fail on a full or read-only
+  // medium ("create", "write", "fsync", "close", "rename"). A non-zero return is an errno value
+  // that call then fails with (for "write": after half of its bytes were really written, as a
+  // short write followed by the error), so every failure point can be reached without a full disk.
+  std::function<int(const char* op)> fault_hook;
+  // After a failed put, further puts are refused without touching the disk for this long (a full
+  // disk is not written to again on every request); 0 retries every time.
+  int put_retry_after_ms = 5000;
 };
 
 class DiskTier final : public Tier {
  public:
   // Creates the directory if needed and indexes the records in it (see above). Throws ct::Error
-  // naming the directory when it cannot be created or listed.
+  // naming the directory when it cannot be created or listed; a directory that exists but is not
+  // writable opens read-only.
   explicit DiskTier(DiskTierOptions opt);
 
   const std::string& name() const override { return opt_.name; }
@@ -65,6 +83,11 @@ class DiskTier final : public Tier {
   uint64_t bytes_read() const { return bytes_read_.load(); }
 
   std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
+  std::string last_put_error() const override;
+
+  // True when the directory was not writable at start (see above).
+  bool read_only() const { return read_only_; }
+  uint64_t put_failures() const { return put_failures_.load(); }
 
  private:
   struct Entry {
@@ -88,7 +111,13 @@ class DiskTier final : public Tier {
   // Whole-record load with every checksum checked; out may be null (verify).
   bool load_checked(const std::string& id, ChunkKV* out);
   void scan();
+  // Tries to create (and removes) a temporary file; errno of the failure, 0 when writable.
+  int probe_writable();
+  // Records a failed put: `why` (with errno text) becomes last_put_error(), puts are refused for
+  // put_retry_after_ms, and the line is logged (store_log_limited: at most once a minute).
+  void put_failed(const std::string& why);
   std::vector<std::string> scan_rejects_;  // written by the constructor's scan only
+  bool read_only_ = false;                 // set by the constructor only
 
   DiskTierOptions opt_;
   mutable std::mutex mu_;
@@ -98,6 +127,11 @@ class DiskTier final : public Tier {
   std::atomic<uint64_t> tmp_counter_{0};
   std::atomic<uint64_t> bytes_read_{0};
   std::atomic<bool> direct_ok_{true};
+  std::atomic<uint64_t> put_failures_{0};
+
+  mutable std::mutex put_err_mu_;
+  std::string last_put_error_;
+  std::chrono::steady_clock::time_point put_refused_until_{};
 
   // Throttle: the emulated medium serves one read at a time at read_bytes_per_sec, so each read
   // reserves the interval after the previous reservation and sleeps until its end.

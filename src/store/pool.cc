@@ -62,12 +62,27 @@ void CachePool::make_room(int t, size_t bytes, const std::string& keep) {
   }
 }
 
-int CachePool::place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep) {
+int CachePool::place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep,
+                     std::vector<std::string>* why) {
   for (int t = t_begin; t < t_end; ++t) {
     const size_t bytes = tiers_[t]->footprint(rec.meta);
-    if (bytes > tiers_[t]->capacity_bytes()) continue;
+    const std::string& name = tiers_[t]->name();
+    if (bytes > tiers_[t]->capacity_bytes()) {
+      if (why)
+        why->push_back(fmt::format("{}: {} bytes exceed its capacity of {}", name, bytes,
+                                   tiers_[t]->capacity_bytes()));
+      continue;
+    }
     make_room(t, bytes, keep);
-    if (fits(t, bytes) && tiers_[t]->put(rec)) return t;
+    if (!fits(t, bytes)) {
+      if (why) why->push_back(fmt::format("{}: full", name));
+      continue;
+    }
+    if (tiers_[t]->put(rec)) return t;
+    if (why) {
+      const std::string err = tiers_[t]->last_put_error();
+      why->push_back(fmt::format("{}: {}", name, err.empty() ? "the write failed" : err));
+    }
   }
   return -1;
 }
@@ -93,7 +108,7 @@ void CachePool::demote(const std::string& id, const std::string& keep) {
 
 bool CachePool::put(const ChunkKV& kv) { return put(kv, 0); }
 
-bool CachePool::put(const ChunkKV& kv, int first_tier) {
+bool CachePool::put(const ChunkKV& kv, int first_tier, std::string* why) {
   CT_THROW_IF_NOT(first_tier >= 0 && first_tier < (int)tiers_.size(),
                   "tier index {} outside the pool's {} tiers", first_tier, tiers_.size());
   check_chunk(kv);
@@ -105,9 +120,18 @@ bool CachePool::put(const ChunkKV& kv, int first_tier) {
     tiers_[it->second.tier]->erase(id);
     forget(id);
   }
-  const int t = place(kv, first_tier, (int)tiers_.size(), id);
+  std::vector<std::string> reasons;
+  const int t = place(kv, first_tier, (int)tiers_.size(), id, &reasons);
   if (t < 0) {
-    store_log(fmt::format("pool: chunk {} ({} KV bytes) fits in no tier", id, kv.meta.kv_bytes()));
+    std::string text;
+    for (const std::string& r : reasons) text += (text.empty() ? "" : "; ") + r;
+    if (why) {
+      *why = text;  // the caller reports it
+    } else {
+      const std::string msg = fmt::format("pool: chunk {} ({} KV bytes) fits in no tier ({})", id,
+                                          kv.meta.kv_bytes(), text);
+      store_log_limited("pool unplaced", msg);
+    }
     return false;
   }
   Entry& e = link(id, t, tiers_[t]->footprint(kv.meta), kv.meta.n_tok);

@@ -68,8 +68,10 @@ class CachePool {
   // capacity can hold it at all. A record already present under the id is replaced (its hit
   // counts are kept). False when no tier can take it. Throws ct::Error for a malformed record.
   bool put(const ChunkKV& kv);
-  // The same, starting at tier `first_tier` instead of the top (e.g. `ingest --tier disk`).
-  bool put(const ChunkKV& kv, int first_tier);
+  // The same, starting at tier `first_tier` instead of the top (e.g. `ingest --tier disk`). When
+  // no tier takes it and `why` is given, *why says per tier why not ("disk: cannot create ...:
+  // No space left on device; redis: server unreachable").
+  bool put(const ChunkKV& kv, int first_tier, std::string* why = nullptr);
 
   // A request for a chunk: on a hit counts it for the chunk's tier, marks it most recently used,
   // promotes it to the top tier when configured, and returns its meta. nullopt on a miss.
@@ -114,7 +116,9 @@ class CachePool {
   void demote(const std::string& id, const std::string& keep);
   // Stores rec in the first of tiers [t_begin, t_end) that can take it, making room there by
   // demotion; returns that tier or -1.
-  int place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep);
+  // With `why`, appends one "<tier>: <reason>" per tier that did not take it.
+  int place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep,
+            std::vector<std::string>* why = nullptr);
   Entry& link(const std::string& id, int t, size_t bytes, int32_t n_tok);
   void forget(const std::string& id);
 

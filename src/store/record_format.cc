@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -391,6 +394,31 @@ void check_row_args(const ChunkMeta& m, int layer, int row_begin, int row_end) {
 
 void store_log(const std::string& msg) {
   std::fprintf(stderr, "cachetune store: %s\n", msg.c_str());
+}
+
+bool store_log_limited(const std::string& key, const std::string& msg) {
+  struct State {
+    std::chrono::steady_clock::time_point last;
+    uint64_t suppressed = 0;
+  };
+  static std::mutex mu;
+  static std::map<std::string, State> states;
+  const auto now = std::chrono::steady_clock::now();
+  uint64_t not_shown = 0;
+  {
+    std::lock_guard lock(mu);
+    auto [it, fresh] = states.try_emplace(key);
+    if (!fresh && now - it->second.last < std::chrono::minutes(1)) {
+      ++it->second.suppressed;
+      return false;
+    }
+    not_shown = it->second.suppressed;
+    it->second = State{now, 0};
+  }
+  store_log(not_shown == 0 ? msg
+                           : fmt::format("{} ({} similar messages in the last minute not shown)",
+                                         msg, not_shown));
+  return true;
 }
 
 }  // namespace ct::store

@@ -134,5 +134,9 @@ void check_row_args(const ChunkMeta& m, int layer, int row_begin, int row_end);
 
 // Logs one line "cachetune store: <msg>" to stderr (the tiers' corruption and I/O reports).
 void store_log(const std::string& msg);
+// store_log for a failure that can repeat on every request (a full disk, a Redis server that is
+// down): the first message of a `key` is logged, later ones at most once a minute, each with the
+// number of messages of that key not shown since. Returns true when this one was logged.
+bool store_log_limited(const std::string& key, const std::string& msg);
 
 }  // namespace ct::store

@@ -182,8 +182,9 @@ void RedisTier::mark_down(const std::string& addr, const std::string& why) {
     stale.swap(node.idle);
   }
   for (redisContext* c : stale) redisFree(c);
-  store_log(fmt::format("{}: redis node {}: {}; treating as a miss for {} ms", opt_.name, addr, why,
-                        opt_.retry_after_ms));
+  store_log_limited(fmt::format("{} node {}", opt_.name, addr),
+                    fmt::format("{}: redis node {}: {}; treating as a miss for {} ms", opt_.name,
+                                addr, why, opt_.retry_after_ms));
 }
 
 std::optional<std::vector<RedisTier::Reply>> RedisTier::exchange(int slot,
@@ -384,6 +385,21 @@ void RedisTier::scan() {
 // ---------------------------------------------------------------------------------------------
 // Tier operations
 
+std::string RedisTier::last_put_error() const {
+  std::lock_guard lock(put_err_mu_);
+  return last_put_error_;
+}
+
+void RedisTier::put_failed(const std::string& id, const std::string& why) {
+  {
+    std::lock_guard lock(put_err_mu_);
+    last_put_error_ = fmt::format("{}:{}: {}", opt_.host, opt_.port, why);
+  }
+  store_log_limited(
+      opt_.name + " put " + default_addr_,
+      fmt::format("{}: put chunk {} failed ({}:{}: {})", opt_.name, id, opt_.host, opt_.port, why));
+}
+
 bool RedisTier::put(const ChunkKV& kv) {
   check_chunk(kv);
   const ChunkMeta& m = kv.meta;
@@ -405,7 +421,7 @@ bool RedisTier::put(const ChunkKV& kv) {
   // The version being replaced, whose layer values go in the same transaction.
   auto old = exchange(slot, {{"GET", mkey}});
   if (!old) {
-    store_log(fmt::format("{}: put chunk {} failed (server unreachable)", opt_.name, m.id));
+    put_failed(m.id, "server unreachable");
     return false;
   }
   std::vector<std::string> old_keys;
@@ -438,7 +454,7 @@ bool RedisTier::put(const ChunkKV& kv) {
   cmds.push_back({"EXEC"});
   auto replies = exchange(slot, cmds);
   if (!replies) {
-    store_log(fmt::format("{}: put chunk {} failed (server unreachable)", opt_.name, m.id));
+    put_failed(m.id, "server unreachable");
     return false;
   }
   const redisReply* exec = replies->back().get();
@@ -450,7 +466,7 @@ bool RedisTier::put(const ChunkKV& kv) {
     for (const Reply& r : *replies)
       if (r->type == REDIS_REPLY_ERROR) why = std::string(r->str, r->len);
     ++failures_;
-    store_log(fmt::format("{}: put chunk {} failed: {}", opt_.name, m.id, why));
+    put_failed(m.id, why);
     return false;
   }
   const bool indexed = index(std::move(header));

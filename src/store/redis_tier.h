@@ -95,6 +95,7 @@ class RedisTier final : public Tier {
   uint64_t failed_exchanges() const { return failures_.load(); }
 
   std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
+  std::string last_put_error() const override;
 
  private:
   struct ReplyFree {
@@ -153,6 +154,11 @@ class RedisTier final : public Tier {
 
   std::atomic<uint64_t> redirects_{0};
   std::atomic<uint64_t> failures_{0};
+
+  // Records a failed put (last_put_error) and logs it at most once a minute.
+  void put_failed(const std::string& id, const std::string& why);
+  mutable std::mutex put_err_mu_;
+  std::string last_put_error_;
 };
 
 }  // namespace ct::store

@@ -59,6 +59,10 @@ class Tier {
   // What the start-up scan found damaged and removed or ignored, one line each ("<file or key>:
   // <reason>"), so `cache verify` can report it (the scan itself only logs).
   virtual std::vector<std::string> scan_rejects() const { return {}; }
+
+  // Why the most recent failed put failed ("<path>: <errno text>", "server unreachable", ...),
+  // for the note a request served without the tier carries; "" when no put has failed.
+  virtual std::string last_put_error() const { return ""; }
 };
 
 // Ids of an index whose entries carry a storing sequence number `seq`, oldest first (the order

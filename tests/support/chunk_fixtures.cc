@@ -6,6 +6,7 @@
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -153,8 +154,7 @@ std::string reply_text(const redisReply* r) {
     case REDIS_REPLY_STRING:
     case REDIS_REPLY_STATUS:
       return std::string(r->str, r->len);
-    case REDIS_REPLY_ERROR:
-    {
+    case REDIS_REPLY_ERROR: {
       std::string e = "ERR:";
       e.append(r->str, r->len);
       return e;
@@ -181,19 +181,29 @@ bool RedisServer::available() { return !find_on_path("redis-server").empty(); }
 bool RedisServer::start(const std::vector<std::string>& extra_args, std::string* err) {
   // The port was free when picked but another process may take it before redis-server binds
   // it; a few attempts on fresh ports make that race harmless.
+  extra_args_ = extra_args;
   for (int attempt = 0; attempt < 3; ++attempt)
-    if (start_once(extra_args, err)) return true;
+    if (start_once(pick_free_port(), extra_args, err)) return true;
   return false;
 }
 
-bool RedisServer::start_once(const std::vector<std::string>& extra_args, std::string* err) {
+bool RedisServer::restart(std::string* err) {
+  if (port_ <= 0) {
+    if (err) *err = "restart before a first start";
+    return false;
+  }
+  return start_once(port_, extra_args_, err);
+}
+
+bool RedisServer::start_once(int port, const std::vector<std::string>& extra_args,
+                             std::string* err) {
   stop();
   const std::string exe = find_on_path("redis-server");
   if (exe.empty()) {
     if (err) *err = "redis-server is not on PATH";
     return false;
   }
-  port_ = pick_free_port();
+  port_ = port;
   std::vector<std::string> args{exe,
                                 "--port",
                                 std::to_string(port_),
@@ -278,6 +288,48 @@ std::string RedisServer::command(const std::vector<std::string>& args) const {
   if (r) freeReplyObject(r);
   redisFree(c);
   return out;
+}
+
+TmpfsMount::~TmpfsMount() {
+  if (!dir_.empty()) ::umount2(dir_.c_str(), MNT_DETACH);
+}
+
+bool TmpfsMount::mount(const std::string& dir, size_t bytes, std::string* err) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string opts = "size=" + std::to_string(bytes) + ",mode=0755";
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+    if (err) *err = "mount -t tmpfs -o " + opts + " " + dir + ": " + std::strerror(errno);
+    return false;
+  }
+  dir_ = dir;
+  bytes_ = bytes;
+  return true;
+}
+
+bool TmpfsMount::remount_read_only(std::string* err) {
+  const std::string opts = "size=" + std::to_string(bytes_) + ",mode=0755";
+  if (dir_.empty() ||
+      ::mount("tmpfs", dir_.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, opts.c_str()) != 0) {
+    if (err) *err = "remount read-only " + dir_ + ": " + std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+size_t TmpfsMount::fill(const std::string& name) {
+  const std::string path = dir_ + "/" + name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return 0;
+  std::vector<char> zeros(4096, 0);
+  size_t total = 0;
+  for (;;) {
+    const ssize_t w = ::write(fd, zeros.data(), zeros.size());
+    if (w <= 0) break;
+    total += (size_t)w;
+  }
+  ::close(fd);
+  return total;
 }
 
 }  // namespace ct::test

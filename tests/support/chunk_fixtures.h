@@ -60,6 +60,10 @@ class RedisServer {
   // Starts on a fresh free port (up to three tries); false (with *err) when it does not answer
   // PING within 10 s.
   bool start(const std::vector<std::string>& extra_args = {}, std::string* err = nullptr);
+  // Starts again on the port of the previous start (after stop(): a server restarted with an
+  // empty data set, as a crashed redis-server without persistence comes back); false (with
+  // *err) when it does not answer within 10 s, e.g. because another process took the port.
+  bool restart(std::string* err = nullptr);
   void stop();    // SIGKILL and reap; no-op when not running
   void pause();   // SIGSTOP: the server accepts connections but never answers
   void resume();  // SIGCONT
@@ -73,11 +77,34 @@ class RedisServer {
   const std::string& dir() const { return dir_.path(); }
 
  private:
-  bool start_once(const std::vector<std::string>& extra_args, std::string* err);
+  bool start_once(int port, const std::vector<std::string>& extra_args, std::string* err);
 
   TempDir dir_;
   int port_ = 0;
   pid_t pid_ = -1;
+  std::vector<std::string> extra_args_;
+};
+
+// A small tmpfs mounted over a directory, for tests of a full or read-only filesystem (the
+// tests run as root in CI, where chmod does not stop writes). mount() fails (with *err naming
+// the errno) where mounting is not permitted; tests skip then. Unmounted on destruction.
+class TmpfsMount {
+ public:
+  TmpfsMount() = default;
+  ~TmpfsMount();
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+
+  // Creates `dir` when missing and mounts a tmpfs of `bytes` there.
+  bool mount(const std::string& dir, size_t bytes, std::string* err);
+  // Remounts it read-only (EROFS for every write from then on).
+  bool remount_read_only(std::string* err);
+  // Writes a file of zeros into the mount until the filesystem is full; returns its size.
+  size_t fill(const std::string& name);
+
+ private:
+  std::string dir_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace ct::test

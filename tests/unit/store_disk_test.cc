@@ -1,16 +1,22 @@
 // Disk tier specifics: restart recovery (index rebuilt from the directory, temporary files
 // removed), detection of flipped bytes, truncation, missing files and bad magic (logged, dropped,
-// reported as a miss), write failures, and the read-bandwidth throttle (a lower bound only).
+// reported as a miss), write failures (injected at every point of a put, and on a real full or
+// read-only tmpfs where mounting is allowed), read-only directories, and the read-bandwidth
+// throttle (a lower bound only).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "store/disk_tier.h"
@@ -226,6 +232,194 @@ TEST_F(DiskTierTest, WriteFailureIsReportedNotThrown) {
   fs::remove_all(options().dir);
   EXPECT_FALSE(tier.put(chunk("nowhere", 13)));
   EXPECT_FALSE(tier.contains("nowhere"));
+}
+
+// Names of the files in dir (temporary files included).
+std::set<std::string> files_in(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
+// Every point of a put that a full or read-only medium can fail (create, each slab write, the
+// header write, fsync, close, rename), with each errno such a medium gives: the put returns
+// false, names the path and the errno text, leaves no temporary file, and the records stored
+// before (including an older version of the same id) stay readable, now and after a restart.
+TEST_F(DiskTierTest, InjectedWriteFailuresLeaveNoPartialRecordAndKeepExistingOnes) {
+  const ChunkKV keep = chunk("keep", 20), v1 = chunk("same", 21), v2 = chunk("same", 22);
+  std::function<int(const char*)> fault;  // set per case below
+  DiskTierOptions o = options();
+  o.put_retry_after_ms = 0;
+  o.fault_hook = [&](const char* op) { return fault ? fault(op) : 0; };
+  DiskTier tier(o);
+  ASSERT_TRUE(tier.put(keep));
+  ASSERT_TRUE(tier.put(v1));
+  const std::set<std::string> stored = files_in(o.dir);
+  ASSERT_EQ(stored.size(), 2u);
+
+  struct Point {
+    const char* op;
+    int nth;  // which call of that op fails (3 layers: writes 0-2 are slabs, 3 the header)
+  };
+  const Point points[] = {{"create", 0}, {"write", 0}, {"write", 1}, {"write", 2},
+                          {"write", 3},  {"fsync", 0}, {"close", 0}, {"rename", 0}};
+  const int errnos[] = {ENOSPC, EDQUOT, EROFS, EACCES, EIO};
+  int cases = 0;
+  for (const Point& pt : points) {
+    for (int e : errnos) {
+      SCOPED_TRACE(std::string(pt.op) + " #" + std::to_string(pt.nth) + " " + std::strerror(e));
+      int seen = 0;
+      fault = [&](const char* op) { return std::string(op) == pt.op && seen++ == pt.nth ? e : 0; };
+      EXPECT_FALSE(tier.put(v2));
+      EXPECT_EQ(seen, pt.nth + 1) << "the failure point was not reached";
+      const std::string err = tier.last_put_error();
+      EXPECT_NE(err.find(o.dir), std::string::npos) << err;
+      EXPECT_NE(err.find(std::strerror(e)), std::string::npos) << err;
+      EXPECT_EQ(files_in(o.dir), stored) << "a temporary or partial file was left";
+      std::optional<ChunkKV> got = tier.get("same");
+      ASSERT_TRUE(got);
+      EXPECT_TRUE(test::chunks_equal(*got, v1));
+      got = tier.get("keep");
+      ASSERT_TRUE(got);
+      EXPECT_TRUE(test::chunks_equal(*got, keep));
+      ++cases;
+    }
+  }
+  EXPECT_EQ(cases, 40);
+  EXPECT_EQ(tier.put_failures(), 40u);
+  {
+    DiskTier again(options());
+    EXPECT_EQ(again.list(), (std::vector<std::string>{"keep", "same"}));
+    EXPECT_TRUE(again.scan_rejects().empty());
+    std::optional<ChunkKV> got = again.get("same");
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(test::chunks_equal(*got, v1));
+  }
+  // Once the medium works again, the same put succeeds.
+  fault = nullptr;
+  ASSERT_TRUE(tier.put(v2));
+  std::optional<ChunkKV> got = tier.get("same");
+  ASSERT_TRUE(got);
+  EXPECT_TRUE(test::chunks_equal(*got, v2));
+}
+
+// After a failure, puts are refused without touching the medium for put_retry_after_ms (a full
+// disk is not rewritten on every request), then tried again.
+TEST_F(DiskTierTest, AFailedPutIsNotRetriedBeforeTheInterval) {
+  int calls = 0;
+  bool full = true;
+  DiskTierOptions o = options();
+  o.put_retry_after_ms = 1000;
+  o.fault_hook = [&](const char* op) {
+    ++calls;
+    return full && std::string(op) == "create" ? ENOSPC : 0;
+  };
+  DiskTier tier(o);
+  calls = 0;
+  EXPECT_FALSE(tier.put(chunk("x", 30)));
+  EXPECT_EQ(calls, 1);
+  full = false;
+  EXPECT_FALSE(tier.put(chunk("x", 30)));  // within the interval: refused, the medium untouched
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(tier.last_put_error().find(std::strerror(ENOSPC)), std::string::npos)
+      << tier.last_put_error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_TRUE(tier.put(chunk("x", 30)));
+  EXPECT_TRUE(tier.contains("x"));
+}
+
+// A directory that cannot be written (here: the start-up probe fails with EROFS) opens
+// read-only: valid records are served, a damaged record and a leftover temporary file are left
+// alone (and the damaged record reported), and puts are refused without trying, saying why.
+TEST_F(DiskTierTest, ReadOnlyDirectoryServesItsRecordsAndRefusesPuts) {
+  const ChunkKV a = chunk("a", 40), b = chunk("b", 41);
+  std::string bad_path;
+  {
+    DiskTier tier(options());
+    ASSERT_TRUE(tier.put(a));
+    ASSERT_TRUE(tier.put(b));
+    ASSERT_TRUE(tier.put(chunk("bad", 42)));
+    bad_path = tier.path_of("bad");
+  }
+  flip_byte(bad_path, 5);  // header checksum fails
+  const std::string tmp = options().dir + "/.c.ctkv.tmp.999.0";
+  std::ofstream(tmp) << "partial";
+
+  std::vector<std::string> ops;
+  DiskTierOptions o = options();
+  o.fault_hook = [&](const char* op) {
+    ops.push_back(op);
+    return std::string(op) == "probe" ? EROFS : 0;
+  };
+  DiskTier tier(o);
+  EXPECT_TRUE(tier.read_only());
+  EXPECT_EQ(tier.list(), (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(tier.scan_rejects().size(), 1u);
+  EXPECT_NE(tier.scan_rejects()[0].find("read-only"), std::string::npos) << tier.scan_rejects()[0];
+  EXPECT_TRUE(fs::exists(bad_path));
+  EXPECT_TRUE(fs::exists(tmp));
+  for (const ChunkKV* kv : {&a, &b}) {
+    std::optional<ChunkKV> got = tier.get(kv->meta.id);
+    ASSERT_TRUE(got);
+    EXPECT_TRUE(test::chunks_equal(*got, *kv));
+    EXPECT_TRUE(read_layer_rows(tier, *kv, 1, 30, 120));
+  }
+  ops.clear();
+  EXPECT_FALSE(tier.put(chunk("new", 43)));
+  EXPECT_TRUE(ops.empty()) << "a read-only tier tried to write";
+  EXPECT_NE(tier.last_put_error().find("not writable"), std::string::npos) << tier.last_put_error();
+  EXPECT_NE(tier.last_put_error().find(std::strerror(EROFS)), std::string::npos);
+  EXPECT_FALSE(fs::exists(tier.path_of("new")));
+}
+
+// The same on a real filesystem: a tmpfs of 512 KiB (about five records) mounted over the tier's
+// directory, filled by puts until one fails with ENOSPC, then remounted read-only. Needs
+// permission to mount (root in a container that allows it); skipped otherwise.
+TEST_F(DiskTierTest, RealFullThenReadOnlyFilesystem) {
+  test::TmpfsMount mnt;
+  std::string err;
+  const std::string dir = options().dir;
+  if (!mnt.mount(dir, 512 * 1024, &err))
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << err
+                 << "); run as root where mounting is allowed to test a real full filesystem";
+  DiskTierOptions o = options();
+  o.put_retry_after_ms = 0;
+  std::vector<ChunkKV> stored;
+  {
+    DiskTier tier(o);
+    bool failed = false;
+    for (int i = 0; i < 20 && !failed; ++i) {
+      ChunkKV kv = chunk("f" + std::to_string(i), 50 + i);
+      if (tier.put(kv)) {
+        stored.push_back(std::move(kv));
+      } else {
+        failed = true;
+      }
+    }
+    ASSERT_TRUE(failed) << "20 records fit in 512 KiB";
+    ASSERT_GE(stored.size(), 2u);
+    const std::string e = tier.last_put_error();
+    EXPECT_NE(e.find(std::strerror(ENOSPC)), std::string::npos) << e;
+    EXPECT_NE(e.find(dir), std::string::npos) << e;
+    EXPECT_EQ(files_in(dir).size(), stored.size()) << "a partial file was left";
+    for (const ChunkKV& kv : stored) {
+      std::optional<ChunkKV> got = tier.get(kv.meta.id);
+      ASSERT_TRUE(got) << kv.meta.id;
+      EXPECT_TRUE(test::chunks_equal(*got, kv));
+    }
+  }
+  ASSERT_TRUE(mnt.remount_read_only(&err)) << err;
+  DiskTier tier(o);
+  EXPECT_TRUE(tier.read_only());
+  EXPECT_EQ(tier.list().size(), stored.size());
+  for (const ChunkKV& kv : stored) {
+    std::optional<ChunkKV> got = tier.get(kv.meta.id);
+    ASSERT_TRUE(got) << kv.meta.id;
+    EXPECT_TRUE(test::chunks_equal(*got, kv));
+  }
+  EXPECT_FALSE(tier.put(chunk("late", 99)));
+  EXPECT_NE(tier.last_put_error().find(std::strerror(EROFS)), std::string::npos)
+      << tier.last_put_error();
 }
 
 TEST_F(DiskTierTest, ThrottleMakesReadsTakeAtLeastBytesOverBandwidth) {
