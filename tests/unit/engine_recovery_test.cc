@@ -1,12 +1,20 @@
 // Engine-level recovery from a damaged disk tier (tiny random model, temp directory): a stored
 // .ctkv file with a flipped byte, deleted or truncated while the engine runs, or truncated while
 // it is stopped, still lets the request answer with the same text; the damaged entry is dropped
-// and the chunk re-encoded.
+// and the chunk re-encoded. Also failing media: an unreachable Redis, a disk that fills up or is
+// read-only, and a Redis server killed and restarted while requests are being served.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "engine/engine.h"
 #include "store/disk_tier.h"
@@ -249,6 +257,201 @@ TEST_F(EngineRecoveryTest, UnreachableOnlyTierServesFromMemory) {
   }
   // Callers that need the chunk stored (ingest) still get the error.
   EXPECT_THROW(eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), kDocs[0])), Error);
+}
+
+// A disk tier on a real filesystem that fills up, then is remounted read-only (a 4 MiB tmpfs;
+// skipped where mounting is not permitted). Full: chunks stored before keep being served from
+// disk, a new chunk is served from the request's own encoding with a note naming the directory
+// and ENOSPC, answers equal those of an engine with a healthy cache, and `ingest`'s path
+// (ensure_chunk without a fallback) fails with that message. Read-only at start: the stored
+// chunks are served, new ones come from memory with a note saying the directory is not writable.
+TEST_F(EngineRecoveryTest, FullThenReadOnlyDiskKeepsServing) {
+  test::TmpfsMount mnt;
+  std::string err;
+  const std::string dir = cache_.path() + "/mnt";
+  if (!mnt.mount(dir, 4 << 20, &err))
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << err
+                 << "); run as root where mounting is allowed to test a full disk tier";
+  const std::vector<std::string> more = {
+      kDocs[0], "A second lighthouse stood on the far side of the bay until the flood of 1920.",
+      kDocs[2]};
+  SelectiveOptions sel;
+  sel.policy.kind = PolicyKind::kCacheTune;
+  sel.policy.ratio = 0.15;
+  GenerateOptions gen;
+  gen.max_tokens = 8;
+  gen.stop_at_eog = false;
+  EngineOptions healthy = options();
+  healthy.tiers = {parse_tier_spec("host:64M")};
+  Engine ref(healthy);
+  const std::string want = ask(ref).text, want_more = ref.answer(more, kQuestion, sel, gen).text;
+
+  EngineOptions eo = options();
+  eo.tiers = {parse_tier_spec("disk:" + dir)};
+  {
+    Engine eng(eo);
+    ASSERT_EQ(ask(eng).text, want);
+    const size_t filled = mnt.fill("filler");
+    EXPECT_GT(filled, 0u);
+    const Answer a = eng.answer(more, kQuestion, sel, gen);
+    EXPECT_EQ(a.text, want_more);
+    ASSERT_EQ(a.chunks.size(), 3u);
+    for (int i : {0, 2}) {
+      EXPECT_TRUE(a.chunks[i].hit) << "chunk " << i;
+      EXPECT_EQ(a.chunks[i].tier, "disk") << "chunk " << i;
+    }
+    EXPECT_FALSE(a.chunks[1].hit);
+    EXPECT_EQ(a.chunks[1].tier, "request");
+    EXPECT_NE(a.chunks[1].note.find(dir), std::string::npos) << a.chunks[1].note;
+    EXPECT_NE(a.chunks[1].note.find(std::strerror(ENOSPC)), std::string::npos) << a.chunks[1].note;
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+    // The records stored before the disk filled up are intact.
+    EXPECT_EQ(ask(eng).text, want);
+    EXPECT_EQ(eng.pool().verify_all().bad.size(), 0u);
+    try {
+      eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), more[1]));
+      ADD_FAILURE() << "storing a chunk on a full disk did not fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::strerror(ENOSPC)), std::string::npos) << e.what();
+    }
+  }
+  ASSERT_TRUE(mnt.remount_read_only(&err)) << err;
+  Engine eng(eo);
+  EXPECT_TRUE(disk(eng).read_only());
+  const Answer a = ask(eng);
+  EXPECT_EQ(a.text, want);
+  for (const ChunkInfo& c : a.chunks) {
+    EXPECT_TRUE(c.hit);
+    EXPECT_EQ(c.tier, "disk");
+  }
+  const Answer b = eng.answer(more, kQuestion, sel, gen);
+  EXPECT_EQ(b.text, want_more);
+  EXPECT_EQ(b.chunks[1].tier, "request");
+  EXPECT_NE(b.chunks[1].note.find("not writable"), std::string::npos) << b.chunks[1].note;
+  EXPECT_NE(b.chunks[1].note.find(std::strerror(EROFS)), std::string::npos) << b.chunks[1].note;
+}
+
+// The engine serving requests from a thread while its only tier, a real redis-server, is
+// SIGKILLed and later restarted on the same port (empty: no persistence). Every request is
+// answered with the same text as from a healthy cache; while Redis is down the chunks are
+// encoded for each request and served from memory (tier "request", a note naming the server);
+// no request waits long (killed: connections are refused at once; the connect timeout is
+// 200 ms); after the restart the tier reconnects by itself and chunks are stored and hit in
+// Redis again, without restarting the engine. Skipped when redis-server is not on PATH.
+TEST_F(EngineRecoveryTest, RedisKilledAndRestartedMidRun) {
+  if (!test::RedisServer::available())
+    GTEST_SKIP() << "redis-server is not on PATH; install the redis-server package to run this";
+  test::RedisServer srv;
+  std::string err;
+  ASSERT_TRUE(srv.start({}, &err)) << err;
+  std::string want;
+  {
+    EngineOptions healthy = options();
+    healthy.tiers = {parse_tier_spec("host:64M")};
+    Engine ref(healthy);
+    want = ask(ref).text;
+  }
+  EngineOptions eo = options();
+  eo.tiers = {parse_tier_spec("redis:127.0.0.1:" + std::to_string(srv.port()))};
+  Engine eng(eo);
+  {
+    const Answer a = ask(eng), b = ask(eng);
+    EXPECT_EQ(a.text, want);
+    EXPECT_EQ(b.text, want);
+    for (const ChunkInfo& c : b.chunks) {
+      EXPECT_TRUE(c.hit);
+      EXPECT_EQ(c.tier, "redis");
+    }
+  }
+
+  enum Phase { kUp = 0, kDown = 1, kRestarted = 2 };
+  struct Record {
+    int phase_begin, phase_end;
+    std::string text, error;
+    std::vector<ChunkInfo> chunks;
+    double seconds;
+  };
+  std::atomic<int> phase{kUp};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<Record> log;
+  std::thread client([&] {
+    while (!stop) {
+      Record r;
+      r.phase_begin = phase;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        const Answer a = ask(eng);
+        r.text = a.text;
+        r.chunks = a.chunks;
+      } catch (const std::exception& e) {
+        r.error = e.what();
+      }
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.phase_end = phase;
+      std::lock_guard lock(mu);
+      log.push_back(std::move(r));
+    }
+  });
+  // Waits until `n` requests began and ended in phase p, or 60 s.
+  auto wait_for = [&](int p, int n, const std::function<bool(const Record&)>& also) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard lock(mu);
+        int k = 0;
+        for (const Record& r : log) k += r.phase_begin == p && r.phase_end == p && also(r);
+        if (k >= n) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  auto any = [](const Record&) { return true; };
+  auto all_in_redis = [](const Record& r) {
+    bool ok = !r.chunks.empty();
+    for (const ChunkInfo& c : r.chunks) ok = ok && c.hit && c.tier == "redis";
+    return ok;
+  };
+  const bool up_ok = wait_for(kUp, 2, all_in_redis);
+  srv.stop();  // SIGKILL
+  phase = kDown;
+  const bool down_ok = wait_for(kDown, 4, any);
+  const bool restarted = srv.restart(&err);
+  phase = kRestarted;
+  const bool back_ok = restarted && wait_for(kRestarted, 1, all_in_redis);
+  stop = true;
+  client.join();
+  EXPECT_TRUE(up_ok);
+  EXPECT_TRUE(down_ok) << "fewer than 4 requests answered in 60 s while Redis was down";
+  ASSERT_TRUE(restarted) << err;
+  EXPECT_TRUE(back_ok) << "no request was served from Redis within 60 s of its restart";
+
+  int n_down = 0;
+  double worst_down = 0;
+  for (const Record& r : log) {
+    SCOPED_TRACE("request in phase " + std::to_string(r.phase_begin) + ".." +
+                 std::to_string(r.phase_end));
+    EXPECT_EQ(r.error, "");
+    EXPECT_EQ(r.text, want);
+    if (r.phase_begin != kDown || r.phase_end != kDown) continue;
+    ++n_down;
+    worst_down = std::max(worst_down, r.seconds);
+    ASSERT_EQ(r.chunks.size(), kDocs.size());
+    for (const ChunkInfo& c : r.chunks) {
+      EXPECT_FALSE(c.hit);
+      EXPECT_EQ(c.tier, "request");
+      EXPECT_NE(c.note.find("127.0.0.1:" + std::to_string(srv.port())), std::string::npos)
+          << c.note;
+    }
+  }
+  EXPECT_GE(n_down, 4);
+  // A bound far above the model's own time, well below a stall on timeouts in every request.
+  EXPECT_LT(worst_down, 10.0) << "a request stalled while Redis was down";
+  std::printf("%zu requests, %d while Redis was down (slowest %.3f s)\n", log.size(), n_down,
+              worst_down);
+  EXPECT_NE(srv.command({"DBSIZE"}), "0") << "nothing was stored in the restarted server";
 }
 
 // A prompt that cannot fit the model's context (1,024 tokens here) is refused before any of its
