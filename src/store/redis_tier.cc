@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -137,7 +138,8 @@ std::string RedisTier::addr_for_slot(int slot) {
   return it == slot_owner_.end() ? default_addr_ : it->second;
 }
 
-redisContext* RedisTier::acquire(const std::string& addr) {
+redisContext* RedisTier::acquire(const std::string& addr, bool* reused) {
+  *reused = false;
   {
     std::lock_guard lock(conn_mu_);
     Node& node = nodes_[addr];
@@ -145,6 +147,7 @@ redisContext* RedisTier::acquire(const std::string& addr) {
     if (!node.idle.empty()) {
       redisContext* c = node.idle.back();
       node.idle.pop_back();
+      *reused = true;
       return c;
     }
   }
@@ -191,8 +194,10 @@ std::optional<std::vector<RedisTier::Reply>> RedisTier::exchange(int slot,
                                                                  const std::vector<Command>& cmds) {
   std::string addr = addr_for_slot(slot);
   bool asking = false;
+  bool stale_retried = false;
   for (int attempt = 0; attempt <= opt_.max_redirects; ++attempt) {
-    redisContext* c = acquire(addr);
+    bool reused = false;
+    redisContext* c = acquire(addr, &reused);
     if (!c) return std::nullopt;
     std::vector<Reply> replies;
     bool io_ok = true;
@@ -231,7 +236,25 @@ std::optional<std::vector<RedisTier::Reply>> RedisTier::exchange(int slot,
     }
     if (!io_ok) {
       const std::string why = c->errstr[0] ? c->errstr : "I/O error";
+      // A pooled connection the server closed while it sat idle (the server was restarted
+      // between two requests) fails at once with EOF, a reset or a broken pipe, never with a
+      // timeout: retry once on a fresh connection before calling the node down. Every exchange
+      // is idempotent (SETs of one version's content, GETs, DELs, the drop script).
+      const bool closed = c->err == REDIS_ERR_EOF ||
+                          (c->err == REDIS_ERR_IO &&
+                           (why == std::strerror(ECONNRESET) || why == std::strerror(EPIPE)));
       redisFree(c);
+      if (reused && closed && !stale_retried) {
+        stale_retried = true;
+        std::vector<redisContext*> stale;
+        {
+          std::lock_guard lock(conn_mu_);
+          stale.swap(nodes_[addr].idle);  // opened before the same restart
+        }
+        for (redisContext* s : stale) redisFree(s);
+        --attempt;  // not a redirection
+        continue;
+      }
       mark_down(addr, why);
       return std::nullopt;
     }

@@ -23,7 +23,9 @@
 // elsewhere, server restarted): dropped from the index. Errors never throw into the request path:
 //  - unreachable server, I/O error or a reply slower than command_timeout_ms: logged, a miss;
 //    the node is then skipped (instant miss) for retry_after_ms; the entry stays indexed since
-//    the data may still be there.
+//    the data may still be there. A pooled connection the server closed while idle (a restart
+//    between requests) is retried once on a fresh connection first, so a restarted server is
+//    used again at once. Connecting waits at most connect_timeout_ms.
 //  - a missing or short value of the current version or a checksum mismatch: logged, dropped
 //    (index; the version's layer values; the header if it still names this version, checked
 //    atomically by a server-side script).
@@ -119,7 +121,8 @@ class RedisTier final : public Tier {
   // Sends cmds as one pipeline to the node serving `slot`, following redirections; nullopt after
   // logging when the node is down, unreachable or too slow.
   std::optional<std::vector<Reply>> exchange(int slot, const std::vector<Command>& cmds);
-  redisContext* acquire(const std::string& addr);
+  // A pooled connection (*reused true) or a new one; null while the node is marked down.
+  redisContext* acquire(const std::string& addr, bool* reused);
   void release(const std::string& addr, redisContext* c);
   void mark_down(const std::string& addr, const std::string& why);
   std::string addr_for_slot(int slot);

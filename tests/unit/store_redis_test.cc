@@ -161,6 +161,39 @@ TEST_F(RedisTierTest, ServerKilledMidTestGivesMissesNotCrashes) {
   EXPECT_FALSE(pool.lookup("k"));
 }
 
+// redis-server SIGKILLed and restarted on the same port (empty, as without persistence) between
+// two operations: the tier's pooled connection is dead, and the next operation reconnects at once
+// instead of calling the node down for retry_after_ms. While it is down, failures are instant
+// (refused connections, no timeout) and the node is skipped until retry_after_ms has passed.
+TEST_F(RedisTierTest, ARestartBetweenOperationsIsUsedAtOnce) {
+  RedisTierOptions o = options();
+  o.retry_after_ms = 60000;  // a node called down would stay down for the rest of the test
+  RedisTier tier(o);
+  const ChunkKV a = chunk("before", 14), b = chunk("after", 15);
+  ASSERT_TRUE(tier.put(a));
+  ASSERT_TRUE(read_rows_equal(tier, a, 1, 0, 150));
+  server_.stop();
+  std::string err;
+  ASSERT_TRUE(server_.restart(&err)) << err;
+  EXPECT_TRUE(tier.put(b)) << "the restarted server was not used";
+  EXPECT_TRUE(read_rows_equal(tier, b, 2, 10, 90));
+  EXPECT_EQ(tier.failed_exchanges(), 0u);
+  // The record written before the restart is gone from the server: a miss, and dropped.
+  EXPECT_FALSE(read_rows_equal(tier, a, 0, 0, 150));
+  EXPECT_FALSE(tier.contains("before"));
+
+  // Killed for good: the first operation fails without waiting for a timeout, and later ones
+  // are misses without contacting the node.
+  server_.stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(read_rows_equal(tier, b, 0, 0, 150));
+  EXPECT_FALSE(tier.put(chunk("late", 16)));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, (double)o.command_timeout_ms / 1000) << "a refused connection waited";
+  EXPECT_EQ(tier.failed_exchanges(), 1u) << "the node was contacted again while marked down";
+  EXPECT_NE(tier.last_put_error().find("unreachable"), std::string::npos) << tier.last_put_error();
+}
+
 TEST_F(RedisTierTest, AStalledServerIsAMissAfterTheTimeout) {
   RedisTier tier(options());
   const ChunkKV kv = chunk("slow", 13);
@@ -217,8 +250,12 @@ TEST(RedisTierNoServer, AConnectionClosedDuringAWriteIsAFailureNotASignal) {
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(::listen(listener, 4), 0);
   ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  // One connection is served, then the "server" is gone: the listener closes too, so the tier's
+  // one reconnect attempt after the closed connection is refused at once (a listener that
+  // accepted and never answered would be a stalled server, AStalledServerIsAMissAfterTheTimeout).
   std::thread server([listener] {
     const int c = ::accept(listener, nullptr, nullptr);
+    ::close(listener);
     if (c < 0) return;
     char buf[4096];
     (void)::recv(c, buf, sizeof(buf), 0);
@@ -234,7 +271,6 @@ TEST(RedisTierNoServer, AConnectionClosedDuringAWriteIsAFailureNotASignal) {
   const ChunkKV big = test::make_random_chunk("big", 2048, 4, 256, KvDtype::F32, 1);  // 16 MiB
   EXPECT_FALSE(tier.put(big));
   server.join();
-  ::close(listener);
   EXPECT_FALSE(tier.contains("big"));
 }
 
