@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -56,13 +57,28 @@ void run_chunked(const GenerateArgs& a) {
   Engine eng(std::move(eo));
   std::vector<std::string> docs;
   for (const auto& f : a.chunks) docs.push_back(read_file(f));
-  // Offline stage first, so that TTFT measures requests over cached chunks.
+  // Offline stage first, so that TTFT measures requests over cached chunks. A chunk no tier
+  // takes (a full or read-only disk, Redis down) does not stop the command: each request below
+  // encodes it again and serves it from memory, as the server does.
   Timer enc;
-  int n_new = 0;
-  for (const auto& d : docs)
-    n_new += !eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), d)).hit;
+  int n_new = 0, n_unstored = 0;
+  for (const auto& d : docs) {
+    std::optional<ChunkKV> unplaced;
+    const ChunkInfo c =
+        eng.ensure_chunk(tokenize_chunk(eng.model().tokenizer(), d), "", nullptr, &unplaced);
+    n_new += !c.hit;
+    if (unplaced) {
+      ++n_unstored;
+      std::fprintf(stderr, "  not stored: %s\n", c.note.c_str());
+    }
+  }
   std::fprintf(stderr, "%zu chunks ready (%d encoded now, %.2f s, offline)\n", docs.size(), n_new,
                enc.seconds());
+  if (n_unstored > 0)
+    std::fprintf(stderr,
+                 "%d chunks could not be stored; every request below encodes them again (their "
+                 "encoding counts in its TTFT)\n",
+                 n_unstored);
   GenerateOptions gen;
   gen.max_tokens = a.max_tokens;
   gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
