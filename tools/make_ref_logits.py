@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Writes the llama.cpp reference fixtures for the logits test (tests/fixtures/ref_logits_smollm2_*.json).
+"""Writes the llama.cpp reference fixtures for the logits test (tests/fixtures/ref_logits_<model>_*.json).
 
 llama.cpp (through llama-cpp-python built from its sdist) is the independent implementation: for a
 handful of prompts of 8 to ~2,000 tokens it records, at sampled positions, the 16 largest logits
 (id and value) and the 64-token greedy continuation. The prompts' token ids come from llama.cpp's
 own tokenizer, so the logits test does not depend on ours.
 
-Two variants: `q4_1` runs llama.cpp on the GGUF itself (llama.cpp then quantises activations to 8
-bits inside its Q4_1 dot products, so agreement is loose); `f32` runs it on an exactly dequantised
-F32 copy (tools/dequantize_gguf.py), which isolates implementation differences (tight agreement).
+Two variants: `file` runs llama.cpp on the GGUF itself (llama.cpp then quantises activations to 8
+bits inside its quantised dot products, so agreement is loose; for SmolLM2's Q4_1 file this variant
+is named `q4_1`); `f32` runs it on an exactly dequantised F32 copy (tools/dequantize_gguf.py), which
+isolates implementation differences (tight agreement).
 
-Usage: python3 tools/make_ref_logits.py [--model PATH] [--variant q4_1|f32] [--out FILE]
+Usage: python3 tools/make_ref_logits.py [--model NAME|PATH] [--variant file|f32] [--out FILE]
+  NAME is a registry name of tools/models.tsv (default smollm2-135m); the fixture is written to
+  tests/fixtures/ref_logits_<short>_<variant>.json (short: smollm2, qwen2.5-coder-0.5b, ...).
 """
 import argparse
 import hashlib
@@ -25,21 +28,27 @@ import llama_cpp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DEFAULT_MODEL = os.path.join(
-    os.environ.get("CACHETUNE_MODEL_DIR", os.path.expanduser("~/.cache/cachetune/models")),
-    "SmolLM2-135M-Instruct.Q4_1.gguf")
+sys.path.insert(0, HERE)
+from fetch_model import parse_registry  # noqa: E402
+
+MODELS_DIR = os.environ.get("CACHETUNE_MODEL_DIR", os.path.expanduser("~/.cache/cachetune/models"))
+# Default system prompts of the chat templates (what the engine renders for a user-only chat).
+SYSTEM = {
+    "smollm2-135m": "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+    "qwen2.5-coder-0.5b": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+    "qwen2.5-coder-1.5b": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+}
 TOP = 16
 GREEDY = 64
 
 
-def prompts():
+def prompts(name):
     """Prompt texts, from a short phrase to a ~2,000-token document set (examples/ ships them)."""
     docs_dir = os.path.join(ROOT, "examples", "docs")
     docs = [open(os.path.join(docs_dir, f), encoding="utf-8").read()
             for f in sorted(os.listdir(docs_dir)) if f.endswith(".txt")]
-    chat = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-            "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France? Answer in one "
-            "sentence.<|im_end|>\n<|im_start|>assistant\n")
+    chat = (f"<|im_start|>system\n{SYSTEM[name]}<|im_end|>\n<|im_start|>user\nWhat is the "
+            "capital of France? Answer in one sentence.<|im_end|>\n<|im_start|>assistant\n")
     long_text = "\n\n".join(docs)
     return [
         ("short", "The quick brown fox jumps over the lazy dog and then", False),
@@ -47,6 +56,11 @@ def prompts():
         ("doc", docs[0], False),
         ("long", long_text, False),
     ]
+
+
+def Llama_params():
+    import inspect
+    return inspect.signature(llama_cpp.Llama.__init__).parameters
 
 
 def positions(n):
@@ -57,24 +71,37 @@ def positions(n):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--variant", choices=["q4_1", "f32"], default="q4_1")
+    ap.add_argument("--model", default="smollm2-135m", help="registry name (tools/models.tsv)")
+    ap.add_argument("--variant", choices=["file", "f32"], default="file")
     ap.add_argument("--out", default=None)
     ap.add_argument("--max-tokens", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
     args = ap.parse_args()
+    reg = {e["name"]: e for e in parse_registry(os.path.join(HERE, "models.tsv"))}
+    if args.model not in reg:
+        sys.exit(f"unknown model '{args.model}': expected one of {', '.join(reg)}")
+    entry = reg[args.model]
+    model_path = os.path.join(MODELS_DIR, entry["file"])
+    if not os.path.exists(model_path):
+        sys.exit(f"{model_path}: not installed (cachetune pull {args.model})")
+    short = "smollm2" if args.model == "smollm2-135m" else args.model
+    variant = "q4_1" if (args.variant == "file" and short == "smollm2") else args.variant
     out_path = args.out or os.path.join(ROOT, "tests", "fixtures",
-                                        f"ref_logits_smollm2_{args.variant}.json")
-    sha = hashlib.sha256(open(args.model, "rb").read()).hexdigest()
+                                        f"ref_logits_{short}_{variant}.json")
+    # The registry's checksum is the file's (fetch_model.py checked it at install).
+    sha = entry["sha256"]
     tmp = tempfile.TemporaryDirectory()
-    run_model = args.model
+    run_model = model_path
     if args.variant == "f32":
         run_model = os.path.join(tmp.name, "f32.gguf")
-        subprocess.run([sys.executable, os.path.join(HERE, "dequantize_gguf.py"), args.model,
+        subprocess.run([sys.executable, os.path.join(HERE, "dequantize_gguf.py"), model_path,
                         run_model], check=True)
-    llm = llama_cpp.Llama(model_path=run_model, n_ctx=4096, n_batch=512, n_threads=2,
-                          logits_all=True, verbose=False)
+    # use_extra_bufts=False: llama.cpp's AMX matmul crashes on the AMX Xeons this runs on.
+    kw = {"use_extra_bufts": False} if "use_extra_bufts" in Llama_params() else {}
+    llm = llama_cpp.Llama(model_path=run_model, n_ctx=4096, n_batch=512, n_threads=args.threads,
+                          logits_all=True, verbose=False, **kw)
     cases = []
-    for name, text, special in prompts():
+    for name, text, special in prompts(args.model):
         toks = llm.tokenize(text.encode("utf-8"), add_bos=False, special=special)[: args.max_tokens]
         llm.reset()
         llm.eval(toks)
@@ -89,9 +116,9 @@ def main():
         # Greedy continuation, stopping early on end-of-generation like the engine does.
         gen = []
         nxt = int(np.argmax(scores[len(toks) - 1]))
-        eog = {llm.token_eos(), 2}
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
         for _ in range(GREEDY):
-            if nxt in eog:
+            if llama_cpp.llama_vocab_is_eog(vocab, nxt):
                 break
             gen.append(nxt)
             llm.eval([nxt])
@@ -100,7 +127,7 @@ def main():
                       "top_ids": top_ids, "top_logits": top_vals, "greedy": gen})
         print(f"{name}: {len(toks)} tokens, {len(pos)} positions, greedy {len(gen)} tokens",
               file=sys.stderr)
-    out = {"version": 1, "model_sha256": sha, "variant": args.variant,
+    out = {"version": 1, "model": args.model, "model_sha256": sha, "variant": variant,
            "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
            "top": TOP, "cases": cases}
     with open(out_path, "w") as f:

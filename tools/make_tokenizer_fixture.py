@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
-# Writes tests/fixtures/tokenizer_smollm2.json: llama.cpp's token ids (through llama-cpp-python)
+# Writes tests/fixtures/tokenizer_<name>.json: llama.cpp's token ids (through llama-cpp-python)
 # for text drawn deterministically from /work/shared/data plus hand-written edge cases, so the C++
 # tokenizer can be checked against llama.cpp without llama.cpp at test time.
-# Usage: python3 tools/make_tokenizer_fixture.py [--model PATH] [--data DIR] [--out PATH]
+# Usage: python3 tools/make_tokenizer_fixture.py [--model NAME ...] [--data DIR] [--out PATH]
+#   NAME: registry names (tools/models.tsv); default smollm2-135m -> tokenizer_smollm2.json.
+#   Several names (files sharing one vocabulary, e.g. the two Qwen2.5 files) must give llama.cpp
+#   the same ids for every case (the script stops otherwise) and are written as one fixture whose
+#   "models" lists each with its SHA-256; e.g. --model qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+#   --out tests/fixtures/tokenizer_qwen2.5.json.
 import argparse
 import glob
-import hashlib
 import json
 import os
 import random
+import sys
 
 import llama_cpp
 
-DEFAULT_MODEL = os.path.expanduser("~/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+from fetch_model import parse_registry  # noqa: E402
+
+MODELS_DIR = os.environ.get("CACHETUNE_MODEL_DIR", os.path.expanduser("~/.cache/cachetune/models"))
 
 EDGE_CASES = [
     "12345", "3.14159", "1,000,000", "a1b2c3", "x = 42;", "version 2.0.1-rc3", "  12  ",
@@ -44,6 +52,9 @@ SPECIAL_CASES = [
     "x<|im_start|>y", "<|im_start|> spaced <|im_end|> ", "<repo_name>cachetune<file_sep>main.cc",
     "<|im_start|assistant", "<|im_start|>\n\n<|im_end|>", "<filename>a.py\n<jupyter_code>print(1)",
     "no special tokens here at all", "<|im_start|>user\n数字 12345 don't<|im_end|>",
+    # Qwen2.5's fill-in-the-middle and repository markers.
+    "<|fim_prefix|>def f(<|fim_suffix|>)\n<|fim_middle|>", "<|repo_name|>x<|file_sep|>a.py\n",
+    "<|fim_pad|><|endoftext|>", "<tool_call>{}</tool_call>", "<|vision_start|>",
 ]
 
 
@@ -104,14 +115,26 @@ def data_strings(records, rng):
 
 def main():
     ap = argparse.ArgumentParser(description="Writes llama.cpp's token ids for the tokenizer tests.")
-    ap.add_argument("--model", default=os.environ.get("CACHETUNE_MODEL", DEFAULT_MODEL))
+    ap.add_argument("--model", nargs="+", default=["smollm2-135m"])
     ap.add_argument("--data", default="/work/shared/data")
     ap.add_argument("--out", default=os.path.join(REPO, "tests/fixtures/tokenizer_smollm2.json"))
     args = ap.parse_args()
 
-    with open(args.model, "rb") as f:
-        sha = hashlib.sha256(f.read()).hexdigest()
-    llm = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
+    reg = {e["name"]: e for e in parse_registry(os.path.join(REPO, "tools", "models.tsv"))}
+    llms = []
+    for name in args.model:
+        if name not in reg:
+            sys.exit(f"unknown model '{name}': expected one of {', '.join(reg)}")
+        path = os.path.join(MODELS_DIR, reg[name]["file"])
+        if not os.path.exists(path):
+            sys.exit(f"{path}: not installed (cachetune pull {name})")
+        llms.append(llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False))
+
+    def tokenize(data, special):
+        ids = [llm.tokenize(data, add_bos=False, special=special) for llm in llms]
+        if any(x != ids[0] for x in ids):
+            sys.exit(f"llama.cpp tokenizes {data!r} differently for {', '.join(args.model)}")
+        return ids[0]
 
     rng = random.Random(20240607)
     texts = data_strings(load_records(args.data), rng)
@@ -122,7 +145,7 @@ def main():
         if (text, special) in seen:
             return
         seen.add((text, special))
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=special) if text else []
+        ids = tokenize(text.encode("utf-8"), special) if text else []
         cases.append({"text": text, "special": special, "ids": ids})
 
     for t in EDGE_CASES + texts:
@@ -131,12 +154,14 @@ def main():
         add(t, True)
     for b in BYTE_CASES:
         cases.append({"hex": b.hex(), "special": False,
-                      "ids": llm.tokenize(b, add_bos=False, special=False)})
+                      "ids": tokenize(b, False)})
 
     fixture = {
         "version": 1,
-        "model": os.path.basename(args.model),
-        "model_sha256": sha,
+        "model": reg[args.model[0]]["file"],
+        "model_sha256": reg[args.model[0]]["sha256"],
+        "models": [{"name": n, "file": reg[n]["file"], "sha256": reg[n]["sha256"]}
+                   for n in args.model],
         "tokenizer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
         "cases": cases,
     }
@@ -144,7 +169,7 @@ def main():
     with open(args.out, "w", encoding="utf-8") as f:
         # One case per line keeps diffs of a regenerated fixture readable.
         f.write("{\n")
-        for k in ("version", "model", "model_sha256", "tokenizer"):
+        for k in ("version", "model", "model_sha256", "models", "tokenizer"):
             f.write(f"  {json.dumps(k)}: {json.dumps(fixture[k])},\n")
         f.write('  "cases": [\n')
         f.write(",\n".join("    " + json.dumps(c, ensure_ascii=False, separators=(",", ":"))

@@ -1,13 +1,14 @@
-// The model's logits against llama.cpp's, from two fixtures written by tools/make_ref_logits.py:
+// The model's logits against llama.cpp's, from fixtures written by tools/make_ref_logits.py for
+// each registry model (each case skips when its model is not installed):
 //  - f32:  llama.cpp on an exactly dequantised F32 copy of the GGUF. This isolates implementation
-//          differences: |ours - llama.cpp| <= 0.1 for llama.cpp's 16 largest logits at every
-//          recorded position, mean <= 0.01, top-1 agreement wherever llama.cpp's top-2 margin
-//          exceeds 0.05, and the 64-token greedy continuation identical.
-//  - q4_1: llama.cpp on the Q4_1 file itself, where it quantises activations to 8 bits inside its
-//          dot products while we multiply exactly dequantised weights in F32. Tolerances:
-//          |d| <= 1.5, mean <= 0.3, top-1 agreement where the margin exceeds 0.3, and the greedy
-//          continuation identical for at least its first 12 tokens (the first divergence is
-//          printed; docs/ARCHITECTURE.md discusses it).
+//          differences: for llama.cpp's 16 largest logits at every recorded position |ours -
+//          llama.cpp| stays within max_abs and its mean within mean_abs, top-1 agrees wherever
+//          llama.cpp's top-2 margin exceeds top1_margin, and the 64-token greedy continuation is
+//          identical.
+//  - q4_1 / file: llama.cpp on the quantised file itself, where it quantises activations to 8 bits
+//          inside its dot products while we multiply exactly dequantised weights in F32, so the
+//          tolerances are looser and the greedy continuation must agree for a stated prefix (the
+//          first divergence is printed; docs/ARCHITECTURE.md discusses it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,29 +23,53 @@ namespace ct {
 namespace {
 
 struct Tolerance {
+  const char* model;    // registry name
+  const char* fixture;  // file name under tests/fixtures
   const char* variant;
   float max_abs;
   double mean_abs;
   float top1_margin;
   size_t greedy_prefix;  // required identical greedy tokens (SIZE_MAX: all)
+  int first_position = 0;  // positions below are not compared (see the 1.5B file variant)
 };
-constexpr Tolerance kTolerances[] = {{"f32", 0.1f, 0.01, 0.05f, SIZE_MAX},
-                                     {"q4_1", 1.5f, 0.3, 0.3f, 12}};
+constexpr Tolerance kTolerances[] = {
+    {"smollm2-135m", "ref_logits_smollm2_f32.json", "f32", 0.1f, 0.01, 0.05f, SIZE_MAX},
+    {"smollm2-135m", "ref_logits_smollm2_q4_1.json", "q4_1", 1.5f, 0.3, 0.3f, 12},
+    // The Qwen2.5 files mix Q5_0, Q4_K, Q6_K and Q8_0 (0.5B) or Q4_K and Q6_K (1.5B); llama.cpp
+    // quantises activations to 8 bits (Q8_0 / Q8_K) in all of their dot products.
+    {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_f32.json", "f32", 0.1f, 0.01, 0.05f,
+     SIZE_MAX},
+    {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_file.json", "file", 1.5f, 0.3, 0.3f, 12},
+    {"qwen2.5-coder-1.5b", "ref_logits_qwen2.5-coder-1.5b_f32.json", "f32", 0.1f, 0.01, 0.05f,
+     SIZE_MAX},
+    // Position 0 is left out here: llama.cpp's own runs on this file and on its F32 copy differ
+    // there by up to 7 (both fixtures, any prompt), because the first token's hidden state has
+    // outliers of several hundred that an 8-bit block scale flattens. Our position 0 is checked
+    // against the F32 copy by the f32 case above (and matches it to 0.02).
+    {"qwen2.5-coder-1.5b", "ref_logits_qwen2.5-coder-1.5b_file.json", "file", 1.5f, 0.3, 0.3f, 12,
+     1},
+};
 
-nlohmann::json load_fixture(const char* variant) {
-  const std::string path =
-      std::string(CT_FIXTURE_DIR) + "/ref_logits_smollm2_" + variant + ".json";
+// gtest prints this instead of the struct's bytes in test listings.
+void PrintTo(const Tolerance& t, std::ostream* os) { *os << t.fixture; }
+
+nlohmann::json load_fixture(const Tolerance& tol) {
+  const std::string path = std::string(CT_FIXTURE_DIR) + "/" + tol.fixture;
   std::ifstream f(path);
   if (!f) ADD_FAILURE() << "cannot open " << path;
-  return nlohmann::json::parse(f);
+  nlohmann::json j = nlohmann::json::parse(f);
+  if (j.contains("model")) {
+    EXPECT_EQ(j["model"].get<std::string>(), tol.model) << path;
+  }
+  return j;
 }
 
 class LogitsVsLlamaCpp : public ::testing::TestWithParam<Tolerance> {};
 
 TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
-  CT_REQUIRE_REAL_MODEL(m);
   const Tolerance tol = GetParam();
-  const auto fx = load_fixture(tol.variant);
+  CT_REQUIRE_REGISTRY_MODEL(m, tol.model);
+  const auto fx = load_fixture(tol);
   const int V = m->config().n_vocab, E = m->config().n_embd;
   for (const auto& c : fx["cases"]) {
     const std::vector<int32_t> toks = c["tokens"].get<std::vector<int32_t>>();
@@ -66,6 +91,7 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
     int n_cmp = 0, n_fail = 0, n_top1_fail = 0;
     float worst = 0;
     for (size_t j = 0; j < pos.size(); ++j) {
+      if (pos[j] < tol.first_position) continue;
       const auto ids = c["top_ids"][j].get<std::vector<int32_t>>();
       const auto ref = c["top_logits"][j].get<std::vector<float>>();
       const float* row = logits.data() + j * V;
@@ -87,16 +113,16 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
       }
     }
     const double mean_abs = sum_abs / n_cmp;
-    std::printf("[ logits ] %-4s %-6s n=%4d positions=%4zu max|d|=%.4f mean|d|=%.4f\n",
-                tol.variant, c["name"].get<std::string>().c_str(), n, pos.size(), worst, mean_abs);
+    std::printf("[ logits ] %-18s %-4s %-6s n=%4d positions=%4zu max|d|=%.4f mean|d|=%.4f\n",
+                tol.model, tol.variant, c["name"].get<std::string>().c_str(), n, pos.size(), worst, mean_abs);
     EXPECT_LE(mean_abs, tol.mean_abs) << c["name"];
   }
 }
 
 TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
-  CT_REQUIRE_REAL_MODEL(m);
   const Tolerance tol = GetParam();
-  const auto fx = load_fixture(tol.variant);
+  CT_REQUIRE_REGISTRY_MODEL(m, tol.model);
+  const auto fx = load_fixture(tol);
   for (const auto& c : fx["cases"]) {
     const std::vector<int32_t> toks = c["tokens"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = c["greedy"].get<std::vector<int32_t>>();
@@ -112,8 +138,8 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
       ++first_diff;
     }
     const bool identical = r.tokens == want;
-    std::printf("[ greedy ] %-4s %-6s %s (first divergence at generated token %zu of %zu)\n",
-                tol.variant, c["name"].get<std::string>().c_str(),
+    std::printf("[ greedy ] %-18s %-4s %-6s %s (first divergence at generated token %zu of %zu)\n",
+                tol.model, tol.variant, c["name"].get<std::string>().c_str(),
                 identical ? "identical" : "differs", first_diff, want.size());
     if (tol.greedy_prefix == SIZE_MAX) {
       EXPECT_TRUE(identical) << c["name"] << ": first divergence at generated token " << first_diff
@@ -128,7 +154,13 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LogitsVsLlamaCpp, ::testing::ValuesIn(kTolerances),
-                         [](const auto& info) { return std::string(info.param.variant); });
+                         [](const auto& info) {
+                           std::string s = std::string(info.param.model) + "_" + info.param.variant;
+                           for (char& ch : s) {
+                             if (!isalnum((unsigned char)ch)) ch = '_';
+                           }
+                           return s;
+                         });
 
 }  // namespace
 }  // namespace ct

@@ -1,6 +1,7 @@
-// The tokenizer on the real SmolLM2 GGUF against llama.cpp's ids in the committed fixture
-// (tools/make_tokenizer_fixture.py), plus round trips and the model's chat template.
-// Skipped when the model file is absent.
+// The tokenizer on the real GGUFs against llama.cpp's ids in the committed fixtures
+// (tools/make_tokenizer_fixture.py): SmolLM2 (tokenizer_smollm2.json) and both Qwen2.5 files
+// (tokenizer_qwen2.5.json, one fixture for their shared vocabulary), plus round trips and the
+// models' chat templates. Each case skips when its model file is absent.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/model_registry.h"
+#include "core/paths.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -44,6 +47,95 @@ std::string ids_str(const std::vector<int32_t>& ids) {
   return s + "]";
 }
 
+nlohmann::json load_fixture(const std::string& name) {
+  const std::string path = std::string(CT_FIXTURE_DIR) + "/" + name;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << "cannot open " << path;
+  nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("version").get<int>(), 1) << path;
+  return j;
+}
+
+struct TokenizerCase {
+  const char* model;    // registry name
+  const char* fixture;  // under tests/fixtures
+};
+
+void PrintTo(const TokenizerCase& c, std::ostream* os) { *os << c.model << " " << c.fixture; }
+
+// llama.cpp's ids for >= 1,200 strings (slices of ../shared/data with non-ASCII text, digits and
+// apostrophes, hand-written edge cases, special-token cases, invalid UTF-8), on each model.
+class TokenizerVsLlamaCpp : public ::testing::TestWithParam<TokenizerCase> {
+ protected:
+  void SetUp() override {
+    const std::string name = GetParam().model;
+    const Installed in = model_install_state(require_model(model_registry(), name), models_dir());
+    if (in.state == InstallState::kAbsent || in.state == InstallState::kWrongSize) {
+      GTEST_SKIP() << name << " is not installed at " << in.path << " (cachetune pull " << name
+                   << ")";
+    }
+    gguf_ = GgufFile::open(in.path);
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*gguf_));
+    fixture_ = load_fixture(GetParam().fixture);
+    bool listed = !fixture_.contains("models");
+    if (!listed) {
+      for (const auto& m : fixture_.at("models")) listed |= m.at("name") == name;
+    }
+    EXPECT_TRUE(listed) << GetParam().fixture << " was not made from " << name;
+  }
+  std::unique_ptr<GgufFile> gguf_;
+  std::unique_ptr<Tokenizer> tok_;
+  nlohmann::json fixture_;
+};
+
+TEST_P(TokenizerVsLlamaCpp, IdsMatchLlamaCpp) {
+  const auto& cases = fixture_.at("cases");
+  ASSERT_GE(cases.size(), 1200u);
+  int n_bad = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string text = case_text(cases[i]);
+    const bool special = cases[i].at("special").get<bool>();
+    const auto expected = cases[i].at("ids").get<std::vector<int32_t>>();
+    const std::vector<int32_t> got = tok_->encode(text, special);
+    if (got == expected) continue;
+    if (++n_bad <= 20) {
+      ADD_FAILURE() << "case " << i << " (special=" << special
+                    << ") text: " << nlohmann::json(text).dump() << "\n  expected "
+                    << ids_str(expected) << "\n  got      " << ids_str(got);
+    }
+  }
+  EXPECT_EQ(n_bad, 0) << "of " << cases.size() << " cases differ from llama.cpp";
+}
+
+TEST_P(TokenizerVsLlamaCpp, DecodeInvertsEncode) {
+  int n_bad = 0;
+  for (const auto& c : fixture_.at("cases")) {
+    // Byte cases are left out: llama.cpp replaces or drops some of their bytes.
+    if (c.at("special").get<bool>() || c.contains("hex")) continue;
+    const std::string text = c.at("text").get<std::string>();
+    const std::string back = tok_->decode(tok_->encode(text, false));
+    if (back != text && ++n_bad <= 20) {
+      ADD_FAILURE() << "text " << nlohmann::json(text).dump() << "\n decoded to "
+                    << nlohmann::json(back).dump();
+    }
+  }
+  EXPECT_EQ(n_bad, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TokenizerVsLlamaCpp,
+                         ::testing::Values(TokenizerCase{"smollm2-135m", "tokenizer_smollm2.json"},
+                                           TokenizerCase{"qwen2.5-coder-0.5b",
+                                                         "tokenizer_qwen2.5.json"},
+                                           TokenizerCase{"qwen2.5-coder-1.5b",
+                                                         "tokenizer_qwen2.5.json"}),
+                         [](const ::testing::TestParamInfo<TokenizerCase>& i) {
+                           std::string s = i.param.model;
+                           for (char& ch : s) {
+                             if (!isalnum((unsigned char)ch)) ch = '_';
+                           }
+                           return s;
+                         });
+
 class TokenizerRefTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -62,15 +154,6 @@ class TokenizerRefTest : public ::testing::Test {
     if (tok_ == nullptr) GTEST_SKIP() << "model file not found: " << model_path();
   }
 
-  static nlohmann::json load_fixture() {
-    const std::string path = std::string(CT_FIXTURE_DIR) + "/tokenizer_smollm2.json";
-    std::ifstream in(path);
-    EXPECT_TRUE(in.good()) << "cannot open " << path;
-    nlohmann::json j = nlohmann::json::parse(in);
-    EXPECT_EQ(j.at("version").get<int>(), 1) << path;
-    return j;
-  }
-
   static GgufFile* gguf_;
   static Tokenizer* tok_;
 };
@@ -87,42 +170,6 @@ TEST_F(TokenizerRefTest, VocabularyMatchesSmolLM2) {
   EXPECT_TRUE(tok_->is_eog(2));
   EXPECT_TRUE(tok_->is_eog(0));  // <|endoftext|>
   EXPECT_FALSE(tok_->is_eog(1));
-}
-
-TEST_F(TokenizerRefTest, IdsMatchLlamaCpp) {
-  const nlohmann::json fixture = load_fixture();
-  const auto& cases = fixture.at("cases");
-  ASSERT_GE(cases.size(), 1200u);
-  int n_bad = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string text = case_text(cases[i]);
-    const bool special = cases[i].at("special").get<bool>();
-    const auto expected = cases[i].at("ids").get<std::vector<int32_t>>();
-    const std::vector<int32_t> got = tok_->encode(text, special);
-    if (got == expected) continue;
-    if (++n_bad <= 20) {
-      ADD_FAILURE() << "case " << i << " (special=" << special
-                    << ") text: " << nlohmann::json(text).dump() << "\n  expected "
-                    << ids_str(expected) << "\n  got      " << ids_str(got);
-    }
-  }
-  EXPECT_EQ(n_bad, 0) << "of " << cases.size() << " cases differ from llama.cpp";
-}
-
-TEST_F(TokenizerRefTest, DecodeInvertsEncode) {
-  const nlohmann::json fixture = load_fixture();
-  int n_bad = 0;
-  for (const auto& c : fixture.at("cases")) {
-    // Byte cases are left out: llama.cpp replaces or drops some of their bytes.
-    if (c.at("special").get<bool>() || c.contains("hex")) continue;
-    const std::string text = c.at("text").get<std::string>();
-    const std::string back = tok_->decode(tok_->encode(text, false));
-    if (back != text && ++n_bad <= 20) {
-      ADD_FAILURE() << "text " << nlohmann::json(text).dump() << "\n decoded to "
-                    << nlohmann::json(back).dump();
-    }
-  }
-  EXPECT_EQ(n_bad, 0);
 }
 
 TEST_F(TokenizerRefTest, ChatTemplateMatchesTheGgufTemplate) {

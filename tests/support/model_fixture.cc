@@ -2,8 +2,10 @@
 #include "support/model_fixture.h"
 
 #include <filesystem>
+#include <map>
 #include <mutex>
 
+#include "core/model_registry.h"
 #include "core/paths.h"
 
 namespace ct::test {
@@ -17,6 +19,23 @@ const Model* real_model() {
     if (std::filesystem::exists(real_model_path())) model = Model::load(real_model_path());
   });
   return model.get();
+}
+
+const Model* registry_model(const std::string& name, std::string* why) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Model>> models;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = models.find(name);
+  if (it == models.end()) {
+    const Installed in = model_install_state(require_model(model_registry(), name), models_dir());
+    std::unique_ptr<Model> m;
+    if (in.state == InstallState::kAbsent || in.state == InstallState::kWrongSize) {
+      *why = name + " is not installed at " + in.path + " (run: cachetune pull " + name + ")";
+      return nullptr;
+    }
+    it = models.emplace(name, Model::load(in.path)).first;
+  }
+  return it->second.get();
 }
 
 }  // namespace ct::test
