@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "model/cuda_decoder.h"
+#include "backend/gpu_decoder.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
 #include "reuse/selective.h"

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "store/disk_tier.h"
+#include "store/redis_tier.h"
 #include "fuzz_common.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -15,8 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (t.kind != "device" && t.kind != "host" && t.kind != "disk" && t.kind != "redis") {
       ct::fuzz::finding("unknown tier kind accepted:", t.kind.c_str());
     }
-    if (t.kind == "redis" && (t.port <= 0 || t.port > 65535)) ct::fuzz::finding("port range");
-    if (t.read_bytes_per_sec < 0) ct::fuzz::finding("negative disk bandwidth");
+    if (t.kind == "redis") {
+      const int port = ct::store::redis_tier_options(t).port;
+      if (port <= 0 || port > 65535) ct::fuzz::finding("port range");
+    }
+    if (t.kind == "disk" && ct::store::disk_tier_options(t).read_bytes_per_sec < 0)
+      ct::fuzz::finding("negative disk bandwidth");
   } catch (const ct::Error&) {
   }
   try {

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/data_jsonl.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "model/sampler.h"
@@ -58,33 +59,9 @@ std::vector<CalibrationRequest> requests_from_dir(const std::string& dir, int li
 }
 
 std::vector<CalibrationRequest> requests_from_jsonl(const std::string& path, int limit) {
-  std::ifstream f(path, std::ios::binary);
-  CT_THROW_IF_NOT(f.good(), "calibration data '{}': cannot open for reading", path);
   std::vector<CalibrationRequest> out;
-  std::string line;
-  for (int line_no = 1; (int)out.size() < limit && std::getline(f, line); ++line_no) {
-    if (line.empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      CT_THROW("calibration data {}:{}: invalid JSON ({})", path, line_no, e.what());
-    }
-    CT_THROW_IF_NOT(j.is_object() && j.contains("chunks") && j["chunks"].is_array() &&
-                        !j["chunks"].empty() && j.contains("question") && j["question"].is_string(),
-                    "calibration data {}:{}: expected an object with a non-empty \"chunks\" array "
-                    "and a \"question\" string",
-                    path, line_no);
-    CalibrationRequest r;
-    for (const nlohmann::json& c : j["chunks"]) {
-      CT_THROW_IF_NOT(c.is_string(), "calibration data {}:{}: a chunk is not a string", path,
-                      line_no);
-      r.docs.push_back(c.get<std::string>());
-    }
-    r.question = j["question"].get<std::string>();
-    out.push_back(std::move(r));
-  }
-  CT_THROW_IF_NOT(!out.empty(), "calibration data '{}': no examples", path);
+  for (DataExample& ex : read_data_jsonl(path, {.limit = limit}))
+    out.push_back({std::move(ex.chunks), std::move(ex.question)});
   return out;
 }
 

@@ -1,115 +1,20 @@
-// Engine: tier construction from specs, chunk lookup-or-encode, and request answering with
+// Engine: the cache pool from tier specs (store/tier_registry.h), chunk lookup-or-encode, and request answering with
 // recovery from unreadable chunks.
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <cstdlib>
 
 #include "core/error.h"
 #include "core/paths.h"
 #include "core/timer.h"
-#include "model/cuda_decoder.h"
+#include "backend/gpu_decoder.h"
+#include "backend/registry.h"
 #include "reuse/pooled_chunk.h"
-#include "store/disk_tier.h"
-#include "store/memory_tier.h"
 #include "store/record_format.h"
-#include "store/redis_tier.h"
 
 namespace ct {
-
-std::string default_cache_dir() {
-  if (const char* d = std::getenv("CACHETUNE_CACHE_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : ".") + "/.cache/cachetune/chunks";
-}
-
-std::string default_calibration_path() {
-  if (const char* p = std::getenv("CACHETUNE_CALIBRATION"); p && *p) return p;
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : ".") + "/.cache/cachetune/calibration.json";
-}
-
-std::string calibration_tier_key(const TierSpec& t) {
-  if (t.kind == "disk" && t.read_bytes_per_sec > 0) {
-    return fmt::format("disk:bw={:.0f}", t.read_bytes_per_sec);
-  }
-  return t.kind;
-}
-
-size_t parse_bytes(const std::string& text) {
-  CT_THROW_IF_NOT(!text.empty(), "empty size, expected a number with optional K/M/G suffix");
-  // Digits with at most one '.', parsed whole by from_chars: std::stod threw std::invalid_argument
-  // for "." and std::out_of_range for 400 digits, and ignored the rest of "1.2.3".
-  size_t i = 0;
-  int n_dots = 0;
-  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) {
-    n_dots += text[i] == '.';
-    ++i;
-  }
-  double v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + i, v);
-  CT_THROW_IF_NOT(
-      i > 0 && n_dots <= 1 && ec == std::errc() && end == text.data() + i,
-      "size '{}' is not a number with an optional K, M or G suffix (expected e.g. 512M, 2G)", text);
-  const std::string suf = text.substr(i);
-  double mul = 1;
-  if (suf == "K" || suf == "KiB") {
-    mul = 1024.0;
-  } else if (suf == "M" || suf == "MiB") {
-    mul = 1024.0 * 1024;
-  } else if (suf == "G" || suf == "GiB") {
-    mul = 1024.0 * 1024 * 1024;
-  } else if (!suf.empty()) {
-    CT_THROW("size '{}' has unknown suffix '{}', expected K, M or G", text, suf);
-  }
-  // Converting a double at or above 2^64 to size_t is undefined; 2^63 bytes is far beyond any
-  // capacity or bandwidth.
-  const double bytes = v * mul;
-  CT_THROW_IF_NOT(bytes < 0x1p63, "size '{}' is {} bytes, expected less than 2^63", text, bytes);
-  return (size_t)bytes;
-}
-
-TierSpec parse_tier_spec(const std::string& text) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (size_t i = 0; i <= text.size(); ++i) {
-    if (i == text.size() || text[i] == ':') {
-      parts.push_back(text.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  TierSpec t;
-  t.kind = parts[0];
-  if (t.kind == "device" || t.kind == "host") {
-    if (parts.size() > 1) t.capacity = parse_bytes(parts[1]);
-    CT_THROW_IF_NOT(parts.size() <= 2, "tier '{}': expected {}[:CAPACITY]", text, t.kind);
-  } else if (t.kind == "disk") {
-    t.dir = parts.size() > 1 && !parts[1].empty() ? parts[1] : default_cache_dir();
-    for (size_t i = 2; i < parts.size(); ++i) {
-      if (parts[i].rfind("bw=", 0) == 0) {
-        t.read_bytes_per_sec = (double)parse_bytes(parts[i].substr(3));
-      } else {
-        t.capacity = parse_bytes(parts[i]);
-      }
-    }
-  } else if (t.kind == "redis") {
-    if (parts.size() > 1) t.host = parts[1];
-    if (parts.size() > 2) {
-      // The whole field must be the number: atoi read "6379abc" as 6379 and "99999999999" as
-      // whatever strtol's result wrapped to.
-      const std::string& p = parts[2];
-      const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), t.port);
-      if (ec != std::errc() || end != p.data() + p.size()) t.port = 0;
-    }
-    CT_THROW_IF_NOT(parts.size() <= 3 && t.port > 0 && t.port < 65536,
-                    "tier '{}': expected redis[:HOST[:PORT]] with PORT in 1..65535", text);
-  } else {
-    CT_THROW("tier '{}': unknown kind '{}', expected device, host, disk or redis", text, t.kind);
-  }
-  return t;
-}
 
 Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.model_path.empty()) opt_.model_path = default_model_path();
@@ -122,71 +27,48 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   }
   model_ = Model::load(opt_.model_path);
   std::vector<std::unique_ptr<store::Tier>> tiers;
-  for (const TierSpec& t : opt_.tiers) {
-    if (t.kind == "device" || t.kind == "host") {
-      tiers.push_back(std::make_unique<store::MemoryTier>(t.kind, t.capacity));
-    } else if (t.kind == "disk") {
-      store::DiskTierOptions d;
-      d.dir = t.dir;
-      d.capacity_bytes = t.capacity;
-      d.read_bytes_per_sec = t.read_bytes_per_sec;
-      tiers.push_back(std::make_unique<store::DiskTier>(d));
-    } else {
-      store::RedisTierOptions r;
-      r.host = t.host;
-      r.port = t.port;
-      tiers.push_back(std::make_unique<store::RedisTier>(r));
-    }
-  }
+  for (const TierSpec& t : opt_.tiers) tiers.push_back(store::make_tier(t));
   pool_ = std::make_unique<store::CachePool>(std::move(tiers));
   if (opt_.cuda) {
-#ifdef CT_HAVE_CUDA
+    CT_THROW_IF_NOT(backend::backend_built("cuda"), "--device cuda: {}", backend::kNoCudaMessage);
     CT_THROW_IF_NOT(opt_.gpu_ctx >= 1, "engine gpu_ctx = {}; expected >= 1", opt_.gpu_ctx);
-    gpu_.reset(
-        make_cuda_decoder(*model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train)).release());
-#else
-    CT_THROW("--device cuda: this build has no CUDA backend; configure with -DCT_CUDA=ON");
-#endif
+    gpu_ = make_cuda_decoder(*model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train));
   }
 }
 
 Engine::~Engine() = default;
 
-void Engine::GpuDeleter::operator()(cuda::Decoder* d) const {
-#ifdef CT_HAVE_CUDA
-  delete d;
-#else
-  CT_ASSERT(d == nullptr, "a GPU decoder without a CUDA build");
-#endif
-}
+int Engine::gpu_ctx() const { return gpu_ ? gpu_->n_ctx() : 0; }
 
-int Engine::gpu_ctx() const {
-#ifdef CT_HAVE_CUDA
-  return gpu_ ? gpu_->n_ctx() : 0;
-#else
-  return 0;
-#endif
-}
-
-int Engine::tier_index(const std::string& name) const {
+int Engine::find_tier(const std::string& name) const {
   for (size_t i = 0; i < opt_.tiers.size(); ++i) {
     if (opt_.tiers[i].kind == name) return (int)i;
   }
-  std::string have;
-  for (const auto& t : opt_.tiers) have += (have.empty() ? "" : ", ") + t.kind;
-  CT_THROW("tier '{}' is not configured (tiers: {})", name, have);
+  return -1;
 }
 
-sched::CalibrationKey Engine::calibration_key(size_t tier) const {
+std::string Engine::tier_names() const {
+  std::string have;
+  for (const auto& t : opt_.tiers) have += (have.empty() ? "" : ", ") + t.kind;
+  return have;
+}
+
+int Engine::tier_index(const std::string& name) const {
+  const int i = find_tier(name);
+  CT_THROW_IF_NOT(i >= 0, "tier '{}' is not configured (tiers: {})", name, tier_names());
+  return i;
+}
+
+sched::CalibrationKey Engine::calibration_key(size_t tier, const std::string& backend) const {
   CT_THROW_IF_NOT(tier < opt_.tiers.size(), "tier index {}: the engine has {} tiers", tier,
                   opt_.tiers.size());
   // Read once per process: it parses /proc/cpuinfo, and auto mode asks on every request.
   static const std::string machine = sched::machine_identity();
-  return {model_->fingerprint(), "cpu", calibration_tier_key(opt_.tiers[tier]), machine,
+  return {model_->fingerprint(), backend, calibration_tier_key(opt_.tiers[tier]), machine,
           kv_dtype_name(opt_.encode.dtype)};
 }
 
-RatioChoice Engine::auto_ratio(size_t tier) const {
+RatioChoice Engine::auto_ratio(size_t tier, const std::string& backend) const {
   if (!calibrations_) {
     std::string error;
     calibrations_ = std::make_unique<sched::CalibrationStore>(
@@ -195,19 +77,20 @@ RatioChoice Engine::auto_ratio(size_t tier) const {
       std::fprintf(stderr, "cachetune: warning: %s; using r_min\n", error.c_str());
     }
   }
-  const sched::CalibrationKey key = calibration_key(tier);
+  const sched::CalibrationKey key = calibration_key(tier, backend);
   RatioChoice c;
   c.tier_key = key.tier;
   if (const sched::CalibrationEntry* e = calibrations_->find(key)) {
     c.r = e->chosen_r;
     c.calibrated = true;
-    c.note = fmt::format("r={:.3f} calibrated for tier {}", c.r, key.tier);
+    c.note = fmt::format("r={:.3f} calibrated for tier {} ({} backend)", c.r, key.tier,
+                         key.backend);
   } else {
     c.r = opt_.r_min;
     c.note = fmt::format(
-        "no calibration for tier {} of this model on this machine in {}; using r_min={:.2f} "
-        "(run `cachetune calibrate --tier ...`)",
-        key.tier, opt_.calibration_path, c.r);
+        "no calibration for tier {} ({} backend) of this model on this machine in {}; using "
+        "r_min={:.2f} (run `cachetune calibrate --tier ...`)",
+        key.tier, key.backend, opt_.calibration_path, c.r);
   }
   return c;
 }
@@ -329,18 +212,20 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
       req.chunks.push_back(srcs.back().get());
     }
     ans.lookup_ms = lookup.ms();
-    if (opt.auto_ratio.value_or(opt_.auto_ratio)) {
-      int slowest = 0;
-      for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
-      const RatioChoice choice = auto_ratio((size_t)slowest);
-      sel.policy.ratio = choice.r;
-      ans.ratio_note = choice.note;
-    }
-    ans.ratio = sel.policy.ratio;
     // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
     // stay on the CPU.
     const bool on_gpu =
         gpu_ && gpu_policy_available(sel.policy.kind) && n_total + gen.max_tokens <= gpu_ctx();
+    if (opt.auto_ratio.value_or(opt_.auto_ratio)) {
+      int slowest = 0;
+      for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
+      // The calibration of the backend that runs this prefill: a CPU calibration says nothing
+      // about the GPU's recompute/load balance.
+      const RatioChoice choice = auto_ratio((size_t)slowest, on_gpu ? "cuda" : "cpu");
+      sel.policy.ratio = choice.r;
+      ans.ratio_note = choice.note;
+    }
+    ans.ratio = sel.policy.ratio;
     sel.gpu = on_gpu ? gpu_.get() : nullptr;
     sel.gpu_kv_to_host = !on_gpu;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
@@ -367,11 +252,9 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
     };
     DecodeResult r;
     if (on_gpu) {
-#ifdef CT_HAVE_CUDA
       r = decode_steps(
           model_->tokenizer(), model_->config().n_vocab, n_total, std::move(logits), gen,
           [&](int32_t id, int pos) { return cuda_prefill(*gpu_, *model_, &id, 1, pos); }, on_piece);
-#endif
     } else {
       r = decode(*model_, kv, ws, std::move(logits), gen, on_piece);
     }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/paths.h"
 #include "core/timer.h"
 #include "model/generate.h"
 #include "reuse/encoder.h"
@@ -17,27 +18,15 @@
 #include "reuse/selective.h"
 #include "sched/calibration_store.h"
 #include "store/pool.h"
+#include "store/tier_registry.h"
 
 namespace ct {
 
-struct TierSpec {
-  std::string kind;  // "device" | "host" | "disk" | "redis"
-  size_t capacity = SIZE_MAX;
-  std::string dir;                 // disk
-  double read_bytes_per_sec = 0;   // disk throttle (0 = none)
-  std::string host = "127.0.0.1";  // redis
-  int port = 6379;
-};
-
-// Parses "device:2G", "host:8G", "disk:/path[:cap][:bw=100M]", "redis:host:port"; throws
-// ct::Error naming the text and the expected form.
-TierSpec parse_tier_spec(const std::string& text);
-size_t parse_bytes(const std::string& text);  // "512M", "2G", "100000"
-
-// The part of a tier spec a recompute-ratio calibration depends on: the kind, plus the read
-// throttle of a disk ("disk:bw=104857600", bytes/s) because an emulated slow medium is a different
-// medium. The directory and capacity do not change per-token costs, so they are left out.
-std::string calibration_tier_key(const TierSpec& t);
+// Tier specs are parsed, checked and built by store/tier_registry.h; the engine only holds them.
+using store::calibration_tier_key;
+using store::parse_bytes;
+using store::parse_tier_spec;
+using store::TierSpec;
 
 struct EngineOptions {
   std::string model_path;       // default: default_model_path()
@@ -56,9 +45,6 @@ struct EngineOptions {
   int gpu_ctx = 8192;
 };
 
-std::string default_cache_dir();  // $CACHETUNE_CACHE_DIR or ~/.cache/cachetune/chunks
-// $CACHETUNE_CALIBRATION or ~/.cache/cachetune/calibration.json
-std::string default_calibration_path();
 
 // The recompute ratio auto mode picked for one tier, and why.
 struct RatioChoice {
@@ -108,6 +94,10 @@ class Engine {
   const Model& model() const { return *model_; }
   store::CachePool& pool() { return *pool_; }
   const EngineOptions& options() const { return opt_; }
+  // Index of the configured tier of kind `name` (options().tiers), -1 when there is none;
+  // tier_names() lists the configured kinds for messages ("device, host, disk").
+  int find_tier(const std::string& name) const;
+  std::string tier_names() const;
   // Positions of the GPU sequence (0 without EngineOptions::cuda).
   int gpu_ctx() const;
 
@@ -121,11 +111,13 @@ class Engine {
                          ChunkMeta* meta_out = nullptr, std::optional<ChunkKV>* unplaced = nullptr);
 
   // Key of the calibration that applies to tier `tier` (index into options().tiers) for the
-  // loaded model on this machine, CPU backend.
-  sched::CalibrationKey calibration_key(size_t tier) const;
-  // The calibrated ratio for tier `tier`, or r_min when none is stored. The calibration file is
-  // read on the first call and kept: calibrate in one process, then start a new engine.
-  RatioChoice auto_ratio(size_t tier) const;
+  // loaded model on this machine and compute backend `backend` ("cpu" or "cuda": where the
+  // prefill runs, Answer::device). `cachetune calibrate` measures the CPU backend.
+  sched::CalibrationKey calibration_key(size_t tier, const std::string& backend = "cpu") const;
+  // The calibrated ratio for tier `tier` on `backend`, or r_min when none is stored. The
+  // calibration file is read on the first call and kept: calibrate in one process, then start a
+  // new engine.
+  RatioChoice auto_ratio(size_t tier, const std::string& backend = "cpu") const;
 
   // Answers a question over documents with the given policy (prompt layout: build_rag_prompt).
   // With auto ratio (AnswerOptions::auto_ratio, default options().auto_ratio) the ratio comes
@@ -151,10 +143,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
-  struct GpuDeleter {  // cuda::Decoder is complete only in CUDA builds
-    void operator()(cuda::Decoder* d) const;
-  };
-  std::unique_ptr<cuda::Decoder, GpuDeleter> gpu_;                 // EngineOptions::cuda
+  std::unique_ptr<cuda::Decoder> gpu_;                             // EngineOptions::cuda
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };
 

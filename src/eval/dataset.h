@@ -6,17 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "core/data_jsonl.h"
+
 namespace ct {
 
-struct EvalExample {
-  std::string id;    // "<task>-<NNNN>"
-  std::string task;  // e.g. "hotpotqa"
-  std::vector<std::string> chunks;
-  std::string question;
-  std::vector<std::string> answers;  // may be empty (no gold: fidelity only)
-  std::string file;                  // where it was read from, for messages
-  int line = 0;                      // 1-based
-};
+// One example of a data file; the fields are those of core/data_jsonl.h's reader.
+using EvalExample = DataExample;
 
 // Reads every non-blank line of `path`. Throws ct::Error "<path>:<line>: ..." for unreadable
 // files, invalid JSON, a missing or mistyped field, an empty chunk list, or a duplicate id.

@@ -15,8 +15,10 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "eval/chunk_cache.h"
@@ -241,11 +243,7 @@ json result_config(const Model& m, const EvalOptions& o) {
 }
 
 void write_run_json(const std::string& path, const json& run) {
-  std::ofstream out(path + ".tmp");
-  out << run.dump(2) << "\n";
-  out.close();
-  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", path + ".tmp");
-  fs::rename(path + ".tmp", path);
+  write_file_atomic(path, run.dump(2) + "\n");
 }
 
 void update_run_json(const Model& m, const EvalOptions& o, const std::string& dir) {
@@ -427,7 +425,7 @@ struct Reference {
 constexpr char kRefMagic[8] = {'C', 'T', 'E', 'V', 'R', 'E', 'F', '1'};
 
 template <class T>
-void put_vec(std::ofstream& f, const T* p, uint64_t n) {
+void put_vec(std::ostream& f, const T* p, uint64_t n) {
   f.write(reinterpret_cast<const char*>(&n), sizeof n);
   f.write(reinterpret_cast<const char*>(p), (std::streamsize)(n * sizeof(T)));
 }
@@ -441,7 +439,7 @@ bool get_vec(std::ifstream& f, std::vector<T>& v, uint64_t max_n) {
 }
 
 void write_reference(const std::string& path, const Reference& r) {
-  std::ofstream f(path + ".tmp", std::ios::binary);
+  std::ostringstream f;
   f.write(kRefMagic, sizeof kRefMagic);
   put_vec(f, r.answer.data(), r.answer.size());
   put_vec(f, r.forced.data(), r.forced.size());
@@ -450,9 +448,7 @@ void write_reference(const std::string& path, const Reference& r) {
   const uint64_t nc = r.drift.size();
   f.write(reinterpret_cast<const char*>(&nc), sizeof nc);
   for (const auto& d : r.drift) put_vec(f, d.data(), d.size());
-  f.close();
-  CT_THROW_IF_NOT(f.good(), "cannot write reference file '{}'", path + ".tmp");
-  fs::rename(path + ".tmp", path);
+  write_file_atomic(path, f.str());
 }
 
 // False (and the caller recomputes) when the file is missing, truncated or does not fit the
@@ -963,11 +959,7 @@ json summarize_eval(const std::string& dir) {
   }
   json summary = {{"run", run}, {"n_records", (int)recs.size()}, {"tasks", tasks}};
   const std::string spath = dir + "/" + kSummaryFile;
-  std::ofstream out(spath + ".tmp");
-  out << summary.dump(2) << "\n";
-  out.close();
-  CT_THROW_IF_NOT(out.good(), "cannot write '{}'", spath + ".tmp");
-  fs::rename(spath + ".tmp", spath);
+  write_file_atomic(spath, summary.dump(2) + "\n");
   return summary;
 }
 

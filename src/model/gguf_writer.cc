@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "model/gguf.h"
 
@@ -132,21 +133,6 @@ GgufValue array_of(GgufValueType et) {
   v.elem_type = et;
   return v;
 }
-
-void write_all(int fd, const std::string& tmp, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      CT_THROW("{}: write failed after {} of {} bytes: {}", tmp, done, data.size(),
-               std::strerror(errno));
-    }
-    done += (size_t)w;
-  }
-}
-
-std::atomic<uint64_t> g_tmp_counter{0};
 
 }  // namespace
 
@@ -277,36 +263,7 @@ void GgufWriter::write(const std::string& path, uint32_t version) const {
     pad_to(out, alignment_);
   }
 
-  // Temporary file beside the target so that rename() stays within one file system.
-  const std::string tmp =
-      fmt::format("{}.tmp.{}.{}", path, (long)getpid(), g_tmp_counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) CT_THROW("{}: cannot create temporary file: {}", tmp, std::strerror(errno));
-  try {
-    write_all(fd, tmp, out);
-    if (::fsync(fd) != 0) CT_THROW("{}: fsync failed: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    CT_THROW("{}: close failed: {}", tmp, std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    CT_THROW("{}: cannot rename {} into place: {}", path, tmp, std::strerror(err));
-  }
-  // Persist the rename itself; best effort, as some file systems refuse fsync on directories.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
+  write_file_atomic(path, out);
 }
 
 }  // namespace ct

@@ -102,7 +102,7 @@ class Model {
   KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
   const cpu::Rope& rope() const { return rope_; }
 
-  // The weights, for other backends (src/model/cuda_decoder.h). The F32 copies cost the
+  // The weights, for other backends (src/backend/gpu_decoder.h). The F32 copies cost the
   // model's F32 size in host memory while they live; they are made on request only.
   const LayerWeights& layer_weights(int l) const { return layers_[l]; }
   LayerWeightsF32 layer_weights_f32(int l) const;

@@ -13,10 +13,8 @@
 #include <numbers>
 #include <utility>
 
+#include "backend/registry.h"
 #include "core/error.h"
-#ifdef CT_HAVE_CUDA
-#include "backend/cuda/band_norms.h"
-#endif
 
 namespace ct {
 namespace {
@@ -221,45 +219,26 @@ void filtered_norms(const BatchPlans& plans, const float* src, int n_tok, int kv
   for (int t = 0; t < n_tok; ++t) mag[t] = std::sqrt(static_cast<double>(sq[t])) * scale;
 }
 
-#ifdef CT_HAVE_CUDA
 // GPU filtering and norms for the 2L matrices (K of each layer, then V of each layer), in the
-// same double per-layer magnitude layout the CPU path fills. The BandNorms of the last shape is
-// kept (device buffers and cuFFT plans are most of a first call's cost); a chunk of another
-// length replaces it, so device memory stays bounded by one shape. The lock serialises callers,
-// which share one device anyway.
+// same double per-layer magnitude layout the CPU path fills (backend::cuda_band_norms keeps the
+// last shape's device buffers and plans).
 void cuda_layer_norms(const std::vector<const float*>& k_layers,
                       const std::vector<const float*>& v_layers, int n_tok, int kv_dim, bool filter,
                       int lo, int hi, std::vector<double>& kmag, std::vector<double>& vmag) {
-  static std::mutex mu;
-  static auto* cached = new std::unique_ptr<cuda::BandNorms>();  // never destroyed, like the plans
   const int n_layer = static_cast<int>(k_layers.size());
   std::vector<const float*> mats(k_layers);
   mats.insert(mats.end(), v_layers.begin(), v_layers.end());
-  std::lock_guard<std::mutex> lock(mu);
-  auto& bn = *cached;
-  if (!bn || bn->n_mat() != 2 * n_layer || bn->n_tok() != n_tok || bn->kv_dim() != kv_dim) {
-    bn.reset();  // free the old shape's device memory before allocating the new one
-    bn = std::make_unique<cuda::BandNorms>(2 * n_layer, n_tok, kv_dim);
-  }
-  bn->upload(mats);
-  const std::vector<float> mag = bn->run(filter, lo, hi);
+  const std::vector<float> mag = backend::cuda_band_norms(mats, n_tok, kv_dim, filter, lo, hi);
   const size_t half = static_cast<size_t>(n_layer) * n_tok;
   for (size_t i = 0; i < half; ++i) {
     kmag[i] = mag[i];
     vmag[i] = mag[half + i];
   }
 }
-#endif
 
 }  // namespace
 
-bool cuda_ranking_available() {
-#ifdef CT_HAVE_CUDA
-  return cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
+bool cuda_ranking_available() { return backend::backend_available("cuda"); }
 
 int n_keep_bins(double alpha, int n_tok) {
   CT_THROW_IF_NOT(alpha >= 0.0 && alpha <= 1.0, "n_keep_bins: alpha = {}; expected [0, 1]", alpha);
@@ -292,14 +271,10 @@ ChunkRanking rank_chunk_tokens(const std::vector<const float*>& k_layers,
   std::vector<double> kmag(static_cast<size_t>(n_layer) * n_tok);
   std::vector<double> vmag(kmag.size());
   if (opt.device == RankDevice::kCuda) {
-#ifdef CT_HAVE_CUDA
+    CT_THROW_IF_NOT(backend::backend_built("cuda"), "freq_rank: device 'cuda' requested but {}",
+                    backend::kNoCudaMessage);
     cuda_layer_norms(k_layers, v_layers, n_tok, kv_dim, filter, lo, hi, kmag, vmag);
     return finish_ranking(kmag, vmag, n_layer, n_tok);
-#else
-    CT_THROW(
-        "freq_rank: device 'cuda' requested but this build has no CUDA backend; configure "
-        "with -DCT_CUDA=ON (needs nvcc and cuFFT)");
-#endif
   }
   const BatchPlans* plans = filter ? &batch_plans(n_tok, kv_dim) : nullptr;
 #pragma omp parallel

@@ -16,9 +16,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "reuse/freq_rank.h"
-#ifdef CT_HAVE_CUDA
-#include "backend/cuda/decoder.h"
-#endif
+#include "backend/cuda/decoder.h"  // without CUDA its constructor throws (backend/registry.h)
 
 namespace ct {
 
@@ -393,7 +391,6 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
 PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout& lay,
                         std::vector<ChunkPlan>& plans, KVCache& kv, const PipelineOptions& popt,
                         bool kv_to_host, PrefillBreakdown& bd) {
-#ifdef CT_HAVE_CUDA
   const ModelConfig& c = m.config();
   const int KV = c.kv_dim();
   CT_THROW_IF_NOT(
@@ -464,12 +461,6 @@ PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout&
     bd.kv_to_host_ms += kt.ms();
   }
   return res;
-#else
-  (void)m, (void)dec, (void)lay, (void)plans, (void)kv, (void)popt, (void)kv_to_host, (void)bd;
-  CT_THROW(
-      "selective prefill on the GPU was requested, but this build has no CUDA backend; "
-      "configure with -DCT_CUDA=ON");
-#endif
 }
 
 }  // namespace

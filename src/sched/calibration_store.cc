@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace ct::sched {
@@ -79,16 +80,6 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-void write_all(int fd, const std::string& data, const std::string& tmp) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    CT_THROW_IF_NOT(n > 0, "calibration store {}: write failed: {}", tmp, std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 CalibrationStore CalibrationStore::load(const std::string& path) {
@@ -133,41 +124,11 @@ void CalibrationStore::save(const std::string& path) const {
   for (const CalibrationEntry& e : entries_) root["entries"].push_back(entry_to_json(e));
   const std::string text = root.dump(2) + "\n";
 
-  // The temp file sits in the target's directory so rename() stays within one filesystem (atomic);
-  // the pid keeps two processes saving at once from writing into the same temp file.
-  const std::filesystem::path target(path);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  CT_THROW_IF_NOT(fd >= 0, "calibration store {}: cannot create temp file {}: {}", path, tmp,
-                  std::strerror(errno));
   try {
-    write_all(fd, text, tmp);
-    CT_THROW_IF_NOT(::fsync(fd) == 0, "calibration store {}: fsync failed: {}", tmp,
-                    std::strerror(errno));
-    const int rc = ::close(fd);
-    CT_THROW_IF_NOT(rc == 0, "calibration store {}: close failed: {}", tmp, std::strerror(errno));
-  } catch (...) {
-    ::close(fd);  // harmless EBADF if the close above already ran
-    ::unlink(tmp.c_str());
-    throw;
+    write_file_atomic(path, text);
+  } catch (const Error& e) {
+    CT_THROW("calibration store: {}", e.what());
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    CT_THROW("calibration store {}: rename from {} failed: {}", path, tmp, std::strerror(err));
-  }
-  // Without a directory fsync the rename itself may be lost on power failure.
-  const std::string dir = target.has_parent_path() && !target.parent_path().empty()
-                              ? target.parent_path().string()
-                              : ".";
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  CT_THROW_IF_NOT(dir_fd >= 0, "calibration store {}: cannot open directory {}: {}", path, dir,
-                  std::strerror(errno));
-  const int rc = ::fsync(dir_fd);
-  const int err = errno;
-  ::close(dir_fd);
-  CT_THROW_IF_NOT(rc == 0, "calibration store {}: fsync of directory {} failed: {}", path, dir,
-                  std::strerror(err));
 }
 
 const CalibrationEntry* CalibrationStore::find(const CalibrationKey& key) const {

@@ -340,16 +340,10 @@ struct Server::Impl {
     if (body.contains("tier")) {
       if (!body["tier"].is_string()) throw RequestError(400, "tier", "'tier' must be a string");
       tier = body["tier"].get<std::string>();
-      bool known = false;
-      std::string names;
-      for (const TierSpec& t : engine.options().tiers) {
-        known = known || t.kind == tier;
-        names += (names.empty() ? "" : ", ") + t.kind;
-      }
-      if (!known) {
-        throw RequestError(
-            400, "tier",
-            fmt::format("tier '{}' is not one of this server's tiers: {}", tier, names));
+      if (engine.find_tier(tier) < 0) {
+        throw RequestError(400, "tier",
+                           fmt::format("tier '{}' is not one of this server's tiers: {}", tier,
+                                       engine.tier_names()));
       }
     }
     std::vector<std::vector<int32_t>> tokens;

@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/paths.h"
+#include "store/tier_registry.h"
 
 namespace ct::store {
 namespace {
@@ -538,5 +540,47 @@ std::vector<std::string> DiskTier::list() const {
   std::lock_guard lock(mu_);
   return ids_oldest_first(entries_);
 }
+
+}  // namespace ct::store
+
+// ---------------------------------------------------------------------------------------------
+// The "disk" tier kind: "disk[:DIR][:CAPACITY][:bw=RATE][:direct][:nosync]".
+
+namespace ct::store {
+
+DiskTierOptions disk_tier_options(const TierSpec& s) {
+  DiskTierOptions d;
+  d.dir = !s.fields.empty() && !s.fields[0].empty() ? s.fields[0] : default_cache_dir();
+  for (size_t i = 1; i < s.fields.size(); ++i) {
+    const std::string& f = s.fields[i];
+    if (f.rfind("bw=", 0) == 0) {
+      d.read_bytes_per_sec = (double)parse_bytes(f.substr(3));
+    } else if (f == "direct") {
+      d.direct_io = true;
+    } else if (f == "nosync") {
+      d.sync_writes = false;
+    } else {
+      d.capacity_bytes = parse_bytes(f);
+    }
+  }
+  return d;
+}
+
+namespace {
+
+void disk_check(const TierSpec& s) { (void)disk_tier_options(s); }
+std::unique_ptr<Tier> disk_make(const TierSpec& s) {
+  return std::make_unique<DiskTier>(disk_tier_options(s));
+}
+std::string disk_key(const TierSpec& s) {
+  const DiskTierOptions d = disk_tier_options(s);
+  return d.read_bytes_per_sec > 0 ? fmt::format("disk:bw={:.0f}", d.read_bytes_per_sec) : "disk";
+}
+
+}  // namespace
+
+extern const TierKind kDiskTierKind;  // listed in tier_registry.cc
+const TierKind kDiskTierKind{"disk", "disk[:DIR][:CAPACITY][:bw=RATE][:direct][:nosync]",
+                             disk_check, disk_make, disk_key};
 
 }  // namespace ct::store

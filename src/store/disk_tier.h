@@ -56,6 +56,11 @@ struct DiskTierOptions {
   int put_retry_after_ms = 5000;
 };
 
+struct TierSpec;  // store/tier_registry.h
+// The options a "disk[:DIR][:CAPACITY][:bw=RATE][:direct][:nosync]" spec stands for (DIR empty or
+// absent: default_cache_dir()); throws ct::Error naming a malformed size.
+DiskTierOptions disk_tier_options(const TierSpec& spec);
+
 class DiskTier final : public Tier {
  public:
   // Creates the directory if needed and indexes the records in it (see above). Throws ct::Error

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "store/crc32c.h"
 #include "store/record_format.h"
+#include "store/tier_registry.h"
 
 namespace ct::store {
 
@@ -134,5 +135,31 @@ bool MemoryTier::flip_bit_for_test(const std::string& id, int layer, bool v_bloc
   block.at(offset) ^= 0x01;
   return true;
 }
+
+}  // namespace ct::store
+
+// ---------------------------------------------------------------------------------------------
+// The "device" and "host" tier kinds: "device[:CAPACITY]", "host[:CAPACITY]".
+
+namespace ct::store {
+namespace {
+
+size_t memory_capacity(const TierSpec& s) {
+  CT_THROW_IF_NOT(s.fields.size() <= 1, "tier '{}': expected {}[:CAPACITY]", s.text, s.kind);
+  return s.fields.empty() ? SIZE_MAX : parse_bytes(s.fields[0]);
+}
+void memory_check(const TierSpec& s) { (void)memory_capacity(s); }
+std::unique_ptr<Tier> memory_make(const TierSpec& s) {
+  return std::make_unique<MemoryTier>(s.kind, memory_capacity(s));
+}
+std::string memory_key(const TierSpec& s) { return s.kind; }
+
+}  // namespace
+
+extern const TierKind kDeviceTierKind, kHostTierKind;  // listed in tier_registry.cc
+const TierKind kDeviceTierKind{"device", "device[:CAPACITY]", memory_check, memory_make,
+                                      memory_key};
+const TierKind kHostTierKind{"host", "host[:CAPACITY]", memory_check, memory_make,
+                                    memory_key};
 
 }  // namespace ct::store

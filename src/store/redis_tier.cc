@@ -1,76 +1,20 @@
-// RedisTier: pipelined hiredis exchanges with a small per-node connection pool, MOVED/ASK
-// handling, GETRANGE row reads and checksum verification.
+// RedisTier: the record layout in Redis keys, the index, GETRANGE row reads and checksum
+// verification; connections, cluster routing and MOVED/ASK are RedisClient's (redis_client.h).
 #include "store/redis_tier.h"
 
 #include <hiredis/hiredis.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "store/tier_registry.h"
 
 namespace ct::store {
 namespace {
-
-uint16_t crc16_xmodem(const uint8_t* p, size_t n) {
-  uint16_t crc = 0;
-  for (size_t i = 0; i < n; ++i) {
-    crc ^= (uint16_t)p[i] << 8;
-    for (int k = 0; k < 8; ++k) crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : crc << 1;
-  }
-  return crc;
-}
-
-// Blocks SIGPIPE in this thread for the scope; a SIGPIPE raised meanwhile is consumed.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  ~SigpipeBlock() {
-    if (!was_pending_) {
-      sigset_t pending;
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        const timespec zero{0, 0};
-        sigtimedwait(&pipe_, nullptr, &zero);
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t pipe_, old_;
-  bool was_pending_ = false;
-};
-
-timeval to_timeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
-
-bool split_addr(const std::string& addr, std::string* host, int* port) {
-  const size_t colon = addr.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = addr.substr(0, colon);
-  try {
-    *port = std::stoi(addr.substr(colon + 1));
-  } catch (const std::exception&) {
-    return false;
-  }
-  return true;
-}
-
-bool is_error_with(const redisReply* r, std::string_view prefix) {
-  return r && r->type == REDIS_REPLY_ERROR && std::string_view(r->str, r->len).starts_with(prefix);
-}
-
 std::string escape_glob(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -82,31 +26,32 @@ std::string escape_glob(const std::string& s) {
 
 }  // namespace
 
-int redis_key_slot(std::string_view key) {
-  const size_t open = key.find('{');
-  if (open != std::string_view::npos) {
-    const size_t close = key.find('}', open + 1);
-    if (close != std::string_view::npos && close > open + 1)
-      key = key.substr(open + 1, close - open - 1);
-  }
-  return crc16_xmodem(reinterpret_cast<const uint8_t*>(key.data()), key.size()) % 16384;
+
+namespace {
+
+RedisClientOptions client_options(const RedisTierOptions& o) {
+  RedisClientOptions c;
+  c.name = o.name;
+  c.host = o.host;
+  c.port = o.port;
+  c.connect_timeout_ms = o.connect_timeout_ms;
+  c.command_timeout_ms = o.command_timeout_ms;
+  c.retry_after_ms = o.retry_after_ms;
+  c.max_redirects = o.max_redirects;
+  return c;
 }
 
-void RedisTier::ReplyFree::operator()(redisReply* r) const { freeReplyObject(r); }
+}  // namespace
 
-RedisTier::RedisTier(RedisTierOptions opt) : opt_(std::move(opt)) {
+RedisTier::RedisTier(RedisTierOptions opt) : opt_(std::move(opt)), client_(client_options(opt_)) {
   CT_THROW_IF_NOT(opt_.key_prefix.find_first_of("{}") == std::string::npos,
                   "redis tier '{}': key prefix '{}' must not contain '{{' or '}}' (the hash tag "
                   "is the chunk id)",
                   opt_.name, opt_.key_prefix);
-  default_addr_ = fmt::format("{}:{}", opt_.host, opt_.port);
   if (opt_.scan_on_start) scan();
 }
 
-RedisTier::~RedisTier() {
-  for (auto& [addr, node] : nodes_)
-    for (redisContext* c : node.idle) redisFree(c);
-}
+RedisTier::~RedisTier() = default;
 
 std::string RedisTier::meta_key(const std::string& id) const {
   return opt_.key_prefix + "{" + id + "}:m";
@@ -127,166 +72,6 @@ size_t RedisTier::used_bytes() const {
 
 size_t RedisTier::footprint(const ChunkMeta& meta) const {
   return plan_record(meta, 1).total_bytes;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Connections
-
-std::string RedisTier::addr_for_slot(int slot) {
-  std::lock_guard lock(conn_mu_);
-  auto it = slot_owner_.find(slot);
-  return it == slot_owner_.end() ? default_addr_ : it->second;
-}
-
-redisContext* RedisTier::acquire(const std::string& addr, bool* reused) {
-  *reused = false;
-  {
-    std::lock_guard lock(conn_mu_);
-    Node& node = nodes_[addr];
-    if (std::chrono::steady_clock::now() < node.down_until) return nullptr;
-    if (!node.idle.empty()) {
-      redisContext* c = node.idle.back();
-      node.idle.pop_back();
-      *reused = true;
-      return c;
-    }
-  }
-  std::string host;
-  int port = 0;
-  if (!split_addr(addr, &host, &port)) {
-    mark_down(addr, "cannot parse the address");
-    return nullptr;
-  }
-  if (host.empty()) host = opt_.host;  // a cluster node that does not know its own address
-  redisContext* c =
-      redisConnectWithTimeout(host.c_str(), port, to_timeval(opt_.connect_timeout_ms));
-  if (!c || c->err) {
-    mark_down(addr, fmt::format("connect: {}", c ? c->errstr : "out of memory"));
-    if (c) redisFree(c);
-    return nullptr;
-  }
-  redisSetTimeout(c, to_timeval(opt_.command_timeout_ms));
-  return c;
-}
-
-void RedisTier::release(const std::string& addr, redisContext* c) {
-  std::lock_guard lock(conn_mu_);
-  nodes_[addr].idle.push_back(c);
-}
-
-void RedisTier::mark_down(const std::string& addr, const std::string& why) {
-  ++failures_;
-  std::vector<redisContext*> stale;
-  {
-    std::lock_guard lock(conn_mu_);
-    Node& node = nodes_[addr];
-    node.down_until =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(opt_.retry_after_ms);
-    stale.swap(node.idle);
-  }
-  for (redisContext* c : stale) redisFree(c);
-  store_log_limited(fmt::format("{} node {}", opt_.name, addr),
-                    fmt::format("{}: redis node {}: {}; treating as a miss for {} ms", opt_.name,
-                                addr, why, opt_.retry_after_ms));
-}
-
-std::optional<std::vector<RedisTier::Reply>> RedisTier::exchange(int slot,
-                                                                 const std::vector<Command>& cmds) {
-  std::string addr = addr_for_slot(slot);
-  bool asking = false;
-  bool stale_retried = false;
-  for (int attempt = 0; attempt <= opt_.max_redirects; ++attempt) {
-    bool reused = false;
-    redisContext* c = acquire(addr, &reused);
-    if (!c) return std::nullopt;
-    std::vector<Reply> replies;
-    bool io_ok = true;
-    {
-      SigpipeBlock no_sigpipe;
-      // After ASK: ASKING before every command, except that a transaction needs one ASKING
-      // before MULTI (the flag then lasts until EXEC; an ASKING inside MULTI would be queued).
-      const bool transaction = !cmds.empty() && !cmds[0].empty() && cmds[0][0] == "MULTI";
-      std::vector<bool> is_asking_reply;
-      std::vector<const char*> argv;
-      std::vector<size_t> argl;
-      for (size_t i = 0; i < cmds.size(); ++i) {
-        if (asking && (!transaction || i == 0)) {
-          redisAppendCommand(c, "ASKING");
-          is_asking_reply.push_back(true);
-        }
-        argv.clear();
-        argl.clear();
-        for (std::string_view a : cmds[i]) {
-          argv.push_back(a.data());
-          argl.push_back(a.size());
-        }
-        redisAppendCommandArgv(c, (int)argv.size(), argv.data(), argl.data());
-        is_asking_reply.push_back(false);
-      }
-      for (size_t i = 0; i < is_asking_reply.size() && io_ok; ++i) {
-        void* r = nullptr;
-        if (redisGetReply(c, &r) != REDIS_OK) {
-          io_ok = false;
-        } else if (!is_asking_reply[i]) {
-          replies.emplace_back(static_cast<redisReply*>(r));
-        } else {
-          freeReplyObject(r);
-        }
-      }
-    }
-    if (!io_ok) {
-      const std::string why = c->errstr[0] ? c->errstr : "I/O error";
-      // A pooled connection the server closed while it sat idle (the server was restarted
-      // between two requests) fails at once with EOF, a reset or a broken pipe, never with a
-      // timeout: retry once on a fresh connection before calling the node down. Every exchange
-      // is idempotent (SETs of one version's content, GETs, DELs, the drop script).
-      const bool closed = c->err == REDIS_ERR_EOF ||
-                          (c->err == REDIS_ERR_IO &&
-                           (why == std::strerror(ECONNRESET) || why == std::strerror(EPIPE)));
-      redisFree(c);
-      if (reused && closed && !stale_retried) {
-        stale_retried = true;
-        std::vector<redisContext*> stale;
-        {
-          std::lock_guard lock(conn_mu_);
-          stale.swap(nodes_[addr].idle);  // opened before the same restart
-        }
-        for (redisContext* s : stale) redisFree(s);
-        --attempt;  // not a redirection
-        continue;
-      }
-      mark_down(addr, why);
-      return std::nullopt;
-    }
-    release(addr, c);
-    // A redirection may sit in any reply of the pipeline (inside MULTI: a queued command's).
-    const redisReply* redirect = nullptr;
-    for (const Reply& r : replies) {
-      if (is_error_with(r.get(), "MOVED ") || is_error_with(r.get(), "ASK ")) {
-        redirect = r.get();
-        break;
-      }
-    }
-    if (!redirect) return replies;
-    // "MOVED <slot> <host>:<port>" or "ASK <slot> <host>:<port>"
-    const std::string text(redirect->str, redirect->len);
-    const size_t sp1 = text.find(' '), sp2 = text.find(' ', sp1 + 1);
-    if (sp2 == std::string::npos) break;
-    const std::string target = text.substr(sp2 + 1);
-    ++redirects_;
-    if (text.starts_with("MOVED ")) {
-      std::lock_guard lock(conn_mu_);
-      slot_owner_[slot] = target;
-      asking = false;
-    } else {
-      asking = true;
-    }
-    addr = target;
-  }
-  ++failures_;
-  store_log(fmt::format("{}: slot {}: no answer after {} redirections", opt_.name, slot,
-                        opt_.max_redirects));
-  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,12 +126,12 @@ void RedisTier::drop(const std::string& id, uint64_t seq, const std::string& why
   Command eval{"EVAL", kScript, n_keys};
   for (const std::string& k : keys) eval.push_back(k);
   eval.push_back(e.header_bytes);
-  exchange(redis_key_slot(keys[0]), {eval});
+  client_.exchange(redis_key_slot(keys[0]), {eval});
 }
 
 bool RedisTier::refresh_after_missing(const std::string& id, const Entry& seen, int layer) {
   const std::string key = meta_key(id);
-  auto replies = exchange(redis_key_slot(key), {{"GET", key}});
+  auto replies = client_.exchange(redis_key_slot(key), {{"GET", key}});
   if (!replies) return false;
   const redisReply* r = (*replies)[0].get();
   if (r->type != REDIS_REPLY_STRING) {
@@ -375,7 +160,7 @@ void RedisTier::scan() {
   std::string cursor = "0";
   do {
     // SCAN has no key; slot 0's owner is the first node unless a MOVED said otherwise.
-    auto replies = exchange(0, {{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}});
+    auto replies = client_.exchange(0, {{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}});
     if (!replies) return;
     const redisReply* r = (*replies)[0].get();
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
@@ -386,7 +171,7 @@ void RedisTier::scan() {
     const redisReply* keys = r->element[1];
     for (size_t i = 0; i < keys->elements; ++i) {
       const std::string key(keys->element[i]->str, keys->element[i]->len);
-      auto got = exchange(redis_key_slot(key), {{"GET", key}});
+      auto got = client_.exchange(redis_key_slot(key), {{"GET", key}});
       if (!got) return;
       const redisReply* v = (*got)[0].get();
       if (v->type != REDIS_REPLY_STRING) continue;
@@ -419,7 +204,7 @@ void RedisTier::put_failed(const std::string& id, const std::string& why) {
     last_put_error_ = fmt::format("{}:{}: {}", opt_.host, opt_.port, why);
   }
   store_log_limited(
-      opt_.name + " put " + default_addr_,
+      opt_.name + " put " + client_.address(),
       fmt::format("{}: put chunk {} failed ({}:{}: {})", opt_.name, id, opt_.host, opt_.port, why));
 }
 
@@ -442,7 +227,7 @@ bool RedisTier::put(const ChunkKV& kv) {
   const int slot = redis_key_slot(mkey);
 
   // The version being replaced, whose layer values go in the same transaction.
-  auto old = exchange(slot, {{"GET", mkey}});
+  auto old = client_.exchange(slot, {{"GET", mkey}});
   if (!old) {
     put_failed(m.id, "server unreachable");
     return false;
@@ -475,7 +260,7 @@ bool RedisTier::put(const ChunkKV& kv) {
     ++n_queued;
   }
   cmds.push_back({"EXEC"});
-  auto replies = exchange(slot, cmds);
+  auto replies = client_.exchange(slot, cmds);
   if (!replies) {
     put_failed(m.id, "server unreachable");
     return false;
@@ -488,7 +273,7 @@ bool RedisTier::put(const ChunkKV& kv) {
     std::string why = "EXEC failed";
     for (const Reply& r : *replies)
       if (r->type == REDIS_REPLY_ERROR) why = std::string(r->str, r->len);
-    ++failures_;
+    client_.count_failure();
     put_failed(m.id, why);
     return false;
   }
@@ -519,7 +304,7 @@ bool RedisTier::read_rows(const std::string& id, int layer, int row_begin, int r
     const size_t n = (size_t)(span.row_hi - span.row_lo) * row;
     const std::string key = version_layer_key(id, e.version, layer);
     const std::string from = std::to_string(first), to = std::to_string(first + n - 1);
-    auto replies = exchange(redis_key_slot(key), {{"GETRANGE", key, from, to}});
+    auto replies = client_.exchange(redis_key_slot(key), {{"GETRANGE", key, from, to}});
     if (!replies) return false;
     const redisReply* r = (*replies)[0].get();
     if (r->type == REDIS_REPLY_STRING && r->len == 0) {
@@ -559,7 +344,7 @@ bool RedisTier::load_checked(const std::string& id, ChunkKV* out) {
     for (int l = 0; l < n_layer; ++l) keys.push_back(version_layer_key(id, e.version, l));
     std::vector<Command> cmds;
     for (const std::string& k : keys) cmds.push_back({"GET", k});
-    auto replies = exchange(redis_key_slot(keys[0]), cmds);
+    auto replies = client_.exchange(redis_key_slot(keys[0]), cmds);
     if (!replies) return false;
     const redisReply* hr = (*replies)[0].get();
     if (hr->type != REDIS_REPLY_STRING) {
@@ -620,7 +405,7 @@ bool RedisTier::erase(const std::string& id) {
   for (int l = 0; l < e.header->meta.n_layer; ++l)
     keys.push_back(version_layer_key(id, e.version, l));
   for (const std::string& k : keys) del.push_back(k);
-  auto replies = exchange(redis_key_slot(keys[0]), {del});
+  auto replies = client_.exchange(redis_key_slot(keys[0]), {del});
   if (!replies || (*replies)[0]->type != REDIS_REPLY_INTEGER)
     store_log(fmt::format("{}: erase chunk {}: keys could not be deleted", opt_.name, id));
   return true;
@@ -630,5 +415,55 @@ std::vector<std::string> RedisTier::list() const {
   std::lock_guard lock(mu_);
   return ids_oldest_first(entries_);
 }
+
+}  // namespace ct::store
+
+// ---------------------------------------------------------------------------------------------
+// The "redis" tier kind: "redis[:HOST[:PORT]][:prefix=P][:timeout=MS]".
+
+namespace ct::store {
+
+RedisTierOptions redis_tier_options(const TierSpec& s) {
+  RedisTierOptions r;
+  std::vector<std::string> addr;
+  for (const std::string& f : s.fields) {
+    if (f.rfind("prefix=", 0) == 0) {
+      r.key_prefix = f.substr(7);
+    } else if (f.rfind("timeout=", 0) == 0) {
+      const std::string t = f.substr(8);
+      const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), r.command_timeout_ms);
+      CT_THROW_IF_NOT(ec == std::errc() && end == t.data() + t.size() && r.command_timeout_ms > 0,
+                      "tier '{}': timeout '{}' must be a positive number of milliseconds", s.text,
+                      t);
+    } else {
+      addr.push_back(f);
+    }
+  }
+  if (!addr.empty()) r.host = addr[0];
+  if (addr.size() > 1) {
+    // The whole field must be the number: atoi read "6379abc" as 6379 and "99999999999" as
+    // whatever strtol's result wrapped to.
+    const std::string& p = addr[1];
+    const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), r.port);
+    if (ec != std::errc() || end != p.data() + p.size()) r.port = 0;
+  }
+  CT_THROW_IF_NOT(addr.size() <= 2 && r.port > 0 && r.port < 65536,
+                  "tier '{}': expected redis[:HOST[:PORT]] with PORT in 1..65535", s.text);
+  return r;
+}
+
+namespace {
+
+void redis_check(const TierSpec& s) { (void)redis_tier_options(s); }
+std::unique_ptr<Tier> redis_make(const TierSpec& s) {
+  return std::make_unique<RedisTier>(redis_tier_options(s));
+}
+std::string redis_key(const TierSpec&) { return "redis"; }
+
+}  // namespace
+
+extern const TierKind kRedisTierKind;  // listed in tier_registry.cc
+const TierKind kRedisTierKind{"redis", "redis[:HOST[:PORT]][:prefix=P][:timeout=MS]", redis_check,
+                              redis_make, redis_key};
 
 }  // namespace ct::store

@@ -29,8 +29,8 @@
 //  - a missing or short value of the current version or a checksum mismatch: logged, dropped
 //    (index; the version's layer values; the header if it still names this version, checked
 //    atomically by a server-side script).
-// hiredis writes with write(2), which raises SIGPIPE on a closed socket; every exchange blocks
-// SIGPIPE in the calling thread and consumes any it raised, so the process disposition is kept.
+// Connections, slot routing, redirections and SIGPIPE handling are RedisClient's
+// (redis_client.h); this file is the record layout, the index and the checks.
 #pragma once
 
 #include <atomic>
@@ -44,10 +44,8 @@
 #include <vector>
 
 #include "store/record_format.h"
+#include "store/redis_client.h"
 #include "store/tier.h"
-
-struct redisContext;
-struct redisReply;
 
 namespace ct::store {
 
@@ -64,8 +62,11 @@ struct RedisTierOptions {
   bool scan_on_start = true;  // rebuild the index from the server's existing records
 };
 
-// Redis Cluster key slot: CRC16 (XMODEM) of the key's hash tag (or the whole key) mod 16384.
-int redis_key_slot(std::string_view key);
+struct TierSpec;  // store/tier_registry.h
+// The options a "redis[:HOST[:PORT]][:prefix=P][:timeout=MS]" spec stands for; throws ct::Error
+// naming the text for a bad port or timeout.
+RedisTierOptions redis_tier_options(const TierSpec& spec);
+
 
 class RedisTier final : public Tier {
  public:
@@ -93,18 +94,15 @@ class RedisTier final : public Tier {
   std::string meta_key(const std::string& id) const;
   // Key of layer `layer` of the indexed version of id ("" when id is not indexed).
   std::string layer_key(const std::string& id, int layer) const;
-  uint64_t redirects_followed() const { return redirects_.load(); }
-  uint64_t failed_exchanges() const { return failures_.load(); }
+  uint64_t redirects_followed() const { return client_.redirects_followed(); }
+  uint64_t failed_exchanges() const { return client_.failed_exchanges(); }
 
   std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
   std::string last_put_error() const override;
 
  private:
-  struct ReplyFree {
-    void operator()(redisReply* r) const;
-  };
-  using Reply = std::unique_ptr<redisReply, ReplyFree>;
-  using Command = std::vector<std::string_view>;
+  using Reply = RedisClient::Reply;
+  using Command = RedisClient::Command;
 
   struct Entry {
     std::shared_ptr<const RecordHeader> header;
@@ -113,20 +111,6 @@ class RedisTier final : public Tier {
     uint64_t seq = 0;
     size_t bytes = 0;
   };
-  struct Node {
-    std::vector<redisContext*> idle;
-    std::chrono::steady_clock::time_point down_until{};
-  };
-
-  // Sends cmds as one pipeline to the node serving `slot`, following redirections; nullopt after
-  // logging when the node is down, unreachable or too slow.
-  std::optional<std::vector<Reply>> exchange(int slot, const std::vector<Command>& cmds);
-  // A pooled connection (*reused true) or a new one; null while the node is marked down.
-  redisContext* acquire(const std::string& addr, bool* reused);
-  void release(const std::string& addr, redisContext* c);
-  void mark_down(const std::string& addr, const std::string& why);
-  std::string addr_for_slot(int slot);
-
   std::string version_layer_key(const std::string& id, const std::string& version, int layer) const;
   // Copy of the index entry (header null when absent).
   Entry find(const std::string& id) const;
@@ -144,19 +128,12 @@ class RedisTier final : public Tier {
   std::vector<std::string> scan_rejects_;  // written by the constructor's scan only
 
   RedisTierOptions opt_;
-  std::string default_addr_;
+  RedisClient client_;  // connections, cluster routing, MOVED/ASK
 
   mutable std::mutex mu_;  // index
   std::map<std::string, Entry> entries_;
   size_t used_bytes_ = 0;
   uint64_t next_seq_ = 1;
-
-  std::mutex conn_mu_;  // connections and slot map
-  std::map<std::string, Node> nodes_;
-  std::map<int, std::string> slot_owner_;  // learnt from MOVED
-
-  std::atomic<uint64_t> redirects_{0};
-  std::atomic<uint64_t> failures_{0};
 
   // Records a failed put (last_put_error) and logs it at most once a minute.
   void put_failed(const std::string& id, const std::string& why);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cuda/compare.h"
-#include "model/cuda_decoder.h"
+#include "backend/gpu_decoder.h"
 #include "reuse/freq_rank.h"
 #include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"

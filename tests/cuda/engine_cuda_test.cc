@@ -47,5 +47,35 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", blend, gen).device, "cpu");
 }
 
+// --ratio auto on the GPU looks up the GPU's calibration: a stored CPU entry for the same tier
+// must not be used (engine.cc wrote "cpu" into every key before).
+TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
+  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir;
+  test::TinyModelOptions o;
+  o.context_length = 512;
+  EngineOptions eo;
+  eo.model_path = test::write_tiny_model(dir.path() + "/m.gguf", o);
+  eo.tiers = {parse_tier_spec("host:64M")};
+  eo.calibration_path = dir.path() + "/calibration.json";
+  eo.cuda = true;
+  eo.auto_ratio = true;
+  Engine gpu(eo);
+  sched::CalibrationStore store;
+  sched::CalibrationEntry cpu_entry;
+  cpu_entry.key = gpu.calibration_key(0, "cpu");
+  cpu_entry.chosen_r = 0.5;
+  store.store(cpu_entry);
+  store.save(eo.calibration_path);
+  GenerateOptions gen;
+  gen.max_tokens = 1;
+  SelectiveOptions sel;
+  sel.policy.kind = PolicyKind::kCacheTune;
+  const Answer a = gpu.answer(kDocs, "Who kept it?", sel, gen);
+  EXPECT_EQ(a.device, "cuda");
+  EXPECT_EQ(a.ratio, eo.r_min) << a.ratio_note;
+  EXPECT_NE(a.ratio_note.find("cuda backend"), std::string::npos) << a.ratio_note;
+}
+
 }  // namespace
 }  // namespace ct

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cuda/compare.h"
-#include "model/cuda_decoder.h"
+#include "backend/gpu_decoder.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
 #include "reuse/selective.h"

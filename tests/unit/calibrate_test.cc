@@ -203,7 +203,14 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     const RatioChoice c = eng.auto_ratio(0);
     EXPECT_TRUE(c.calibrated) << c.note;
     EXPECT_EQ(c.r, chosen);
-    EXPECT_EQ(c.tier_key, "host");
+    EXPECT_EQ(c.tier_key, "host");    // The key names the backend: the CPU's calibration does not stand for the GPU's (--device
+    // cuda --ratio auto used to read the "cpu" entry).
+    EXPECT_EQ(eng.calibration_key(0).backend, "cpu");
+    EXPECT_EQ(eng.calibration_key(0, "cuda").backend, "cuda");
+    const RatioChoice g = eng.auto_ratio(0, "cuda");
+    EXPECT_FALSE(g.calibrated) << g.note;
+    EXPECT_EQ(g.r, 0.15);
+    EXPECT_NE(g.note.find("cuda backend"), std::string::npos) << g.note;
   }
   {
     // Other weights: another fingerprint, so the stored ratio does not apply.

@@ -1,14 +1,8 @@
 // `cachetune bench-tiers`: the cache-loading ablation of paper Table 4 on every storage tier. The
 // same chunks are stored in one tier at a time and the same requests are prefilled with cachetune
 // at a fixed ratio while the loader's optimisations are switched on one after another.
-#include <fcntl.h>
-#include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <omp.h>
-#include <signal.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/data_jsonl.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "engine/engine.h"
@@ -29,8 +24,8 @@
 #include "reuse/prompt.h"
 #include "sched/calibration_store.h"
 #include "store/disk_tier.h"
-#include "store/memory_tier.h"
 #include "store/redis_tier.h"
+#include "store/tier_registry.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/engine_flags.h"
 
@@ -84,27 +79,13 @@ std::string read_text(const std::string& path) {
 std::vector<BenchRequest> load_requests(const BenchTiersArgs& a) {
   std::vector<BenchRequest> out;
   if (!a.data.empty()) {
-    std::ifstream f(a.data);
-    CT_THROW_IF_NOT(f.good(), "cannot open --data file '{}'", a.data);
-    std::string line;
-    for (int n = 1; std::getline(f, line) && (a.limit <= 0 || (int)out.size() < a.limit); ++n) {
-      if (line.empty()) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const std::exception& e) {
-        CT_THROW("{}:{}: invalid JSON ({})", a.data, n, e.what());
-      }
-      CT_THROW_IF_NOT(j.contains("chunks") && j["chunks"].is_array() && j.contains("question"),
-                      "{}:{}: expected an object with a \"chunks\" array and a \"question\"",
-                      a.data, n);
+    for (DataExample& ex : read_data_jsonl(a.data, {.limit = a.limit})) {
       BenchRequest r;
-      r.name = j.value("id", fmt::format("{}:{}", a.data, n));
-      for (const auto& c : j["chunks"]) r.docs.push_back(c.get<std::string>());
-      r.question = j["question"].get<std::string>();
+      r.name = ex.id.empty() ? fmt::format("{}:{}", ex.file, ex.line) : ex.id;
+      r.docs = std::move(ex.chunks);
+      r.question = std::move(ex.question);
       out.push_back(std::move(r));
     }
-    CT_THROW_IF_NOT(!out.empty(), "--data file '{}' holds no examples", a.data);
     return out;
   }
   std::vector<std::string> files = a.docs;
@@ -128,88 +109,6 @@ std::vector<BenchRequest> load_requests(const BenchTiersArgs& a) {
   out.push_back(std::move(r));
   return out;
 }
-
-// A loopback TCP port that was free a moment ago.
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  CT_THROW_IF_NOT(fd >= 0, "cannot create a socket to find a free port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, (sockaddr*)&addr, sizeof(addr)) == 0 &&
-      ::getsockname(fd, (sockaddr*)&addr, &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  CT_THROW_IF_NOT(port > 0, "cannot bind a loopback socket to find a free port");
-  return port;
-}
-
-bool redis_ping(const std::string& host, int port) {
-  redisContext* c = redisConnectWithTimeout(host.c_str(), port, timeval{0, 200000});
-  if (!c || c->err) {
-    if (c) redisFree(c);
-    return false;
-  }
-  auto* r = static_cast<redisReply*>(redisCommand(c, "PING"));
-  const bool ok = r && r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "PONG";
-  if (r) freeReplyObject(r);
-  redisFree(c);
-  return ok;
-}
-
-// A throwaway redis-server (no persistence) on a free loopback port, killed on destruction.
-class LocalRedis {
- public:
-  // Empty when redis-server cannot be started; *why says what went wrong.
-  static std::unique_ptr<LocalRedis> start(const std::string& work_dir, std::string* why) {
-    auto r = std::unique_ptr<LocalRedis>(new LocalRedis());
-    r->port_ = pick_free_port();
-    const std::string port = std::to_string(r->port_);
-    r->pid_ = ::fork();
-    if (r->pid_ == 0) {
-      const int devnull = ::open("/dev/null", O_RDWR);
-      ::dup2(devnull, 1);
-      ::dup2(devnull, 2);
-      ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", "--dir", work_dir.c_str(), (char*)nullptr);
-      ::_exit(127);
-    }
-    if (r->pid_ < 0) {
-      *why = "fork failed";
-      return nullptr;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (redis_ping("127.0.0.1", r->port_)) return r;
-      int status = 0;
-      if (::waitpid(r->pid_, &status, WNOHANG) == r->pid_) {
-        r->pid_ = -1;
-        *why = WIFEXITED(status) && WEXITSTATUS(status) == 127
-                   ? "redis-server is not on PATH (install the redis-server package)"
-                   : "redis-server exited at start";
-        return nullptr;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    *why = "redis-server did not answer PING within 10 s";
-    return nullptr;
-  }
-  ~LocalRedis() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-  }
-  int port() const { return port_; }
-
- private:
-  LocalRedis() = default;
-  int port_ = 0;
-  pid_t pid_ = -1;
-};
 
 // CPU time of the whole process (every thread: the layer loop, its OpenMP team, the loader).
 double process_cpu_ms() {
@@ -329,7 +228,7 @@ struct TierUnderTest {
   std::unique_ptr<store::CachePool> pool;
   store::DiskTier* disk = nullptr;
   std::string tmp_dir;  // removed afterwards
-  std::unique_ptr<LocalRedis> redis;
+  std::unique_ptr<store::LocalRedisServer> redis;
 };
 
 std::string make_temp_dir(const std::string& parent, const std::string& what) {
@@ -344,59 +243,51 @@ std::string make_temp_dir(const std::string& parent, const std::string& what) {
   return templ;
 }
 
-// Builds the tier `name` alone in a pool; nullptr (after printing why) when Redis is unavailable.
+// Builds the tier `name` alone in a pool from a spec (store/tier_registry.h); nullptr (after
+// printing why) when Redis is unavailable. The bench's names are labels for spec variants:
+// disk-direct is a disk with O_DIRECT reads, hdd a disk with reads throttled to --hdd-bw.
 std::unique_ptr<TierUnderTest> make_tier(const std::string& name, const BenchTiersArgs& a) {
   auto t = std::make_unique<TierUnderTest>();
   t->name = name;
-  std::unique_ptr<store::Tier> tier;
+  std::string spec, note;
   if (name == "device" || name == "host") {
-    t->spec = name;
-    tier = std::make_unique<store::MemoryTier>(name, SIZE_MAX);
+    spec = name;
   } else if (name == "disk" || name == "disk-direct" || name == "hdd") {
     t->tmp_dir = make_temp_dir(a.disk_dir, name);
-    store::DiskTierOptions d;
-    d.name = name;
-    d.dir = t->tmp_dir;
-    d.sync_writes = false;  // the files are written once, before any timing
-    d.direct_io = name == "disk-direct";
-    if (name == "hdd") d.read_bytes_per_sec = (double)parse_bytes(a.hdd_bw);
-    t->spec = "disk:" + d.dir + (name == "hdd" ? ":bw=" + a.hdd_bw : "") +
-              (d.direct_io ? " (O_DIRECT)" : " (buffered: page cache)") +
-              (name == "hdd" ? ", reads throttled" : "");
-    auto disk = std::make_unique<store::DiskTier>(d);
-    t->disk = disk.get();
-    tier = std::move(disk);
+    // nosync: the files are written once, before any timing.
+    spec = "disk:" + t->tmp_dir + ":nosync" + (name == "disk-direct" ? ":direct" : "") +
+           (name == "hdd" ? ":bw=" + a.hdd_bw : "");
+    note = std::string(name == "disk-direct" ? " (O_DIRECT)" : " (buffered: page cache)") +
+           (name == "hdd" ? ", reads throttled" : "");
   } else if (name == "redis") {
-    store::RedisTierOptions r;
-    r.command_timeout_ms = 10000;  // a loaded machine must not turn slow replies into misses
-    if (!a.redis.empty()) {
-      const TierSpec s = parse_tier_spec("redis:" + a.redis);
-      r.host = s.host;
-      r.port = s.port;
-      if (!redis_ping(r.host, r.port)) {
+    std::string addr = a.redis;
+    if (!addr.empty()) {
+      const store::RedisTierOptions r = store::redis_tier_options(parse_tier_spec("redis:" + addr));
+      if (!store::redis_ping(r.host, r.port)) {
         std::printf("redis: no server answers PING at %s; skipped\n", a.redis.c_str());
         return nullptr;
       }
     } else {
       t->tmp_dir = make_temp_dir(a.disk_dir, "redis");
       std::string why;
-      t->redis = LocalRedis::start(t->tmp_dir, &why);
+      t->redis = store::LocalRedisServer::start(t->tmp_dir, &why);
       if (!t->redis) {
         std::printf("redis: %s; skipped (or give --redis HOST:PORT)\n", why.c_str());
         fs::remove_all(t->tmp_dir);
         return nullptr;
       }
-      r.port = t->redis->port();
+      addr = fmt::format("127.0.0.1:{}", t->redis->port());
     }
-    // A prefix of our own, so that the tier indexes only this run's chunks on a shared server.
-    r.key_prefix = fmt::format("ct-bench-{}:", ::getpid());
-    t->spec = fmt::format("redis:{}:{}", r.host, r.port);
-    tier = std::make_unique<store::RedisTier>(r);
+    // A prefix of our own, so that the tier indexes only this run's chunks on a shared server; a
+    // loaded machine must not turn slow replies into misses (10 s timeout).
+    spec = fmt::format("redis:{}:prefix=ct-bench-{}.:timeout=10000", addr, ::getpid());
   } else {
     CT_THROW("unknown tier '{}', expected device, host, disk, disk-direct, hdd or redis", name);
   }
+  t->spec = spec + note;
   std::vector<std::unique_ptr<store::Tier>> tiers;
-  tiers.push_back(std::move(tier));
+  tiers.push_back(store::make_tier(parse_tier_spec(spec)));
+  t->disk = dynamic_cast<store::DiskTier*>(tiers.back().get());
   t->pool = std::make_unique<store::CachePool>(std::move(tiers));
   return t;
 }

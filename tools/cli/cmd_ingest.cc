@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/data_jsonl.h"
 #include "core/error.h"
 #include "reuse/prompt.h"
 #include "tools/cli/commands.h"
@@ -29,22 +30,8 @@ std::vector<std::string> read_docs(const std::string& path, int limit) {
   CT_THROW_IF_NOT(f.good(), "cannot open '{}'", path);
   std::vector<std::string> docs;
   if (path.size() > 6 && path.substr(path.size() - 6) == ".jsonl") {
-    std::string line;
-    int n = 0;
-    while (std::getline(f, line)) {
-      ++n;
-      if (line.empty()) continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const std::exception& e) {
-        CT_THROW("{}:{}: invalid JSON ({})", path, n, e.what());
-      }
-      CT_THROW_IF_NOT(j.contains("chunks") && j["chunks"].is_array(),
-                      "{}:{}: expected an object with a \"chunks\" array", path, n);
-      for (const auto& c : j["chunks"]) docs.push_back(c.get<std::string>());
-      if (limit > 0 && n >= limit) break;
-    }
+    for (DataExample& ex : read_data_jsonl(path, {.limit = limit, .question = false}))
+      for (std::string& c : ex.chunks) docs.push_back(std::move(c));
   } else {
     std::stringstream ss;
     ss << f.rdbuf();

@@ -1,6 +1,6 @@
 // GPU forward pass of a Llama-family decoder (cuBLAS FP32 GEMMs plus small kernels), checked
 // against the CPU backend's Model::prefill (tests/cuda/decoder_test.cc). It takes plain weight
-// pointers, so this layer does not depend on src/model; src/model/cuda_decoder.h builds one from
+// pointers, so this layer does not depend on src/model; src/backend/gpu_decoder.h builds one from
 // a loaded Model. No CUDA types here (see band_norms.h). Only in CT_CUDA builds.
 #pragma once
 

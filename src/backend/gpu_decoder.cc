@@ -1,13 +1,16 @@
-// Glue between the loaded Model and the GPU decoder (see cuda_decoder.h).
-#include "model/cuda_decoder.h"
+// Glue between the loaded Model and the GPU decoder (see gpu_decoder.h).
+#include "backend/gpu_decoder.h"
 
-#ifdef CT_HAVE_CUDA
 #include <numeric>
 #include <vector>
+
+#include "backend/registry.h"
+#include "core/error.h"
 
 namespace ct {
 
 std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx) {
+  CT_THROW_IF_NOT(backend::backend_built("cuda"), "GPU decoder: {}", backend::kNoCudaMessage);
   const ModelConfig& c = m.config();
   cuda::DecoderDims d;
   d.n_layer = c.n_layer;
@@ -55,4 +58,3 @@ std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_
 }
 
 }  // namespace ct
-#endif

@@ -1,8 +1,8 @@
 // The GPU decoder (backend/cuda/decoder.h) built from a loaded Model: its F32 weights uploaded,
-// RoPE angles from the model's own table so both backends rotate identically. CT_CUDA builds.
+// RoPE angles from the model's own table so both backends rotate identically. In a build without
+// CUDA (backend/registry.h) make_cuda_decoder throws the "no CUDA backend" error.
 #pragma once
 
-#ifdef CT_HAVE_CUDA
 #include <memory>
 #include <vector>
 
@@ -19,4 +19,3 @@ std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_
                                 int pos0);
 
 }  // namespace ct
-#endif

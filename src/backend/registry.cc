@@ -1,0 +1,100 @@
+// The backend registry (registry.h). The only file that tests CT_HAVE_CUDA: with CUDA it forwards
+// to backend/cuda; without, it defines the GPU decoder's members so that code using it still
+// links, each throwing kNoCudaMessage (the constructor first, so no decoder can exist).
+#include "backend/registry.h"
+
+#include <memory>
+#include <mutex>
+
+#include "backend/cuda/decoder.h"
+#include "core/error.h"
+#ifdef CT_HAVE_CUDA
+#include "backend/cuda/band_norms.h"
+#endif
+
+namespace ct::backend {
+
+const char* const kNoCudaMessage =
+    "this build has no CUDA backend; configure with -DCT_CUDA=ON (needs nvcc, cuBLAS and cuFFT)";
+
+#ifdef CT_HAVE_CUDA
+
+std::vector<std::string> built_backends() { return {"cpu", "cuda"}; }
+
+bool backend_available(std::string_view name) {
+  return name == "cpu" || (name == "cuda" && cuda::device_count() > 0);
+}
+
+std::vector<float> cuda_band_norms(const std::vector<const float*>& mats, int n_tok, int kv_dim,
+                                   bool filter, int lo, int hi) {
+  // The BandNorms of the last shape is kept (device buffers and cuFFT plans are most of a first
+  // call's cost); a chunk of another length replaces it, so device memory stays bounded by one
+  // shape. The lock serialises callers, which share one device anyway.
+  static std::mutex mu;
+  static auto* cached = new std::unique_ptr<cuda::BandNorms>();  // never destroyed, like the plans
+  const int n_mat = static_cast<int>(mats.size());
+  std::lock_guard<std::mutex> lock(mu);
+  auto& bn = *cached;
+  if (!bn || bn->n_mat() != n_mat || bn->n_tok() != n_tok || bn->kv_dim() != kv_dim) {
+    bn.reset();  // free the old shape's device memory before allocating the new one
+    bn = std::make_unique<cuda::BandNorms>(n_mat, n_tok, kv_dim);
+  }
+  bn->upload(mats);
+  return bn->run(filter, lo, hi);
+}
+
+#else
+
+std::vector<std::string> built_backends() { return {"cpu"}; }
+
+bool backend_available(std::string_view name) { return name == "cpu"; }
+
+std::vector<float> cuda_band_norms(const std::vector<const float*>&, int, int, bool, int, int) {
+  CT_THROW("{}", kNoCudaMessage);
+}
+
+}  // namespace ct::backend
+
+namespace ct::cuda {
+
+// No Impl exists without CUDA: the constructor throws, so the other members are unreachable.
+struct Decoder::Impl {};
+Decoder::Decoder(const DecoderDims&, const DecoderWeights&, int) {
+  CT_THROW("GPU decoder: {}", backend::kNoCudaMessage);
+}
+Decoder::~Decoder() = default;
+#define CT_NO_DECODER                                  \
+  ::ct::abort_invariant(__FILE__, __LINE__, "no CUDA", \
+                        "a GPU decoder exists in a build without CUDA")
+const DecoderDims& Decoder::dims() const { CT_NO_DECODER; }
+int Decoder::n_ctx() const { CT_NO_DECODER; }
+std::vector<float> Decoder::forward(const int32_t*, const int32_t*, int, const float*,
+                                    const float*) {
+  CT_NO_DECODER;
+}
+void Decoder::begin(const int32_t*, const int32_t*, int, const float*, const float*) {
+  CT_NO_DECODER;
+}
+void Decoder::layer(int) { CT_NO_DECODER; }
+std::vector<float> Decoder::finish() { CT_NO_DECODER; }
+void Decoder::set_reused_rows(RowType, const int32_t*, int, const float*, const float*) {
+  CT_NO_DECODER;
+}
+std::pair<void*, void*> Decoder::reused_staging(int) { CT_NO_DECODER; }
+void Decoder::write_reused(int) { CT_NO_DECODER; }
+void Decoder::read_kv(int, int, float*, float*) const { CT_NO_DECODER; }
+#undef CT_NO_DECODER
+
+}  // namespace ct::cuda
+
+namespace ct::backend {
+
+#endif
+
+bool backend_built(std::string_view name) {
+  for (const std::string& b : built_backends())
+    if (b == name) return true;
+  return false;
+}
+
+}  // namespace ct::backend
