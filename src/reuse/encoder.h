@@ -19,9 +19,11 @@ struct EncodeOptions {
   // have to act as the attention sink, so its K/V look like any other position's when the chunk
   // is reused in the middle of a prompt. See docs/ARCHITECTURE.md for the measurement.
   bool sink = true;
-  // The stored ranking, which the record's rows are laid out in (default: low-frequency, alpha
-  // 0.5). kHead and kProbe store the rankings of src/reuse/policy/.
-  RankOptions rank;
+  // The stored ranking, which the record's rows are laid out in and `--policy cachetune` takes
+  // the top of. Default: the probe ranking (policy/probe.h), chosen by measurement over the
+  // paper's low-frequency one (kLowFreq, still `--policy freq`); docs/RESULTS.md, "Offline
+  // policies" has the evidence. kHead stores the head ranking.
+  RankOptions rank{.mode = RankMode::kProbe};
   ProbeOptions probe;  // the probe context, when rank.mode is kProbe (or `also` asks for it)
   // Further rankings computed from the same isolated encoding (EncodeExtras::rankings), for
   // evaluating several offline policies on one record.

@@ -38,6 +38,11 @@ class OfflinePolicyTest : public ::testing::Test {
     eo.probe.layers = layers;
     return eo;
   }
+  static EncodeOptions lowfreq_options() {
+    EncodeOptions eo;
+    eo.rank.mode = RankMode::kLowFreq;
+    return eo;
+  }
   static std::unique_ptr<Model> model_;
 };
 std::unique_ptr<Model> OfflinePolicyTest::model_;
@@ -49,6 +54,13 @@ bool is_permutation_of_n(const std::vector<int32_t>& o, int n) {
     if (i >= (int)s.size() || s[i] != i) return false;
   }
   return (int)s.size() == n;
+}
+
+TEST_F(OfflinePolicyTest, TheDefaultEncodingStoresTheProbeRanking) {
+  const auto toks = test::random_byte_tokens(25, 13);
+  const ChunkKV a = encode_chunk(*model_, toks, EncodeOptions());
+  EXPECT_EQ(a.meta.rank_mode, "probe");
+  EXPECT_EQ(a.meta.order, encode_chunk(*model_, toks, probe_options()).meta.order);
 }
 
 TEST(HeadPolicy, RanksInTextOrderAndSelectsTheFirstCeilRN) {
@@ -88,14 +100,14 @@ TEST_F(OfflinePolicyTest, ProbeRankingIsDeterministicAndPartOfTheId) {
   other.probe.text = "A different probe context.";
   EXPECT_NE(chunk_id(model_->fingerprint(), toks, other), a.meta.id);
   EXPECT_NE(chunk_id(model_->fingerprint(), toks, probe_options(3)), a.meta.id);
-  EncodeOptions lf;
+  EncodeOptions lf = lowfreq_options();
   EXPECT_NE(chunk_id(model_->fingerprint(), toks, lf), a.meta.id);
   EXPECT_EQ(encode_chunk(*model_, toks, lf).meta.rank_params, "");
 }
 
 TEST_F(OfflinePolicyTest, ProbeAlsoRankingEqualsTheStoredOne) {
   const auto toks = test::random_byte_tokens(33, 4);
-  EncodeOptions lf;
+  EncodeOptions lf = lowfreq_options();
   RankOptions pr;
   pr.mode = RankMode::kProbe;
   lf.also = {pr};
@@ -152,7 +164,7 @@ TEST_F(OfflinePolicyTest, EveryOfflinePolicySelectsExactlyItsBudget) {
 
 TEST_F(OfflinePolicyTest, ProbeOnALowFreqRecordNeedsTheProbeRanking) {
   const auto toks = test::random_byte_tokens(20, 7);
-  const ChunkKV a = encode_chunk(*model_, toks, EncodeOptions());
+  const ChunkKV a = encode_chunk(*model_, toks, lowfreq_options());
   InMemoryChunk s(a);
   PolicyOptions po;
   po.kind = PolicyKind::kProbe;
