@@ -99,6 +99,8 @@ def main():
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--setting", default="base")
     ap.add_argument("--vs", default="probe")
+    ap.add_argument("--into", help="replace the tables between the quality-tables markers of "
+                    "this Markdown file (docs/RESULTS.md) instead of printing them")
     a = ap.parse_args()
     out = []
     for d in a.dirs:
@@ -121,7 +123,18 @@ def main():
             if st:
                 paired(st, a.vs, t, out)
         ingest_cost(d, out)
-    print("\n".join(out))
+    text = "\n".join(out)
+    if not a.into:
+        print(text)
+        return 0
+    doc = open(a.into).read()
+    begin, end = "<!-- quality-tables: generated begin -->", "<!-- quality-tables: generated end -->"
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        sys.exit(f"{a.into}: no '{begin}' ... '{end}' markers")
+    doc = doc[:i + len(begin)] + "\n" + text + "\n" + doc[j:]
+    open(a.into, "w").write(doc)
+    return 0
 
 
 if __name__ == "__main__":
