@@ -48,6 +48,7 @@ struct EvalArgs {
   int cache_mib = 1024;
   bool no_sink = false;
   bool no_attention = false;
+  bool summarize_only = false;
   int probe_layers = 0;
   std::string probe_text = kDefaultProbeText;
   std::string command;
@@ -155,6 +156,13 @@ std::string command_line() {
 }
 
 void run_eval_cmd(const EvalArgs& a) {
+  if (a.summarize_only) {
+    CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
+    const nlohmann::json s = summarize_eval(a.out);
+    std::fprintf(stderr, "eval: %d records summarised into %s/summary.json\n",
+                 s["n_records"].get<int>(), a.out.c_str());
+    return;
+  }
   CT_THROW_IF_NOT(!a.data.empty(), "give the data with --data FILE.jsonl (or a directory)");
   CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
   const std::string model_path = resolve_model(a.model);  // before the data: fail fast
@@ -246,6 +254,9 @@ void register_eval(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--chunk-cache-mib", a->cache_mib, "In-memory chunk encoding cache")
       ->capture_default_str();
+  c->add_flag("--summarize-only", a->summarize_only,
+              "Only rewrite summary.json of --out from its results.jsonl (e.g. after a run was "
+              "stopped); --data is then ignored");
   c->add_flag("--no-attention", a->no_attention,
               "Skip the untimed second prefill per policy that measures the query attention "
               "(attn_cos is then empty)");
