@@ -74,7 +74,10 @@ def paired(stats, vs, title, out):
     out.append("")
 
 
-def ingest_cost(run_dir, out):
+def ingest_cost(run_dir, out, stored):
+    """encode_rank_ms is the stored ranking's time, encode_probe_ms the other one's (the F32-tap
+    ranking of EncodeOptions::also): the probe pass when lowfreq is stored, the frequency
+    ranking when probe is (run.json config "rank")."""
     fw = rk = pb = 0.0
     n = 0
     with open(os.path.join(run_dir, "results.jsonl")) as f:
@@ -87,6 +90,8 @@ def ingest_cost(run_dir, out):
                 n += 1
     if n == 0:
         return
+    if stored == "probe":
+        rk, pb = pb, rk
     out.append(f"**Ingest cost over the chunks of {n} examples** (ms, summed): isolated prefill "
                f"{fw:.0f}, frequency ranking {rk:.0f}, probe pass {pb:.0f}. A plain encoding "
                f"(prefill + frequency ranking) costs {fw + rk:.0f}; a probe encoding (prefill + "
@@ -122,7 +127,7 @@ def main():
             st = tasks[t].get("stats", {}).get(a.setting)
             if st:
                 paired(st, a.vs, t, out)
-        ingest_cost(d, out)
+        ingest_cost(d, out, cfg.get("rank", "lowfreq"))
     text = "\n".join(out)
     if not a.into:
         print(text)
