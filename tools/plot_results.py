@@ -638,9 +638,22 @@ def main():
         if path:
             L.append(f"**{title}**\n")
             L.append(f"![{title}]({rel}/{os.path.basename(path)})\n")
+    # A section written by tools/quality_tables.py (issue 15) between these markers is kept.
+    keep = ""
+    if os.path.exists(a.results):
+        old = open(a.results).read()
+        i, j = old.find(QUALITY_BEGIN), old.find(QUALITY_END)
+        if i >= 0 and j > i:
+            keep = old[i:j + len(QUALITY_END)] + "\n\n"
+    if keep:
+        L.insert(1, keep)
     with open(a.results, "w") as f:
         f.write("\n".join(L) + "\n")
     print(f"wrote {a.results} and {sum(1 for _, p in figs if p)} figures in {a.figures}")
+
+
+QUALITY_BEGIN = "<!-- quality-tables: begin -->"
+QUALITY_END = "<!-- quality-tables: end -->"
 
 
 if __name__ == "__main__":

@@ -4,8 +4,20 @@
 #include <cstring>
 
 #include "core/timer.h"
+#include "reuse/policy.h"
 
 namespace ct {
+
+std::string ranking_name(const RankOptions& r) {
+  switch (r.mode) {
+    case RankMode::kProbe:
+      return "probe";
+    case RankMode::kHead:
+      return "head";
+    default:
+      return std::string(rank_mode_name(r.mode)) + "/" + std::to_string(r.alpha);
+  }
+}
 
 std::shared_ptr<const ChunkKV> ChunkCache::get(const std::vector<int32_t>& tokens) {
   const std::string id = chunk_id(m_.fingerprint(), tokens, opt_);
@@ -16,8 +28,15 @@ std::shared_ptr<const ChunkKV> ChunkCache::get(const std::vector<int32_t>& token
   }
   ++misses_;
   Timer t;
-  auto rec = std::make_shared<const ChunkKV>(encode_chunk(m_, tokens, opt_));
+  EncodeExtras ex;
+  auto rec = std::make_shared<const ChunkKV>(encode_chunk(m_, tokens, opt_, &ex));
   encode_ms_ += t.ms();
+  forward_ms_ += ex.forward_ms;
+  rank_ms_ += ex.rank_ms;
+  for (size_t i = 0; i < opt_.also.size(); ++i) {
+    also_ms_ += ex.also_ms[i];
+    remember_ranking(rec->meta.id, ranking_name(opt_.also[i]), ex.rankings[i].order);
+  }
   const size_t b = rec->meta.kv_bytes();
   while (!lru_.empty() && bytes_ + b > max_bytes_) {
     auto it = map_.find(lru_.back());
@@ -45,6 +64,7 @@ ChunkKV rerank_record(const ChunkKV& rec, const RankOptions& opt) {
   out.meta.scores = rank.scores;
   out.meta.rank_mode = rank_mode_name(opt.mode);
   out.meta.alpha = opt.alpha;
+  out.meta.rank_params = rank_params(opt, ProbeOptions());
   EncodeOptions eo;
   eo.dtype = m.dtype;
   eo.sink = m.sink;

@@ -28,6 +28,11 @@ class ChunkCache {
   int hits() const { return hits_; }
   int misses() const { return misses_; }
   double encode_ms() const { return encode_ms_; }  // total time spent encoding misses
+  // Parts of encode_ms: the isolated prefill, the stored ranking, the EncodeOptions::also ones
+  // (whose orders are left with remember_ranking under ranking_name()).
+  double forward_ms() const { return forward_ms_; }
+  double rank_ms() const { return rank_ms_; }
+  double also_ms() const { return also_ms_; }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -36,7 +41,7 @@ class ChunkCache {
   size_t max_bytes_;
   size_t bytes_ = 0;
   int hits_ = 0, misses_ = 0;
-  double encode_ms_ = 0;
+  double encode_ms_ = 0, forward_ms_ = 0, rank_ms_ = 0, also_ms_ = 0;
   std::list<std::string> lru_;  // most recent first
   struct Entry {
     std::shared_ptr<const ChunkKV> rec;
@@ -44,6 +49,10 @@ class ChunkCache {
   };
   std::unordered_map<std::string, Entry> map_;
 };
+
+// The remember_ranking name of a ranking: "probe", "head", or "<mode>/<alpha>" (policy.cc's
+// names for the spectral ones).
+std::string ranking_name(const RankOptions& r);
 
 // A copy of `rec` ranked with `opt` (rank_stored_chunk) and laid out in that ranking order, as
 // encode_chunk with EncodeOptions::rank = opt would have stored it: same K/V values (no second

@@ -24,6 +24,7 @@
 #include "eval/chunk_cache.h"
 #include "eval/dataset.h"
 #include "eval/fidelity.h"
+#include "eval/quality_stats.h"
 #include "model/generate.h"
 #include "model/sampler.h"
 #include "reuse/encoder.h"
@@ -111,6 +112,10 @@ bool has_selection(PolicyKind k) {
     case PolicyKind::kEpic:
     case PolicyKind::kCacheBlend:
     case PolicyKind::kProphetKV:
+    case PolicyKind::kFreq:
+    case PolicyKind::kHead:
+    case PolicyKind::kProbe:
+    case PolicyKind::kOracle:
       return true;
     default:
       return false;
@@ -239,6 +244,9 @@ json result_config(const Model& m, const EvalOptions& o) {
           {"n_bands", o.n_bands},
           {"kv_dtype", kv_dtype_name(o.dtype)},
           {"sink", o.sink},
+          {"rank", rank_mode_name(EncodeOptions().rank.mode)},
+          {"probe", fmt::format("{} (layers {})", probe_params(o.probe),
+                                probe_layers(o.probe, m.config().n_layer))},
           {"decoding", "greedy"}};
 }
 
@@ -259,6 +267,12 @@ void update_run_json(const Model& m, const EvalOptions& o, const std::string& di
     }
     const json& old = run["config"];
     for (auto it = cfg.begin(); it != cfg.end(); ++it) {
+      // A setting added after the directory was started (the probe context) did not affect the
+      // policies recorded before it: it is adopted and applies from now on.
+      if (!old.contains(it.key()) && (it.key() == "probe" || it.key() == "rank")) {
+        run["config"][it.key()] = it.value();
+        continue;
+      }
       CT_THROW_IF_NOT(old.contains(it.key()) && old[it.key()] == it.value(),
                       "{}: this directory holds results with {} = {}, but this run uses {}; "
                       "write to another --out directory",
@@ -520,6 +534,17 @@ class Runner {
     e.dtype = o.dtype;
     e.sink = o.sink;
     e.rank.alpha = o.alpha;
+    e.probe = o.probe;
+    // The stored ranking is the product's (EncodeOptions' default, which `cachetune` selects
+    // from); the paper's low-frequency ranking (freq) and the probe ranking are computed from the
+    // same isolated encoding in F32 when they are not the stored one.
+    for (RankMode mode : {RankMode::kLowFreq, RankMode::kProbe}) {
+      if (mode == e.rank.mode) continue;
+      RankOptions r;
+      r.mode = mode;
+      r.alpha = o.alpha;
+      e.also.push_back(r);
+    }
     return e;
   }
   void note(const std::string& s) const {
@@ -586,10 +611,14 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
   const int V = c.n_vocab;
   const RagPromptTokens prompt = build_rag_prompt(tok, ex.chunks, ex.question, spec.instruction);
 
-  const double enc_before = cache_.encode_ms();
+  const double enc_before = cache_.encode_ms(), fwd_before = cache_.forward_ms(),
+               rank_before = cache_.rank_ms(), probe_before = cache_.also_ms();
   std::vector<std::shared_ptr<const ChunkKV>> recs;
   for (const auto& t : prompt.chunks) recs.push_back(cache_.get(t));
   const double encode_ms = cache_.encode_ms() - enc_before;
+  const double encode_forward_ms = cache_.forward_ms() - fwd_before;
+  const double encode_rank_ms = cache_.rank_ms() - rank_before;
+  const double encode_probe_ms = cache_.also_ms() - probe_before;
   int n_chunk_tokens = 0;
   for (const auto& r : recs) n_chunk_tokens += r->meta.n_tok;
 
@@ -696,6 +725,10 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         full.attn = ref.attn;
         json j = record(*ref_setting, PolicyKind::kFull, full, ref);
         j["encode_ms"] = encode_ms;
+        // Ingest cost: the isolated prefill, the stored (freq) ranking, the probe pass.
+        j["encode_forward_ms"] = encode_forward_ms;
+        j["encode_rank_ms"] = encode_rank_ms;
+        j["encode_probe_ms"] = encode_probe_ms;
         if (layout == Layout::kBase) j["band_energy"] = band_energy(recs, o_.n_bands);
         out_->append(j);
         done_.insert(unit_key(ex.id, ref_name, "full"));
@@ -724,8 +757,15 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
       po.ratio = s->ratio;
       po.alpha = s->alpha;
       po.seed = o_.seed;
+      std::vector<std::vector<int32_t>> oracle;
+      if (k == PolicyKind::kOracle) {
+        CT_THROW_IF_NOT(drift.size() == req.chunks.size(), "oracle: no drift of the chunks");
+        for (const auto& d : drift) oracle.push_back(top_r_by_score(d, s->ratio));
+        po.oracle = &oracle;
+      }
       Outcome r = run_policy(
-          m_, req, po, max_tokens, true, [&](const DecodeResult&) { return ref.forced; }, kv, ws);
+          m_, req, po, max_tokens, o_.attention, [&](const DecodeResult&) { return ref.forced; },
+          kv, ws);
       json j = record(*s, k, r, ref);
       if (has_selection(k) && !drift.empty()) {
         RecallCount rc;
@@ -957,7 +997,15 @@ json summarize_eval(const std::string& dir) {
       run = nullptr;
     }
   }
-  json summary = {{"run", run}, {"n_records", (int)recs.size()}, {"tasks", tasks}};
+  // Intervals: per task (into each task's settings) and over all tasks ("overall").
+  const json qs = quality_stats(recs);
+  for (auto it = qs["tasks"].begin(); it != qs["tasks"].end(); ++it) {
+    if (tasks.contains(it.key())) tasks[it.key()]["stats"] = it.value();
+  }
+  json summary = {{"run", run},
+                  {"n_records", (int)recs.size()},
+                  {"tasks", tasks},
+                  {"overall", qs["overall"]}};
   const std::string spath = dir + "/" + kSummaryFile;
   write_file_atomic(spath, summary.dump(2) + "\n");
   return summary;

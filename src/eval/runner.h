@@ -11,6 +11,7 @@
 
 #include "model/model.h"
 #include "reuse/policy.h"
+#include "reuse/policy/probe.h"
 #include "store/chunk.h"
 
 namespace ct {
@@ -36,6 +37,9 @@ struct EvalOptions {
   int max_tokens_qa = 32;
   int max_tokens_summary = 128;
   int kl_positions = 8;  // K: teacher-forced positions of full's answer for the KL
+  // Measure the query's attention over the context (attn_cos) with a second, untimed prefill per
+  // policy; off saves that prefill where only KL, answers, recall and TTFT are wanted.
+  bool attention = true;
   bool robustness = false;
   int extra_context_tokens = 1024;   // filler placed before the documents in the robustness run
   std::vector<double> sweep_ratios;  // each adds a setting "r=<v>" with sweep_policies
@@ -45,6 +49,9 @@ struct EvalOptions {
   int n_bands = 10;   // KV energy bands
   KvDtype dtype = KvDtype::F16;
   bool sink = true;  // encode chunks after a BOS sink token (EncodeOptions::sink)
+  // The probe context of the probe policy (its ranking is computed with every chunk encoding,
+  // next to the stored low-frequency one; EncodeOptions::also).
+  ProbeOptions probe;
   size_t chunk_cache_bytes = size_t{1} << 30;
   std::string command;  // the command line, recorded in run.json
   std::function<void(const EvalProgress&)> progress;

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/timer.h"
+#include "reuse/policy/head.h"
 
 namespace ct {
 
@@ -17,8 +18,24 @@ const char* rank_mode_name(RankMode m) {
       return "highfreq";
     case RankMode::kL2:
       return "l2";
+    case RankMode::kHead:
+      return "head";
+    case RankMode::kProbe:
+      return "probe";
   }
   return "unknown";
+}
+
+RankMode parse_rank_mode(const std::string& s) {
+  for (RankMode m : {RankMode::kLowFreq, RankMode::kHighFreq, RankMode::kL2, RankMode::kHead,
+                     RankMode::kProbe}) {
+    if (s == rank_mode_name(m)) return m;
+  }
+  CT_THROW("unknown rank mode '{}', expected one of: lowfreq, highfreq, l2, head, probe", s);
+}
+
+std::string rank_params(const RankOptions& r, const ProbeOptions& p) {
+  return r.mode == RankMode::kProbe ? probe_params(p) : std::string();
 }
 
 std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
@@ -32,10 +49,29 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
   h.update_pod((uint8_t)opt.sink);
   h.update(rank_mode_name(opt.rank.mode));
   h.update_pod(opt.rank.alpha);
+  const std::string params = rank_params(opt.rank, opt.probe);
+  if (!params.empty()) h.update(params);
   return h.hex_digest();
 }
 
-ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt) {
+namespace {
+ChunkRanking rank_with(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+                       const std::vector<const float*>& kl, const std::vector<const float*>& vl,
+                       int n, int KV, const RankOptions& ro, const ProbeOptions& po) {
+  switch (ro.mode) {
+    case RankMode::kHead:
+      return head_ranking(n);
+    case RankMode::kProbe:
+      return probe_rank(m, tokens, sink, kl, vl, po);
+    default:
+      return rank_chunk_tokens(kl, vl, n, KV, ro);
+  }
+}
+}  // namespace
+
+ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
+                     EncodeExtras* extras) {
+  Timer ft;
   const ModelConfig& c = m.config();
   const int n = (int)tokens.size();
   CT_THROW_IF_NOT(n > 0, "cannot encode an empty chunk");
@@ -66,11 +102,24 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
     kl[l] = k_all.data() + ((size_t)l * nt + off) * KV;
     vl[l] = v_all.data() + ((size_t)l * nt + off) * KV;
   }
+  const double forward_ms = ft.ms();
   Timer rt;
-  ChunkRanking rank = rank_chunk_tokens(kl, vl, n, KV, opt.rank);
+  ChunkRanking rank = rank_with(m, tokens, opt.sink, kl, vl, n, KV, opt.rank, opt.probe);
   ChunkKV out;
   ChunkMeta& meta = out.meta;
   meta.rank_ms = rt.ms();
+  if (extras) {
+    extras->forward_ms = forward_ms;
+    extras->rank_ms = meta.rank_ms;
+    extras->rankings.clear();
+    extras->also_ms.clear();
+    for (const RankOptions& ro : opt.also) {
+      Timer at;
+      extras->rankings.push_back(rank_with(m, tokens, opt.sink, kl, vl, n, KV, ro, opt.probe));
+      extras->also_ms.push_back(at.ms());
+    }
+  }
+  meta.rank_params = rank_params(opt.rank, opt.probe);
   meta.id = chunk_id(m.fingerprint(), tokens, opt);
   meta.model_fingerprint = m.fingerprint();
   meta.n_tok = n;

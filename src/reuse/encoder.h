@@ -8,6 +8,7 @@
 
 #include "model/model.h"
 #include "reuse/freq_rank.h"
+#include "reuse/policy/probe.h"
 #include "store/chunk.h"
 
 namespace ct {
@@ -18,19 +19,43 @@ struct EncodeOptions {
   // have to act as the attention sink, so its K/V look like any other position's when the chunk
   // is reused in the middle of a prompt. See docs/ARCHITECTURE.md for the measurement.
   bool sink = true;
-  RankOptions rank;  // the stored ranking (default: low-frequency, alpha 0.5)
+  // The stored ranking, which the record's rows are laid out in and `--policy cachetune` takes
+  // the top of. Default: the probe ranking (policy/probe.h), chosen by measurement over the
+  // paper's low-frequency one (kLowFreq, still `--policy freq`); docs/RESULTS.md, "Offline
+  // policies" has the evidence. kHead stores the head ranking.
+  RankOptions rank{.mode = RankMode::kProbe};
+  ProbeOptions probe;  // the probe context, when rank.mode is kProbe (or `also` asks for it)
+  // Further rankings computed from the same isolated encoding (EncodeExtras::rankings), for
+  // evaluating several offline policies on one record.
+  std::vector<RankOptions> also;
 };
+
+// What encode_chunk measured, and the rankings of EncodeOptions::also in that order.
+struct EncodeExtras {
+  double forward_ms = 0;  // the isolated prefill (all layers)
+  double rank_ms = 0;     // the stored ranking
+  std::vector<ChunkRanking> rankings;
+  std::vector<double> also_ms;  // per `also` ranking
+};
+
+// The rank_params string of a ranking: probe_params() for kProbe, "" otherwise.
+std::string rank_params(const RankOptions& r, const ProbeOptions& p);
 
 const char* rank_mode_name(RankMode m);
 
-// Content hash of (model fingerprint, token ids, dtype, sink, rank mode, alpha): the same text
-// encoded the same way by the same model gets the same id in any request.
+// Content hash of (model fingerprint, token ids, dtype, sink, rank mode, alpha, and for kProbe
+// its rank_params): the same text encoded the same way by the same model gets the same id in any
+// request. Ids of the spectral modes are the same as before the probe existed.
 std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
                      const EncodeOptions& opt);
 
 // Prefills `tokens` alone and returns the record. Throws ct::Error for an empty chunk or one
 // longer than the model context.
-ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt);
+ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
+                     EncodeExtras* extras = nullptr);
+
+// Parses "lowfreq" | "highfreq" | "l2" | "head" | "probe"; ct::Error naming the valid ones.
+RankMode parse_rank_mode(const std::string& s);
 
 // Unpacked K (pre-RoPE) and V of a record in text order: F32 [n_layer][n_tok][kv_dim] each.
 struct ChunkKVF32 {

@@ -48,6 +48,10 @@ void validate(const std::vector<const float*>& k_layers, const std::vector<const
 }
 
 void validate_options(const RankOptions& opt) {
+  CT_THROW_IF_NOT(opt.mode == RankMode::kLowFreq || opt.mode == RankMode::kHighFreq ||
+                      opt.mode == RankMode::kL2,
+                  "freq_rank: rank mode {} is not a spectral ranking (see src/reuse/policy/)",
+                  (int)opt.mode);
   CT_THROW_IF_NOT(opt.mode == RankMode::kL2 || (opt.alpha >= 0.0 && opt.alpha <= 1.0),
                   "freq_rank: alpha = {}; expected a value in [0, 1]", opt.alpha);
 }

@@ -12,6 +12,9 @@ enum class RankMode {
   kLowFreq,   // keep the lowest alpha fraction of rFFT bins (DC included): the paper's method
   kHighFreq,  // keep the highest alpha fraction of bins; DC is excluded unless alpha keeps all
   kL2,        // no spectral filtering: raw K/V magnitudes (equals kLowFreq with alpha = 1)
+  // Not spectral: rankings of src/reuse/policy/ stored in the same record fields.
+  kHead,   // text order: the first tokens of the chunk first (policy/head.h)
+  kProbe,  // K/V drift after an unrelated probe context (policy/probe.h; needs the model)
 };
 
 // Where the per-layer filtering and norms run. Both give the same scores to float rounding

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
+#include "reuse/policy/head.h"
 
 namespace ct {
 
@@ -24,22 +25,42 @@ constexpr NameKind kNames[] = {
     {"cacheblend", PolicyKind::kCacheBlend}, {"epic", PolicyKind::kEpic},
     {"random", PolicyKind::kRandom},       {"l2", PolicyKind::kL2},
     {"highfreq", PolicyKind::kHighFreq},   {"lfonly", PolicyKind::kLfOnly},
-    {"prophetkv", PolicyKind::kProphetKV},
+    {"prophetkv", PolicyKind::kProphetKV}, {"freq", PolicyKind::kFreq},
+    {"head", PolicyKind::kHead},           {"probe", PolicyKind::kProbe},
+    {"oracle", PolicyKind::kOracle},
 };
+
+std::mutex& memo_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<std::string, std::vector<int32_t>>& memo_map() {
+  static std::map<std::string, std::vector<int32_t>> memo;
+  return memo;
+}
+constexpr size_t kMemoMax = 1u << 15;
+
+std::string spectral_name(const RankOptions& ro) {
+  return std::string(rank_mode_name(ro.mode)) + "/" + std::to_string(ro.alpha);
+}
+
+const std::vector<int32_t>* find_memo(const std::string& key) {
+  auto& memo = memo_map();
+  auto it = memo.find(key);
+  return it == memo.end() ? nullptr : &it->second;
+}
 
 // Rankings of stored chunks under other options, computed once per (id, mode, alpha).
 std::vector<int32_t> memo_ranking(const ChunkSource& c, const RankOptions& ro) {
-  static std::mutex mu;
-  static std::map<std::string, std::vector<int32_t>> memo;
-  const std::string key = c.meta().id + "/" + rank_mode_name(ro.mode) + "/" + std::to_string(ro.alpha);
+  const std::string key = c.meta().id + "/" + spectral_name(ro);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    if (auto it = memo.find(key); it != memo.end()) return it->second;
+    std::lock_guard<std::mutex> lock(memo_mutex());
+    if (const auto* o = find_memo(key)) return *o;
   }
   std::vector<int32_t> order = rank_stored_chunk(read_whole_chunk(c), ro).order;
-  std::lock_guard<std::mutex> lock(mu);
-  if (memo.size() > 4096) memo.clear();
-  memo[key] = order;
+  std::lock_guard<std::mutex> lock(memo_mutex());
+  if (memo_map().size() > kMemoMax) memo_map().clear();
+  memo_map()[key] = order;
   return order;
 }
 
@@ -49,6 +70,13 @@ std::vector<int32_t> sorted_prefix(const std::vector<int32_t>& order, int n) {
   return s;
 }
 }  // namespace
+
+void remember_ranking(const std::string& chunk_id, const std::string& name,
+                      std::vector<int32_t> order) {
+  std::lock_guard<std::mutex> lock(memo_mutex());
+  if (memo_map().size() > kMemoMax) memo_map().clear();
+  memo_map()[chunk_id + "/" + name] = std::move(order);
+}
 
 const char* policy_name(PolicyKind k) {
   for (const auto& nk : kNames) {
@@ -121,12 +149,31 @@ std::vector<int32_t> select_offline(const ChunkSource& src, const PolicyOptions&
       std::sort(all.begin(), all.end());
       return all;
     }
+    case PolicyKind::kFreq:
     case PolicyKind::kL2:
     case PolicyKind::kHighFreq: {
       RankOptions ro;
-      ro.mode = p.kind == PolicyKind::kL2 ? RankMode::kL2 : RankMode::kHighFreq;
+      ro.mode = p.kind == PolicyKind::kL2       ? RankMode::kL2
+                : p.kind == PolicyKind::kFreq ? RankMode::kLowFreq
+                                              : RankMode::kHighFreq;
       ro.alpha = p.alpha;
+      if (meta.rank_mode == rank_mode_name(ro.mode) &&
+          (ro.mode == RankMode::kL2 || meta.alpha == ro.alpha)) {
+        return sorted_prefix(meta.order, k);
+      }
       return sorted_prefix(memo_ranking(src, ro), k);
+    }
+    case PolicyKind::kHead:
+      return head_selection(n, p.ratio);
+    case PolicyKind::kProbe: {
+      if (meta.rank_mode == rank_mode_name(RankMode::kProbe)) return sorted_prefix(meta.order, k);
+      std::lock_guard<std::mutex> lock(memo_mutex());
+      const auto* o = find_memo(meta.id + "/probe");
+      CT_THROW_IF_NOT(o != nullptr && (int)o->size() == n,
+                      "chunk {} was ingested with rank mode '{}', and the probe policy needs the "
+                      "probe ranking, which is computed at ingest: re-ingest with --rank probe",
+                      meta.id.substr(0, 12), meta.rank_mode);
+      return sorted_prefix(*o, k);
     }
     default:
       CT_THROW("policy '{}' selects online, not from the stored chunk", policy_name(p.kind));

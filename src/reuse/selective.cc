@@ -558,6 +558,19 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
         for (int t = 0; t < p.c->meta().n_tok; ++t) score[t] = first.attn[p.offset + t];
         set_selection(p, top_r_by_score(score, opt.policy.ratio));
       }
+    } else if (kind == PolicyKind::kOracle) {
+      const auto* given = opt.policy.oracle;
+      CT_THROW_IF_NOT(given != nullptr && given->size() == plans.size(),
+                      "the oracle policy needs a selection for each of the {} chunks (eval only)",
+                      plans.size());
+      for (size_t b = 0; b < plans.size(); ++b) {
+        for (int32_t t : (*given)[b]) {
+          CT_THROW_IF_NOT(t >= 0 && t < plans[b].c->meta().n_tok,
+                          "oracle selection: token {} outside chunk {} of {} tokens", t, b,
+                          plans[b].c->meta().n_tok);
+        }
+        set_selection(plans[b], (*given)[b]);
+      }
     } else {
       for (ChunkPlan& p : plans) {
         set_selection(p, select_offline(*p.c, opt.policy));

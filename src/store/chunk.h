@@ -30,8 +30,12 @@ struct ChunkMeta {
   int32_t kv_dim = 0;  // n_kv_head * head_dim
   KvDtype dtype = KvDtype::F16;
   bool sink = false;      // encoded after a BOS/attention-sink token (not stored)
-  std::string rank_mode;  // "lowfreq" | "highfreq" | "l2"
+  std::string rank_mode;  // "lowfreq" | "highfreq" | "l2" | "head" | "probe"
   double alpha = 0.5;
+  // Settings of a non-spectral ranking that are part of the id ("probe1:layers=6:text=..." for
+  // "probe"; see reuse/policy/probe.h); "" for the others. Optional in the record's meta JSON, so
+  // records written before it existed read back with "".
+  std::string rank_params;
   std::vector<int32_t> tokens;  // [n_tok] token ids in text order
   std::vector<int32_t> order;   // [n_tok] ranking: order[j] = token index of rank j
   std::vector<float> scores;    // [n_tok] importance score per token index

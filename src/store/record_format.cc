@@ -39,7 +39,7 @@ constexpr size_t kOffVersion = 8, kOffHeaderBytes = 12, kOffJsonBytes = 16, kOff
                  kOffDataOffset = 40, kOffSlabStride = 48, kOffTotalBytes = 56;
 
 nlohmann::json meta_scalars_to_json(const ChunkMeta& m) {
-  return nlohmann::json{{"id", m.id},
+  nlohmann::json j{{"id", m.id},
                         {"model_fingerprint", m.model_fingerprint},
                         {"n_tok", m.n_tok},
                         {"n_layer", m.n_layer},
@@ -52,6 +52,9 @@ nlohmann::json meta_scalars_to_json(const ChunkMeta& m) {
                         {"tokens_len", m.tokens.size()},
                         {"order_len", m.order.size()},
                         {"scores_len", m.scores.size()}};
+  // Only when set, so records of the spectral modes are byte for byte what they were before.
+  if (!m.rank_params.empty()) j["rank_params"] = m.rank_params;
+  return j;
 }
 
 // An integer field of the meta JSON within [lo, hi]. nlohmann's get<int32_t>() on a float such as
@@ -127,6 +130,13 @@ bool check_meta(const ChunkMeta& m, std::string* err) {
   if (!mode_ok)
     return fail(fmt::format("chunk {}: rank_mode '{}', expected 1-32 characters from [a-z0-9_]",
                             m.id, m.rank_mode.substr(0, 32)));
+  const bool params_ok = m.rank_params.size() <= 200 &&
+                         std::all_of(m.rank_params.begin(), m.rank_params.end(),
+                                     [](char c) { return c > ' ' && c < 127; });
+  if (!params_ok)
+    return fail(fmt::format("chunk {}: rank_params of {} characters, expected at most 200 "
+                            "printable ones without spaces",
+                            m.id, m.rank_params.size()));
   if (!std::isfinite(m.alpha) || !std::isfinite(m.rank_ms))
     return fail(fmt::format("chunk {}: alpha={} rank_ms={}, expected finite numbers", m.id, m.alpha,
                             m.rank_ms));
@@ -309,6 +319,7 @@ std::optional<RecordHeader> decode_header(const uint8_t* p, size_t n, std::strin
     m.rank_mode = j.at("rank_mode").get<std::string>();
     m.alpha = j.at("alpha").get<double>();
     m.rank_ms = j.at("rank_ms").get<double>();
+    m.rank_params = j.contains("rank_params") ? j.at("rank_params").get<std::string>() : "";
     // Each length is bounded by the section before the sum is formed: 4 * (a + b + c) wrapped
     // around 2^64 for lengths near 2^61, matched arrays_bytes, and the resize below then asked
     // for 2^63 bytes.

@@ -10,7 +10,10 @@
 //  20  u32 arrays_bytes                48  u64 slab_stride: distance between layer slabs
 //  24  u32 n_layer                     56  u64 total_bytes: size of the whole record
 //  28  u32 n_groups (= ceil(n_tok / group_rows))
-//  64  meta JSON: the scalar ChunkMeta fields plus tokens_len / order_len / scores_len
+//  64  meta JSON: the scalar ChunkMeta fields plus tokens_len / order_len / scores_len (and
+//      rank_params only when non-empty: an optional key, so version 1 still describes every
+//      record; a reader that predates it ignores it, and never looks such a record up, since
+//      rank_params is part of the chunk id)
 //      arrays: tokens i32[tokens_len], order i32[order_len], scores f32[scores_len] (raw bits, so
 //      NaN scores survive, which JSON could not carry)
 //      crc table: u32[n_layer][n_groups], layer-major

@@ -47,6 +47,10 @@ struct EvalArgs {
   uint64_t seed = 0;
   int cache_mib = 1024;
   bool no_sink = false;
+  bool no_attention = false;
+  bool summarize_only = false;
+  int probe_layers = 0;
+  std::string probe_text = kDefaultProbeText;
   std::string command;
 };
 
@@ -152,6 +156,13 @@ std::string command_line() {
 }
 
 void run_eval_cmd(const EvalArgs& a) {
+  if (a.summarize_only) {
+    CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
+    const nlohmann::json s = summarize_eval(a.out);
+    std::fprintf(stderr, "eval: %d records summarised into %s/summary.json\n",
+                 s["n_records"].get<int>(), a.out.c_str());
+    return;
+  }
   CT_THROW_IF_NOT(!a.data.empty(), "give the data with --data FILE.jsonl (or a directory)");
   CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
   const std::string model_path = resolve_model(a.model);  // before the data: fail fast
@@ -172,6 +183,9 @@ void run_eval_cmd(const EvalArgs& a) {
   o.sweep_policies = parse_policies(a.sweep_policies);
   o.seed = a.seed;
   o.sink = !a.no_sink;
+  o.probe.layers = a.probe_layers;
+  o.attention = !a.no_attention;
+  o.probe.text = a.probe_text;
   o.chunk_cache_bytes = (size_t)a.cache_mib << 20;
   o.command = a.command;
   o.log = [](const std::string& s) { std::fprintf(stderr, "eval: %s\n", s.c_str()); };
@@ -239,6 +253,17 @@ void register_eval(CLI::App& app) {
   c->add_option("--seed", a->seed, "Seed of the random policy and the shuffles")
       ->capture_default_str();
   c->add_option("--chunk-cache-mib", a->cache_mib, "In-memory chunk encoding cache")
+      ->capture_default_str();
+  c->add_flag("--summarize-only", a->summarize_only,
+              "Only rewrite summary.json of --out from its results.jsonl (e.g. after a run was "
+              "stopped); --data is then ignored");
+  c->add_flag("--no-attention", a->no_attention,
+              "Skip the untimed second prefill per policy that measures the query attention "
+              "(attn_cos is then empty)");
+  c->add_option("--probe-layers", a->probe_layers,
+                 "Layers of the probe policy's second pass (0: max(2, ceil(n_layer/5)))")
+      ->capture_default_str();
+  c->add_option("--probe-text", a->probe_text, "Probe context of the probe policy")
       ->capture_default_str();
   c->add_flag("--no-sink", a->no_sink,
               "Encode chunks from position 0 without a BOS sink token (the drift reference too)");

@@ -45,6 +45,9 @@ struct EngineFlags {
   bool no_sink = false;
   std::string rank_device = "cpu";
   std::string device = "cpu";
+  std::string rank = rank_mode_name(EncodeOptions().rank.mode);
+  int probe_layers = 0;
+  std::string probe_text = kDefaultProbeText;
 
   void add(CLI::App* c) {
     add_model_option(c, &model);
@@ -56,6 +59,15 @@ struct EngineFlags {
     c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
         ->capture_default_str();
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
+    c->add_option("--rank", rank,
+                  "Ranking stored with new chunks, which --policy cachetune recomputes the top "
+                  "of: lowfreq (the paper's), probe, head, highfreq, l2")
+        ->check(CLI::IsMember({"lowfreq", "probe", "head", "highfreq", "l2"}))
+        ->capture_default_str();
+    c->add_option("--probe-layers", probe_layers,
+                  "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")
+        ->capture_default_str();
+    c->add_option("--probe-text", probe_text, "Probe context of the probe ranking");
     c->add_option("--device", device,
                   "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
                   "policies the GPU path lacks fall back to the CPU)")
@@ -74,6 +86,9 @@ struct EngineFlags {
     for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
     o.encode.dtype = parse_kv_dtype(dtype);
     o.encode.rank.alpha = alpha;
+    o.encode.rank.mode = parse_rank_mode(rank);
+    o.encode.probe.layers = probe_layers;
+    o.encode.probe.text = probe_text;
     o.encode.sink = !no_sink;
     o.encode.rank.device = rank_device == "cuda" ? RankDevice::kCuda : RankDevice::kCpu;
     o.cuda = device == "cuda";

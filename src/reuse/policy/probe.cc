@@ -1,0 +1,150 @@
+#include "reuse/policy/probe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace ct {
+
+const char* const kDefaultProbeText =
+    "Notes from the community garden meeting: volunteers agreed to water the tomato beds on "
+    "weekday mornings, to repair the tool shed door before the rain, and to plant sunflowers "
+    "along the south fence in May.";
+
+int probe_layers(const ProbeOptions& o, int n_layer) {
+  const int want = o.layers > 0 ? o.layers : (n_layer + 4) / 5;
+  return std::clamp(want, std::min(2, n_layer), n_layer);
+}
+
+std::string probe_params(const ProbeOptions& o) {
+  Sha256 h;
+  h.update(o.text);
+  return fmt::format("probe1:layers={}:text={}",
+                     o.layers > 0 ? std::to_string(o.layers) : std::string("auto"),
+                     h.hex_digest().substr(0, 16));
+}
+
+namespace {
+
+// K (after RoPE, as the cache holds it) and V of the probe context in the first `layers` layers.
+struct ProbePrefix {
+  int n = 0;
+  std::vector<std::vector<float>> k, v;  // [layers] F32 [n][kv_dim]
+};
+
+std::shared_ptr<const ProbePrefix> probe_prefix(const Model& m, const ProbeOptions& o, bool sink,
+                                                int layers) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const ProbePrefix>> memo;
+  const std::string key = m.fingerprint() + "|" + probe_params(o) + "|" +
+                          std::to_string(layers) + "|" + (sink ? "sink" : "nosink") + "|" + o.text;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  std::vector<int32_t> toks;
+  if (sink) toks.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
+  const auto body = m.tokenizer().encode(o.text, /*parse_special=*/false);
+  toks.insert(toks.end(), body.begin(), body.end());
+  CT_THROW_IF_NOT(!toks.empty(), "the probe context is empty; give a non-empty probe text");
+  const ModelConfig& c = m.config();
+  const int n = (int)toks.size(), KV = c.kv_dim();
+  KVCache kv(layers, n, KV);
+  Workspace ws;
+  std::vector<float> x((size_t)n * c.n_embd);
+  m.embed(toks.data(), n, x.data());
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  auto p = std::make_shared<ProbePrefix>();
+  p->n = n;
+  for (int l = 0; l < layers; ++l) {
+    m.forward_layer(l, x.data(), pos.data(), n, kv, ws);
+    p->k.emplace_back(kv.k(l), kv.k(l) + (size_t)n * KV);
+    p->v.emplace_back(kv.v(l), kv.v(l) + (size_t)n * KV);
+  }
+  if (memo.size() > 64) memo.clear();
+  memo[key] = p;
+  return p;
+}
+
+// Per token L2 norm of a - b over kv_dim channels, and the mean of those norms.
+double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vector<double>& out) {
+  out.assign(n, 0.0);
+  double sum = 0;
+  for (int t = 0; t < n; ++t) {
+    double s = 0;
+    const float* pa = a + (size_t)t * kv_dim;
+    const float* pb = b + (size_t)t * kv_dim;
+    for (int i = 0; i < kv_dim; ++i) {
+      const double d = (double)pa[i] - pb[i];
+      s += d * d;
+    }
+    out[t] = std::sqrt(s);
+    sum += out[t];
+  }
+  return n > 0 ? sum / n : 0.0;
+}
+
+}  // namespace
+
+ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+                        const std::vector<const float*>& k_iso,
+                        const std::vector<const float*>& v_iso, const ProbeOptions& o) {
+  const ModelConfig& c = m.config();
+  const int n = (int)tokens.size(), KV = c.kv_dim();
+  const int layers = probe_layers(o, c.n_layer);
+  CT_THROW_IF_NOT(n > 0, "probe ranking of an empty chunk");
+  CT_THROW_IF_NOT((int)k_iso.size() >= layers && (int)v_iso.size() >= layers,
+                  "probe ranking needs the isolated K/V of {} layers, got {}", layers,
+                  std::min(k_iso.size(), v_iso.size()));
+  const auto pre = probe_prefix(m, o, sink, layers);
+  const int P = pre->n;
+  CT_THROW_IF_NOT(P + n <= c.n_ctx_train,
+                  "probe context ({} tokens) + chunk ({} tokens) exceed the model context of {}", P,
+                  n, c.n_ctx_train);
+  KVCache kv(layers, P + n, KV);
+  for (int l = 0; l < layers; ++l) {
+    std::memcpy(kv.k(l), pre->k[l].data(), pre->k[l].size() * sizeof(float));
+    std::memcpy(kv.v(l), pre->v[l].data(), pre->v[l].size() * sizeof(float));
+  }
+  Workspace ws;
+  std::vector<float> x((size_t)n * c.n_embd);
+  m.embed(tokens.data(), n, x.data());
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), P);
+  std::vector<float> kp((size_t)n * KV), vp((size_t)n * KV);
+  std::vector<double> score(n, 0.0), dk, dv;
+  int n_scored = 0;
+  for (int l = 0; l < layers; ++l) {
+    LayerTap tap;
+    tap.k_pre_rope = kp.data();
+    tap.v = vp.data();
+    m.forward_layer(l, x.data(), pos.data(), n, kv, ws, &tap);
+    if (l == 0) continue;  // layer 0's K and V depend on the token alone
+    const double mk = drift_norms(kp.data(), k_iso[l], n, KV, dk);
+    const double mv = drift_norms(vp.data(), v_iso[l], n, KV, dv);
+    for (int t = 0; t < n; ++t) {
+      score[t] += 0.5 * (mk > 0 ? dk[t] / mk : 0.0) + 0.5 * (mv > 0 ? dv[t] / mv : 0.0);
+    }
+    ++n_scored;
+  }
+  ChunkRanking r;
+  r.scores.resize(n);
+  for (int t = 0; t < n; ++t) {
+    const double s = n_scored > 0 ? score[t] / n_scored : 0.0;
+    CT_THROW_IF_NOT(std::isfinite(s), "probe ranking: non-finite drift at token {}", t);
+    r.scores[t] = (float)s;
+  }
+  r.order.resize(n);
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::stable_sort(r.order.begin(), r.order.end(),
+                   [&](int32_t a, int32_t b) { return r.scores[a] > r.scores[b]; });
+  return r;
+}
+
+}  // namespace ct

@@ -1,0 +1,52 @@
+// The `probe` policy (offline, at chunk ingest): encode the chunk a second time, placed after a
+// short unrelated probe context, and rank its tokens by how much their pre-RoPE K and V move
+// against the isolated encoding. The tokens that move when *some* context precedes the chunk are
+// the ones that move when the real context of a request precedes it (docs/RESULTS.md measures
+// how often). Query-independent, so the ranking is stored with the record (rank mode "probe")
+// and the complement stays one contiguous read per layer.
+//
+// Cost control: the probe context's K/V are computed once per (model, probe text, layers) and
+// kept, so the second pass computes only the chunk's rows, and only through the first
+// `layers` decoder layers (layer 0's pre-RoPE K and V do not depend on context; the drift of the
+// early layers carries the positional signal). The ingest cost is reported by
+// `cachetune bench-probe` (docs/RESULTS.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "reuse/freq_rank.h"
+
+namespace ct {
+
+// The default probe context: a short, neutral paragraph unrelated to any data set.
+extern const char* const kDefaultProbeText;
+
+struct ProbeOptions {
+  std::string text = kDefaultProbeText;  // tokenised without control tokens
+  // Decoder layers run in the probe pass; 0 = the default, probe_layers() below.
+  int layers = 0;
+};
+
+// Layers of the probe pass for an n_layer model: o.layers when set (clamped to [2, n_layer]),
+// else max(2, ceil(n_layer / 5)).
+int probe_layers(const ProbeOptions& o, int n_layer);
+
+// A short description that identifies the ranking's settings: "probe1:layers=<N or auto>:text=
+// <16 hex of SHA-256 of the text>" (with the model fingerprint in the id, "auto" is one number
+// per model). Part of the chunk id and stored in the record (ChunkMeta::rank_params).
+std::string probe_params(const ProbeOptions& o);
+
+// Scores the chunk `tokens` (without the sink) from its isolated encoding: k_iso[l], v_iso[l]
+// are F32 [n_tok][kv_dim] pre-RoPE K and V of layer l (at least probe_layers() layers). `sink`
+// says whether the isolated encoding had a BOS before the chunk; the probe pass then starts with
+// a BOS as well. score(t) = mean over layers 1..layers-1 of
+// 0.5 * |dK_t| / mean_t |dK| + 0.5 * |dV_t| / mean_t |dV| (L2 norms over the kv_dim channels;
+// a layer with no drift contributes 0). Deterministic; ties go to the lower index.
+ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+                        const std::vector<const float*>& k_iso,
+                        const std::vector<const float*>& v_iso, const ProbeOptions& o);
+
+}  // namespace ct

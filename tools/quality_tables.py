@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Markdown tables with bootstrap intervals from `cachetune eval` summaries (issue 15).
+
+usage: tools/quality_tables.py RUN_DIR [RUN_DIR ...] [--setting base] [--vs probe]
+
+For each run directory (one model each): an overall table (all examples of all tasks pooled),
+one table per task, the paired differences of the KL ratio against --vs, and the ingest cost of
+the probe ranking from the full-recompute records (encode_forward_ms, encode_rank_ms,
+encode_probe_ms). Every number comes from the directory's summary.json / results.jsonl.
+"""
+import argparse
+import json
+import os
+import sys
+
+ORDER = ["full", "reuse", "freq", "cachetune", "head", "probe", "random", "epic", "cacheblend",
+         "prophetkv", "oracle", "highfreq", "l2", "lfonly", "prefix"]
+
+
+def fmt_ci(s, digits=2):
+    if not s or s.get("n", 0) == 0 or s.get("mean") is None:
+        return "–"
+    f = "{:.%df}" % digits
+    if s["lo"] == s["hi"]:
+        return f.format(s["mean"])
+    return (f + " [" + f + ", " + f + "]").format(s["mean"], s["lo"], s["hi"])
+
+
+def fmt(v, spec):
+    return "–" if v is None else spec.format(v)
+
+
+def policy_rows(pols):
+    names = sorted(pols, key=lambda p: (ORDER.index(p) if p in ORDER else 99, p))
+    return names
+
+
+def table(stats, title, out):
+    pols = stats["policies"]
+    out.append(f"**{title}**\n")
+    out.append("| policy | n | KL ratio to reuse, mean [95% CI] | median | F1 vs full's answer | "
+               "task score | Recall@r | TTFT ms | speedup |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for p in policy_rows(pols):
+        s = pols[p]
+        kr = s["kl_ratio"]
+        out.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            p, kr.get("n", 0) or s["fid_score"].get("n", 0),
+            fmt_ci(kr) if p != "full" else "0", fmt(kr.get("median"), "{:.2f}") if p != "full" else "0",
+            fmt_ci(s["fid_score"]), fmt_ci(s["task_score"]),
+            fmt(s.get("recall_pooled"), "{:.3f}"),
+            fmt(s["ttft_ms"].get("mean"), "{:.0f}"), fmt(s["speedup"].get("mean"), "{:.2f}")))
+    out.append("")
+
+
+def paired(stats, vs, title, out):
+    pr = stats["paired"]
+    rows = []
+    for key, v in pr.items():
+        a, b = key.split("|")
+        if a != vs or b == "full":
+            continue
+        rows.append((b, v))
+    if not rows:
+        return
+    rows.sort(key=lambda r: (ORDER.index(r[0]) if r[0] in ORDER else 99, r[0]))
+    out.append(f"**{title}: paired differences, {vs} − other (per example; negative KL = {vs} "
+               "closer to full)**\n")
+    out.append("| other | n | KL ratio difference [95% CI] | F1-vs-full difference [95% CI] |")
+    out.append("|---|---|---|---|")
+    for b, v in rows:
+        out.append("| {} | {} | {} | {} |".format(b, v["kl_ratio"].get("n", 0),
+                                                 fmt_ci(v["kl_ratio"], 3), fmt_ci(v["fid_score"], 3)))
+    out.append("")
+
+
+def ingest_cost(run_dir, out, stored):
+    """encode_rank_ms is the stored ranking's time, encode_probe_ms the other one's (the F32-tap
+    ranking of EncodeOptions::also): the probe pass when lowfreq is stored, the frequency
+    ranking when probe is (run.json config "rank")."""
+    fw = rk = pb = 0.0
+    n = 0
+    with open(os.path.join(run_dir, "results.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("policy") == "full" and "encode_probe_ms" in r and r["encode_forward_ms"] > 0:
+                fw += r["encode_forward_ms"]
+                rk += r["encode_rank_ms"]
+                pb += r["encode_probe_ms"]
+                n += 1
+    if n == 0:
+        return
+    if stored == "probe":
+        rk, pb = pb, rk
+    out.append(f"**Ingest cost over the chunks of {n} examples** (ms, summed): isolated prefill "
+               f"{fw:.0f}, frequency ranking {rk:.0f}, probe pass {pb:.0f}. A plain encoding "
+               f"(prefill + frequency ranking) costs {fw + rk:.0f}; a probe encoding (prefill + "
+               f"probe) {fw + pb:.0f}, **{(fw + pb) / (fw + rk):.2f}×** the plain one "
+               f"({(fw + pb) / fw:.2f}× the prefill alone).\n")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--setting", default="base")
+    ap.add_argument("--vs", default="probe")
+    ap.add_argument("--into", help="replace the tables between the quality-tables markers of "
+                    "this Markdown file (docs/RESULTS.md) instead of printing them")
+    a = ap.parse_args()
+    out = []
+    for d in a.dirs:
+        s = json.load(open(os.path.join(d, "summary.json")))
+        cfg = (s.get("run") or {}).get("config", {})
+        model = cfg.get("model", d)
+        tasks = s["tasks"]
+        ns = {t: tasks[t]["n_examples"] for t in tasks}
+        out.append(f"### {model} (r = {cfg.get('ratio')}, {sum(ns.values())} examples: " +
+                   ", ".join(f"{t} {n}" for t, n in sorted(ns.items())) + ")\n")
+        if a.setting in s.get("overall", {}):
+            table(s["overall"][a.setting], "All tasks pooled (per-example KL ratio)", out)
+            paired(s["overall"][a.setting], a.vs, "All tasks pooled", out)
+        for t in sorted(tasks):
+            st = tasks[t].get("stats", {}).get(a.setting)
+            if st:
+                table(st, f"{t} ({ns[t]} examples)", out)
+        for t in sorted(tasks):
+            st = tasks[t].get("stats", {}).get(a.setting)
+            if st:
+                paired(st, a.vs, t, out)
+        ingest_cost(d, out, cfg.get("rank", "lowfreq"))
+    text = "\n".join(out)
+    if not a.into:
+        print(text)
+        return 0
+    doc = open(a.into).read()
+    begin, end = "<!-- quality-tables: generated begin -->", "<!-- quality-tables: generated end -->"
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        sys.exit(f"{a.into}: no '{begin}' ... '{end}' markers")
+    doc = doc[:i + len(begin)] + "\n" + text + "\n" + doc[j:]
+    open(a.into, "w").write(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
