@@ -1,5 +1,6 @@
 // write_file_atomic: the target is replaced whole or not at all, the directory is synced after the
 // rename, and every failure names the path and the errno text.
+#include "support/errors.h"
 #include "core/atomic_file.h"
 
 #include <gtest/gtest.h>
@@ -42,14 +43,7 @@ class AtomicFileTest : public ::testing::Test {
   std::string dir_;
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST_F(AtomicFileTest, ReplacesTheTargetAndLeavesNoTemporaryFile) {
   const std::string p = dir_ + "/a.json";

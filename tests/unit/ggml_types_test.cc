@@ -1,6 +1,7 @@
 // Tests for the scalar fp16/bf16 conversions (against F16C and an independent rounding model) and
 // the ggml type table: hand-computed blocks, quantisation error bounds, and the AVX2 dequantisers
 // against the scalar reference.
+#include "support/errors.h"
 #include "core/ggml_types.h"
 
 #include <gtest/gtest.h>
@@ -220,15 +221,7 @@ TEST(GgmlTypesTest, TableAndRowSizes) {
   EXPECT_EQ(ggml_block_bytes(GgmlType::Q4_1), 20u);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no ct::Error thrown)";
-}
+using test::error_of;
 
 TEST(GgmlTypesTest, UnsupportedTypesAndBadLengthsThrowNamingThem) {
   float buf[64] = {};

@@ -1,6 +1,7 @@
 // Tests for the GGUF reader and writer: round trips of every metadata and tensor type in versions
 // 2 and 3, alignment, the tiny test model, and malformed files, each checked for an error message
 // that names the file and the problem. Ends with a check of the real SmolLM2 file when present.
+#include "support/errors.h"
 #include "model/gguf.h"
 
 #include <gtest/gtest.h>
@@ -92,15 +93,7 @@ Bytes header(uint32_t version, uint64_t n_tensors, uint64_t n_kv) {
 }
 
 // The ct::Error message of f(), or a marker when it did not throw one.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no ct::Error thrown)";
-}
+using test::error_of;
 
 std::string open_error(const std::string& path) {
   return error_of([&] { GgufFile::open(path); });

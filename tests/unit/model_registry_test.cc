@@ -1,5 +1,6 @@
 // The model registry: the compiled-in tools/models.tsv, parse errors that name the line and
 // value, install states from the FILE.verified sidecar, and what --model NAME|PATH resolves to.
+#include "support/errors.h"
 #include "core/model_registry.h"
 
 #include <gtest/gtest.h>
@@ -20,14 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(ModelRegistry, BuiltinRegistryHoldsTheThreeModelsDefaultFirst) {
   const char* saved = std::getenv("CACHETUNE_MODELS_TSV");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "support/errors.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "store/disk_tier.h"
@@ -17,19 +18,7 @@ namespace ct {
 namespace {
 
 // The ct::Error message of f(), failing the test for any other outcome.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected ct::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected ct::Error, nothing was thrown";
-  return "";
-}
+using test::error_of;
 
 TEST(TierSpecTest, DocumentedFormsParse) {
   EXPECT_EQ(parse_bytes("100000"), 100000u);
