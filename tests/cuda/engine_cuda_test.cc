@@ -15,14 +15,20 @@ const std::vector<std::string> kDocs = {
     "The lighthouse on Gull Point was built in 1871 and painted red and white in 1903.",
     "Marta Olsen kept the lighthouse for forty years and wrote a diary of every storm."};
 
-TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
-  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
-  test::TempDir dir;
+// A tiny random model with a 512-token context over one host tier.
+EngineOptions tiny_engine_options(const test::TempDir& dir) {
   test::TinyModelOptions o;
   o.context_length = 512;
   EngineOptions eo;
   eo.model_path = test::write_tiny_model(dir.path() + "/m.gguf", o);
   eo.tiers = {parse_tier_spec("host:64M")};
+  return eo;
+}
+
+TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
+  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir;
+  EngineOptions eo = tiny_engine_options(dir);
   Engine cpu(eo);
   eo.cuda = true;
   Engine gpu(eo);
@@ -52,11 +58,7 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
 TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
-  test::TinyModelOptions o;
-  o.context_length = 512;
-  EngineOptions eo;
-  eo.model_path = test::write_tiny_model(dir.path() + "/m.gguf", o);
-  eo.tiers = {parse_tier_spec("host:64M")};
+  EngineOptions eo = tiny_engine_options(dir);
   eo.calibration_path = dir.path() + "/calibration.json";
   eo.cuda = true;
   eo.auto_ratio = true;
