@@ -102,19 +102,6 @@ void store_block(void* dst, int64_t ib, const Block& b) {
 
 inline int nearest_int(float x) { return (int)std::lround(x); }
 
-// Sub-block j (< 8) of a Q4_K/Q5_K super-block: 6-bit scale and min. Bytes 0-3 hold scales 0-3,
-// bytes 4-7 mins 0-3 (low 6 bits each); scales/mins 4-7 take their low 4 bits from bytes 8-11
-// (scale low nibble, min high nibble) and their top 2 bits from the top bits of bytes 0-7.
-inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 inline void q4_k_pack_scales(const int* sc, const int* m, uint8_t* s) {
   for (int j = 0; j < 4; ++j) {
     s[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));

@@ -80,4 +80,17 @@ void ggml_to_f32_ref(GgmlType t, const void* src, float* dst, int64_t n);
 // Throws ct::Error for types without an encoder.
 void ggml_from_f32(GgmlType t, const float* src, void* dst, int64_t n);
 
+// Sub-block j (< 8) of a Q4_K/Q5_K super-block: 6-bit scale and min. Bytes 0-3 hold scales 0-3,
+// bytes 4-7 mins 0-3 (low 6 bits each); scales/mins 4-7 take their low 4 bits from bytes 8-11
+// (scale low nibble, min high nibble) and their top 2 bits from the top bits of bytes 0-7.
+inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
 }  // namespace ct

@@ -24,6 +24,7 @@
 #include "backend/cpu/vec.h"
 #include "core/error.h"
 #include "core/fp16.h"
+#include "core/ggml_types.h"
 
 namespace ct::cpu {
 namespace {
@@ -194,17 +195,6 @@ float dot_q8_0(const uint8_t* row, const float* x, const XSums&, int cols) {
     acc = _mm256_fmadd_ps(_mm256_set1_ps(half(blk)), s, acc);
   }
   return hsum256_ps(acc);
-}
-
-// Sub-block j (< 8) scale and min of a Q4_K/Q5_K super-block (see core/ggml_types.cc).
-inline void q4_k_scale_min(const uint8_t* s, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
 }
 
 // Q4_K (kFive false) and Q5_K: d, dmin, 12 scale bytes, [Q5_K: 32 bytes qh], 128 bytes qs.
