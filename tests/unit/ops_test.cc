@@ -421,5 +421,46 @@ TEST(QGemv, ManyEqualsSeparateCallsBitForBit) {
   for (int m = 0; m < 3; ++m) EXPECT_EQ(many[m], sep[m]) << ggml_type_name(types[m]);
 }
 
+TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
+  // A decode step over several sequences: every type, two stacked matrices, row counts up to
+  // kMaxBatchRows, each output row equal to qgemv_many on that input row alone.
+  const int cols = 512;
+  for (GgmlType t : kAllTypes) {
+    const int rows[2] = {67, 9};
+    std::vector<std::vector<uint8_t>> packed(2);
+    QMatrix w[2];
+    for (int m = 0; m < 2; ++m) {
+      const auto wf = randn((size_t)rows[m] * cols, 70 + m, 0.5f);
+      const size_t rb = ggml_row_bytes(t, cols);
+      packed[m].resize(rb * rows[m]);
+      for (int r = 0; r < rows[m]; ++r) {
+        ggml_from_f32(t, wf.data() + (size_t)r * cols, packed[m].data() + r * rb, cols);
+      }
+      w[m] = QMatrix{t, packed[m].data(), rows[m], cols, rb};
+    }
+    const QMatrix* ws[2] = {&w[0], &w[1]};
+    for (int n : {1, 2, 3, 8, kMaxBatchRows}) {
+      const auto x = randn((size_t)n * cols, 80 + n);
+      const int stride = rows[0] + rows[1] + 3;  // padded rows stay untouched
+      std::vector<float> y((size_t)n * stride, -7.0f);
+      qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
+      for (int i = 0; i < n; ++i) {
+        std::vector<float> a(rows[0]), b(rows[1]);
+        float* ys[2] = {a.data(), b.data()};
+        qgemv_many(ws, ys, 2, x.data() + (size_t)i * cols);
+        for (int r = 0; r < rows[0]; ++r) {
+          ASSERT_EQ(y[(size_t)i * stride + r], a[r]) << ggml_type_name(t) << " n=" << n;
+        }
+        for (int r = 0; r < rows[1]; ++r) {
+          ASSERT_EQ(y[(size_t)i * stride + rows[0] + r], b[r]) << ggml_type_name(t) << " n=" << n;
+        }
+        for (int r = rows[0] + rows[1]; r < stride; ++r) {
+          ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ct::cpu

@@ -461,6 +461,23 @@ void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* 
   }
 }
 
+void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
+                 int y_stride) {
+  CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n_rows >= 1 && n_rows <= kMaxBatchRows,
+            "qgemv_batch: {} matrices, {} rows", n_mats, n_rows);
+  const int cols = ws[0]->cols;
+  for (int i = 0; i < n_rows; ++i) {
+    float* ys[kMaxMany];
+    int off = 0;
+    for (int m = 0; m < n_mats; ++m) {
+      ys[m] = y + (size_t)i * y_stride + off;
+      off += ws[m]->rows;
+    }
+    CT_ASSERT(off <= y_stride, "qgemv_batch: {} output columns in a stride of {}", off, y_stride);
+    qgemv_many(ws, ys, n_mats, x + (size_t)i * cols);
+  }
+}
+
 void qgemv_dequant(const QMatrix& w, const float* x, float* y) {
   const GgmlTypeTraits& tt = ggml_traits(w.type);
   CT_ASSERT(w.cols % tt.block_elems == 0, "type {} cols {}", tt.name, w.cols);

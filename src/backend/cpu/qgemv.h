@@ -30,6 +30,13 @@ void qgemv(const QMatrix& w, const float* x, float* y);
 // region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
 constexpr int kMaxMany = 4;
 void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x);
+// Several input rows through the same matrices (a decode step over a batch of sequences):
+// for each row i < n_rows, y[i*y_stride + off_m + r] = (W_m x_i)[r], where off_m is the total rows
+// of W_0..W_{m-1}. Each row's results equal qgemv_many on that row alone, bit for bit, so a
+// request decoded in a batch gives exactly the tokens it gives alone.
+constexpr int kMaxBatchRows = 16;
+void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
+                 int y_stride);
 // The generic path for any type, which the dedicated kernels replaced: dequantise 256 elements
 // at a time with the format table's fast path (ggml_to_f32) into a stack buffer, then dot. Kept
 // as the baseline of bench/qgemv_bench.cc and as a second check in the tests.
