@@ -148,7 +148,7 @@ struct Server::Impl {
   Engine& engine;
   ServerOptions opt;
   httplib::Server http;
-  std::mutex engine_mu;  // one engine request at a time
+  Scheduler batcher;  // drives the engine: every engine call goes through it
   std::atomic<uint64_t> next_id{0};
   std::atomic<uint64_t> cancelled{0};  // requests stopped because their client had gone
   int port = -1;
@@ -164,7 +164,7 @@ struct Server::Impl {
   std::thread watchdog;
   std::atomic<uint64_t> slow_closed{0};
 
-  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
+  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), batcher(e, opt.batching) {
     const size_t n = (size_t)std::max(2, opt.http_threads);
     http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
   }
@@ -308,6 +308,9 @@ struct Server::Impl {
       f();
     } catch (const RequestError& e) {
       send_error(res, e.status(), e.what(), e.param());
+    } catch (const AdmissionError& e) {
+      if (!e.too_large()) res.set_header("Retry-After", std::to_string(e.retry_after_s()));
+      send_error(res, e.too_large() ? 400 : 503, e.what(), e.too_large() ? "max_tokens" : "");
     } catch (const Error& e) {
       send_error(res, 500, e.what());
     }
@@ -359,16 +362,17 @@ struct Server::Impl {
       }
     }
     json data = json::array();
-    std::lock_guard<std::mutex> lock(engine_mu);
-    for (const std::vector<int32_t>& toks : tokens) {
-      const ChunkInfo c = engine.ensure_chunk(toks, tier);
-      data.push_back({{"id", c.id},
-                      {"n_tok", c.n_tok},
-                      {"hit", c.hit},
-                      {"tier", c.tier},
-                      {"encode_ms", c.encode_ms},
-                      {"rank_ms", c.rank_ms}});
-    }
+    batcher.run([&] {
+      for (const std::vector<int32_t>& toks : tokens) {
+        const ChunkInfo c = engine.ensure_chunk(toks, tier);
+        data.push_back({{"id", c.id},
+                        {"n_tok", c.n_tok},
+                        {"hit", c.hit},
+                        {"tier", c.tier},
+                        {"encode_ms", c.encode_ms},
+                        {"rank_ms", c.rank_ms}});
+      }
+    });
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
@@ -376,6 +380,8 @@ struct Server::Impl {
     auto r =
         std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
+    // Refused now (400 / 503) rather than as an event after a stream's headers.
+    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens);
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
@@ -388,8 +394,7 @@ struct Server::Impl {
       };
       Answer a;
       try {
-        std::lock_guard<std::mutex> lock(engine_mu);
-        a = engine.answer(*prompt, r->sel, r->gen, ao);
+        a = batcher.answer(*prompt, r->sel, r->gen, ao);
       } catch (const ClientGone&) {
         cancelled.fetch_add(1);
         res.status = 499;  // nobody reads it; the connection is closed
@@ -435,8 +440,7 @@ struct Server::Impl {
         st->cv.notify_one();
       };
       try {
-        std::lock_guard<std::mutex> lock(engine_mu);
-        Answer a = engine.answer(prompt, r.sel, r.gen, ao);
+        Answer a = batcher.answer(prompt, r.sel, r.gen, ao);
         std::lock_guard<std::mutex> lk(st->mu);
         st->answer = std::move(a);
       } catch (const ClientGone&) {
@@ -486,7 +490,8 @@ struct Server::Impl {
       // Headers are gone already: report the failure as an event, then end the stream. The
       // request was checked before streaming began, so what fails now is the server's side.
       try {
-        send(error_body(500, e.what()));
+        const bool busy = dynamic_cast<const AdmissionError*>(&e) != nullptr;
+        send(error_body(busy ? 503 : 500, e.what()));
       } catch (const ClientGone&) {
         client_gone = true;
       }
@@ -548,5 +553,7 @@ void Server::serve() {
 void Server::stop() { impl_->http.stop(); }
 
 uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.load(); }
+
+SchedulerStats Server::batch_stats() const { return impl_->batcher.stats(); }
 
 }  // namespace ct::server

@@ -25,6 +25,7 @@ struct ServeArgs {
   std::string ratio = "0.15";
   std::string calibration;
   std::string max_body = "8M";
+  std::string kv_budget = "4G";
 };
 
 std::atomic<bool> g_stop_requested{false};
@@ -37,6 +38,13 @@ void run_serve(ServeArgs a) {
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &auto_ratio);
   server::ServerOptions so = a.server;
   so.max_body_bytes = parse_bytes(a.max_body);
+  so.batching.kv_budget_bytes = parse_bytes(a.kv_budget);
+  CT_THROW_IF_NOT(so.batching.kv_budget_bytes >= 1, "--kv-budget {}; expected at least one byte",
+                  a.kv_budget);
+  CT_THROW_IF_NOT(so.batching.max_running >= 1, "--max-batch {}; expected >= 1",
+                  so.batching.max_running);
+  CT_THROW_IF_NOT(so.batching.max_queue >= 1, "--max-queue {}; expected >= 1",
+                  so.batching.max_queue);
   so.limits.default_policy.kind = parse_policy(a.policy);
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
@@ -76,6 +84,12 @@ void run_serve(ServeArgs a) {
   std::fprintf(stderr,
                "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s (Ctrl-C stops)\n",
                so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(), a.ratio.c_str());
+  const ModelConfig& mc = eng.model().config();
+  std::fprintf(stderr,
+               "cachetune serve: KV budget %zu bytes (%zu bytes per token; %d requests decode "
+               "at once, %d may wait)\n",
+               so.batching.kv_budget_bytes, (size_t)2 * mc.n_layer * mc.kv_dim() * sizeof(float),
+               eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue);
   srv.serve();
   done = true;
   watcher.join();
@@ -101,6 +115,16 @@ void register_serve(CLI::App& app) {
   c->add_option("--model-id", a->server.model_id,
                 "Model name in responses (default: the GGUF file's name)");
   c->add_option("--max-body", a->max_body, "Largest request body (e.g. 8M)")->capture_default_str();
+  c->add_option("--kv-budget", a->kv_budget,
+                "Host K/V cache memory all running requests share (e.g. 4G); a request waits "
+                "until its prompt + max_tokens fit, one larger than the whole budget gets 400")
+      ->capture_default_str();
+  c->add_option("--max-batch", a->server.batching.max_running,
+                "Most requests decoding together in one batch")
+      ->capture_default_str();
+  c->add_option("--max-queue", a->server.batching.max_queue,
+                "Most requests waiting for admission; more get 503 with Retry-After")
+      ->capture_default_str();
   c->add_option("--http-threads", a->server.http_threads,
                 "Connection worker threads (a slow client holds at most one)")
       ->capture_default_str();
