@@ -556,4 +556,6 @@ uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.loa
 
 SchedulerStats Server::batch_stats() const { return impl_->batcher.stats(); }
 
+Scheduler& Server::scheduler() { return impl_->batcher; }
+
 }  // namespace ct::server

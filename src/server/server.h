@@ -51,6 +51,7 @@ class Server {
   uint64_t slow_connections_closed() const;
   // Queue, batch and K/V budget figures of the scheduler.
   SchedulerStats batch_stats() const;
+  Scheduler& scheduler();  // e.g. for tests that hold it (Scheduler::run) to fill the queue
   // Serves until stop() (from another thread or a signal handler's helper thread). bind() first.
   void serve();
   void stop();
