@@ -262,6 +262,7 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
     ans.decode_ms = r.decode_s * 1e3;
     ans.text = r.text;
     ans.tokens = r.tokens;
+    ans.stopped_at_sequence = r.stopped_at_sequence;
     return ans;
   }
 }

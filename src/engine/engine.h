@@ -75,6 +75,7 @@ struct Answer {
   double decode_ms = 0;
   int n_prompt = 0;
   int retries = 0;             // re-encodings after a failed chunk read
+  bool stopped_at_sequence = false;  // a GenerateOptions::stop sequence ended generation
   double ratio = 0;            // recompute ratio the prefill ran with (auto mode: the chosen one)
   std::string ratio_note;      // auto mode: RatioChoice::note; empty otherwise
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"

@@ -1,7 +1,8 @@
 // `cachetune serve`: an OpenAI-compatible HTTP server over one Engine (docs/SERVER.md).
-// Routes: GET /health, GET /v1/models, POST /v1/chat/completions (optionally streamed as
-// server-sent events; chunk-aware via "chunks" and "cachetune"), POST /v1/chunks (encode
-// documents into the cache ahead of use). Connections are served by a thread pool; requests that
+// Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST
+// /v1/chat/completions (optionally streamed as server-sent events; chunk-aware via "chunks" and
+// "cachetune"), POST /v1/chunks (encode documents into the cache ahead of use). With an API key
+// every route but /health needs `Authorization: Bearer <key>`. Connections are served by a thread pool; requests that
 // use the engine run one at a time (the engine and its cache pool are single-threaded).
 #pragma once
 
@@ -12,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "server/api.h"
+#include "server/server_metrics.h"
 
 namespace ct::server {
 
@@ -27,6 +29,11 @@ struct ServerOptions {
   int http_threads = 64;          // connection workers; a slow client holds at most one
   double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
   int listen_backlog = 512;       // pending connections the kernel queues
+  // Non-empty: every route but /health requires `Authorization: Bearer <api_key>` (401 else).
+  std::string api_key;
+  // Largest request line plus headers; a larger request gets 431 (the HTTP layer itself refuses
+  // a single header line over 8 KiB with 400 and a request line over 8 KiB with 414).
+  size_t max_header_bytes = 64u << 10;
 };
 
 class Server {
@@ -44,6 +51,8 @@ class Server {
   uint64_t cancelled_requests() const;
   // Connections closed because they took longer than request_timeout_s to send a request.
   uint64_t slow_connections_closed() const;
+  // The series of GET /metrics; a scheduler sets its gauges here (server_metrics.h).
+  ServerMetrics& metrics();
   // Serves until stop() (from another thread or a signal handler's helper thread). bind() first.
   void serve();
   void stop();
