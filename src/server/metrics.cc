@@ -16,8 +16,8 @@ bool valid_name(const std::string& s, bool colon) {
   if (s.empty()) return false;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
-    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-                       (colon && c == ':');
+    const bool alpha =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon && c == ':');
     if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
   }
   return true;
@@ -141,7 +141,8 @@ double Counter::value(const std::vector<std::string>& labels) const {
 void Counter::render(std::string& out) const {
   std::lock_guard lk(mu_);
   render_header(out);
-  render_values(*this, values_, [this](const auto& v) { return label_text(v); }, out);
+  render_values(
+      *this, values_, [this](const auto& v) { return label_text(v); }, out);
 }
 
 void Gauge::set(const std::vector<std::string>& labels, double v) {
@@ -166,7 +167,8 @@ double Gauge::value(const std::vector<std::string>& labels) const {
 void Gauge::render(std::string& out) const {
   std::lock_guard lk(mu_);
   render_header(out);
-  render_values(*this, values_, [this](const auto& v) { return label_text(v); }, out);
+  render_values(
+      *this, values_, [this](const auto& v) { return label_text(v); }, out);
 }
 
 Histogram::Histogram(std::string name, std::string help, std::vector<std::string> label_names,
@@ -244,8 +246,8 @@ T& MetricsRegistry::add(const std::string& name, MetricType type,
     CT_THROW_IF_NOT(f->type() == type && f->label_names() == labels,
                     "metric {} is already registered as a {} with labels ({}); asked for a {} "
                     "with labels ({})",
-                    name, type_name(f->type()), fmt::join(f->label_names(), ", "),
-                    type_name(type), fmt::join(labels, ", "));
+                    name, type_name(f->type()), fmt::join(f->label_names(), ", "), type_name(type),
+                    fmt::join(labels, ", "));
     return static_cast<T&>(*f);
   }
   families_.emplace_back(make());
@@ -254,9 +256,8 @@ T& MetricsRegistry::add(const std::string& name, MetricType type,
 
 Counter& MetricsRegistry::counter(const std::string& name, const std::string& help,
                                   std::vector<std::string> label_names) {
-  return add<Counter>(name, MetricType::kCounter, label_names, [&] {
-    return new Counter(name, help, MetricType::kCounter, label_names);
-  });
+  return add<Counter>(name, MetricType::kCounter, label_names,
+                      [&] { return new Counter(name, help, MetricType::kCounter, label_names); });
 }
 
 Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help,
@@ -269,10 +270,11 @@ Histogram& MetricsRegistry::histogram(const std::string& name, const std::string
                                       std::vector<double> upper_bounds,
                                       std::vector<std::string> label_names) {
   for (size_t i = 0; i < upper_bounds.size(); ++i) {
-    CT_THROW_IF_NOT(std::isfinite(upper_bounds[i]) && (i == 0 || upper_bounds[i] > upper_bounds[i - 1]),
-                    "histogram {}: bucket bound {} = {}; expected finite, strictly increasing "
-                    "bounds (+Inf is implied)",
-                    name, i, upper_bounds[i]);
+    CT_THROW_IF_NOT(
+        std::isfinite(upper_bounds[i]) && (i == 0 || upper_bounds[i] > upper_bounds[i - 1]),
+        "histogram {}: bucket bound {} = {}; expected finite, strictly increasing "
+        "bounds (+Inf is implied)",
+        name, i, upper_bounds[i]);
   }
   Histogram& h = add<Histogram>(name, MetricType::kHistogram, label_names, [&] {
     return new Histogram(name, help, label_names, upper_bounds);

@@ -107,8 +107,7 @@ class MetricsRegistry {
   Gauge& gauge(const std::string& name, const std::string& help,
                std::vector<std::string> label_names = {});
   Histogram& histogram(const std::string& name, const std::string& help,
-                       std::vector<double> upper_bounds,
-                       std::vector<std::string> label_names = {});
+                       std::vector<double> upper_bounds, std::vector<std::string> label_names = {});
   // Lookup by name; null when absent or of another type.
   Counter* find_counter(const std::string& name);
   Gauge* find_gauge(const std::string& name);

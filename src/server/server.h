@@ -2,8 +2,9 @@
 // Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST
 // /v1/chat/completions (optionally streamed as server-sent events; chunk-aware via "chunks" and
 // "cachetune"), POST /v1/chunks (encode documents into the cache ahead of use). With an API key
-// every route but /health needs `Authorization: Bearer <key>`. Connections are served by a thread pool; requests that
-// use the engine run one at a time (the engine and its cache pool are single-threaded).
+// every route but /health needs `Authorization: Bearer <key>`. Connections are served by a thread
+// pool; requests that use the engine run one at a time (the engine and its cache pool are
+// single-threaded).
 #pragma once
 
 #include <cstdint>

@@ -26,8 +26,8 @@ ServerMetrics::ServerMetrics()
       inter_token(registry.histogram("cachetune_inter_token_latency_seconds",
                                      "Time between consecutive generated tokens of a request",
                                      kInterTokenBuckets)),
-      prompt_tokens(registry.counter("cachetune_prompt_tokens_total",
-                                     "Prompt tokens of answered requests")),
+      prompt_tokens(
+          registry.counter("cachetune_prompt_tokens_total", "Prompt tokens of answered requests")),
       generated_tokens(registry.counter("cachetune_generation_tokens_total",
                                         "Tokens generated for answered requests")),
       chunk_lookups(registry.counter(
@@ -60,10 +60,10 @@ ServerMetrics::ServerMetrics()
       slow_closed(registry.counter("cachetune_slow_connections_closed_total",
                                    "Connections closed because they took longer than "
                                    "--request-timeout to send a request")),
-      queue_length(registry.gauge("cachetune_queue_length",
-                                  "Requests admitted and waiting for the engine")),
-      running_sequences(registry.gauge("cachetune_running_sequences",
-                                       "Sequences in the engine's running batch")),
+      queue_length(
+          registry.gauge("cachetune_queue_length", "Requests admitted and waiting for the engine")),
+      running_sequences(
+          registry.gauge("cachetune_running_sequences", "Sequences in the engine's running batch")),
       kv_budget_bytes_in_use(registry.gauge("cachetune_kv_budget_bytes_in_use",
                                             "Bytes of the KV memory budget held by sequences")),
       batch_rows(registry.histogram("cachetune_batch_rows",
@@ -122,11 +122,11 @@ void ServerMetrics::collect_pool(Engine& engine) {
 
 void ServerMetrics::collect_server(std::function<uint64_t()> cancelled_requests,
                                    std::function<uint64_t()> slow_connections_closed) {
-  registry.add_collector([this, c = std::move(cancelled_requests),
-                          s = std::move(slow_connections_closed)] {
-    cancelled.set({}, (double)c());
-    slow_closed.set({}, (double)s());
-  });
+  registry.add_collector(
+      [this, c = std::move(cancelled_requests), s = std::move(slow_connections_closed)] {
+        cancelled.set({}, (double)c());
+        slow_closed.set({}, (double)s());
+      });
 }
 
 void TokenClock::tick() {

@@ -28,20 +28,20 @@ class ServerMetrics {
 
   MetricsRegistry registry;
 
-  Counter& requests;           // cachetune_http_requests_total{route, code}
-  Histogram& ttft;             // cachetune_time_to_first_token_seconds
-  Histogram& inter_token;      // cachetune_inter_token_latency_seconds
-  Counter& prompt_tokens;      // cachetune_prompt_tokens_total
-  Counter& generated_tokens;   // cachetune_generation_tokens_total
-  Counter& chunk_lookups;      // cachetune_chunk_lookups_total{tier, result}
-  Counter& prefill_rows;       // cachetune_prefill_rows_total{kind="recomputed"|"loaded"}
-  Counter& reencodes;          // cachetune_chunk_reencodes_total{reason}
-  Counter& tier_read_bytes;    // cachetune_tier_read_bytes_total{tier}      (collected)
-  Counter& tier_errors;        // cachetune_tier_errors_total{tier}          (collected)
-  Gauge& tier_used_bytes;      // cachetune_tier_used_bytes{tier}            (collected)
-  Counter& cancelled;          // cachetune_requests_cancelled_total         (collected)
-  Counter& slow_closed;        // cachetune_slow_connections_closed_total    (collected)
-  Gauge& queue_length;         // set by the scheduler, see above
+  Counter& requests;          // cachetune_http_requests_total{route, code}
+  Histogram& ttft;            // cachetune_time_to_first_token_seconds
+  Histogram& inter_token;     // cachetune_inter_token_latency_seconds
+  Counter& prompt_tokens;     // cachetune_prompt_tokens_total
+  Counter& generated_tokens;  // cachetune_generation_tokens_total
+  Counter& chunk_lookups;     // cachetune_chunk_lookups_total{tier, result}
+  Counter& prefill_rows;      // cachetune_prefill_rows_total{kind="recomputed"|"loaded"}
+  Counter& reencodes;         // cachetune_chunk_reencodes_total{reason}
+  Counter& tier_read_bytes;   // cachetune_tier_read_bytes_total{tier}      (collected)
+  Counter& tier_errors;       // cachetune_tier_errors_total{tier}          (collected)
+  Gauge& tier_used_bytes;     // cachetune_tier_used_bytes{tier}            (collected)
+  Counter& cancelled;         // cachetune_requests_cancelled_total         (collected)
+  Counter& slow_closed;       // cachetune_slow_connections_closed_total    (collected)
+  Gauge& queue_length;        // set by the scheduler, see above
   Gauge& running_sequences;
   Gauge& kv_budget_bytes_in_use;
   Histogram& batch_rows;

@@ -217,7 +217,8 @@ bool CachePool::read_rows(const std::string& id, int layer, int row_begin, int r
     if (tiers_[t]->read_rows(id, layer, row_begin, row_end, k_dst, v_dst)) {
       std::lock_guard lock(mu_);
       auto it = index_.find(id);
-      if (it != index_.end()) tier_stat_[t].bytes_read += (uint64_t)(row_end - row_begin) * it->second.row_bytes;
+      if (it != index_.end())
+        tier_stat_[t].bytes_read += (uint64_t)(row_end - row_begin) * it->second.row_bytes;
       return true;
     }
     std::lock_guard lock(mu_);

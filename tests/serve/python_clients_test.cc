@@ -33,10 +33,10 @@ class PythonClients : public ::testing::Test {
   // Starts the server on `model` with the key in the environment.
   void start(const std::string& model) {
     std::string err;
-    ASSERT_TRUE(server_.start(CT_CLI_PATH,
-                              {"--model", model, "--tiers", "host:64M", "--model-id", "tiny",
-                               "--max-tokens-limit", "64"},
-                              {{"CACHETUNE_API_KEY", kKey}}, dir_.path() + "/serve.log", &err))
+    ASSERT_TRUE(server_.start(
+        CT_CLI_PATH,
+        {"--model", model, "--tiers", "host:64M", "--model-id", "tiny", "--max-tokens-limit", "64"},
+        {{"CACHETUNE_API_KEY", kKey}}, dir_.path() + "/serve.log", &err))
         << err;
   }
   // Runs the script; skips on exit 77, fails with its output otherwise.

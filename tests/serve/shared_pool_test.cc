@@ -135,8 +135,9 @@ TEST_F(SharedPool, ClusterNodeKilledMidRunAnswersKeepComing) {
     ASSERT_EQ(nodes[i].command({"CLUSTER", "ADDSLOTSRANGE", ranges[i][0], ranges[i][1]}), "OK");
   for (int i = 1; i < 3; ++i) {
     const std::string bus = nodes[i].command({"CONFIG", "GET", "cluster-port"}).substr(13);
-    ASSERT_EQ(nodes[0].command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes[i].port()), bus}),
-              "OK");
+    ASSERT_EQ(
+        nodes[0].command({"CLUSTER", "MEET", "127.0.0.1", std::to_string(nodes[i].port()), bus}),
+        "OK");
   }
   bool ok = false;
   for (int t = 0; t < 300 && !ok; ++t) {
@@ -178,7 +179,8 @@ TEST_F(SharedPool, ClusterNodeKilledMidRunAnswersKeepComing) {
   const std::string m = metrics_of(b_);
   EXPECT_GT(sample(m, "cachetune_tier_errors_total{tier=\"redis\"}"), 0) << m;
   const double reads = sample(m, "cachetune_chunk_reencodes_total{reason=\"read_failure\"}");
-  const double misses = sample(m, "cachetune_chunk_lookups_total{tier=\"request\",result=\"miss\"}");
+  const double misses =
+      sample(m, "cachetune_chunk_lookups_total{tier=\"request\",result=\"miss\"}");
   EXPECT_GT(std::max(reads, 0.0) + std::max(misses, 0.0), 0) << m;
   EXPECT_EQ(sample(m, "cachetune_http_requests_total{route=\"/v1/chat/completions\",code=\"200\"}"),
             3)

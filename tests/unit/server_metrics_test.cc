@@ -2,7 +2,7 @@
 // escaping, value formatting, cumulative histogram buckets with +Inf, _sum and _count, refusal
 // of invalid names and mismatched re-registration, concurrent updates, and the server's
 // recorders (route labels, chunk lookups, prefill rows, re-encodings).
-#include "server/metrics.h"
+#include "server/server_metrics.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "server/server_metrics.h"
+#include "server/metrics.h"
 
 namespace ct::server {
 namespace {

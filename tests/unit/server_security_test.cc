@@ -148,8 +148,7 @@ TEST_F(GuardedServerTest, EveryRouteButHealthNeedsTheKey) {
   EXPECT_EQ(h->status, 200);
   expect_401(none.Get("/v1/models"), "no API key");
   expect_401(none.Get("/metrics"), "no API key");
-  expect_401(none.Post("/v1/chat/completions", ask("hi").dump(), "application/json"),
-             "no API key");
+  expect_401(none.Post("/v1/chat/completions", ask("hi").dump(), "application/json"), "no API key");
   expect_401(none.Post("/v1/chunks", json{{"chunks", {"doc"}}}.dump(), "application/json"),
              "no API key");
   expect_401(none.Get("/no/such/route"), "no API key");  // no route list without a key
@@ -189,7 +188,8 @@ TEST_F(GuardedServerTest, OversizeHeadersAreRefusedAndTheServerGoesOn) {
       << long_line;
   // Many short headers, past the server's own bound on the whole header block (16 KiB here).
   std::string many = "GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth;
-  for (int i = 0; i < 400; ++i) many += "X-H" + std::to_string(i) + ": " + std::string(100, 'b') + "\r\n";
+  for (int i = 0; i < 400; ++i)
+    many += "X-H" + std::to_string(i) + ": " + std::string(100, 'b') + "\r\n";
   const std::string block = raw_status(many + "\r\n");
   EXPECT_EQ(status_code(block), 431) << block;
   // A request line (URI) over 8 KiB.
@@ -275,7 +275,8 @@ TEST_F(GuardedServerTest, StopSequencesCutTheAnswerWholeAndStreamed) {
   // A two-byte ASCII stop sequence from the middle of the greedy answer.
   std::string stop;
   for (size_t k = text.size() / 2; k + 2 <= text.size() && stop.empty(); ++k) {
-    if ((unsigned char)text[k] < 0x80 && (unsigned char)text[k + 1] < 0x80) stop = text.substr(k, 2);
+    if ((unsigned char)text[k] < 0x80 && (unsigned char)text[k + 1] < 0x80)
+      stop = text.substr(k, 2);
   }
   if (stop.empty()) GTEST_SKIP() << "no ASCII pair in the tiny model's answer: " << text;
   const std::string want = text.substr(0, text.find(stop));
