@@ -269,6 +269,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     g->on_gpu_ = on_gpu;
     g->next_pos_ = n_total;
     g->sampler_ = std::make_unique<Sampler>(gen.sampling);
+    if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
     g->decode_.reset();
     if (gen.max_tokens <= 0) finish(*g);
     return g;
@@ -278,9 +279,22 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
 void Engine::finish(Generation& g) const {
   g.done_ = true;
   Answer& a = g.answer_;
+  if (g.stops_ && !a.stopped_at_sequence && !g.error_) {
+    // A partial match that never completed is answer text after all.
+    const std::string rest = g.stops_->flush();
+    if (g.opt_.on_piece && !rest.empty()) {
+      try {
+        g.opt_.on_piece(rest);
+      } catch (...) {
+        g.error_ = std::current_exception();
+      }
+    }
+  }
   if (g.first_) a.ttft_ms = g.ttft_.ms();  // no token came out
   a.decode_ms = g.first_ ? 0 : g.decode_.ms();
-  a.text = model_->tokenizer().decode(a.tokens);
+  // Cut at a stop sequence the text is what the pieces spelled up to it; otherwise the
+  // tokenizer's decoding of the tokens.
+  a.text = a.stopped_at_sequence ? g.stops_->emitted() : model_->tokenizer().decode(a.tokens);
   g.kv_ = KVCache();  // the memory goes back now, not when the caller drops the generation
   g.logits_ = std::vector<float>();
 }
@@ -304,14 +318,27 @@ void Engine::advance(Generation* const* gens, int n) {
       continue;
     }
     g.answer_.tokens.push_back(id);
+    // With stop sequences, on_piece gets only text decided not to be part of one.
+    std::string piece = tok.token_to_piece(id);
+    bool stopped = false;
+    if (g.stops_) {
+      StopMatcher::Step st = g.stops_->feed(piece);
+      piece = std::move(st.text);
+      stopped = st.stopped;
+    }
     if (g.opt_.on_piece) {
       try {
-        g.opt_.on_piece(tok.token_to_piece(id));
+        g.opt_.on_piece(piece);
       } catch (...) {
         g.error_ = std::current_exception();
         finish(g);
         continue;
       }
+    }
+    if (stopped) {
+      g.answer_.stopped_at_sequence = true;
+      finish(g);
+      continue;
     }
     if ((int)g.answer_.tokens.size() >= g.gen_.max_tokens) {
       finish(g);

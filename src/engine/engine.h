@@ -15,6 +15,7 @@
 #include "core/timer.h"
 #include "model/generate.h"
 #include "model/sampler.h"
+#include "model/stop_matcher.h"
 #include "reuse/encoder.h"
 #include "reuse/prompt.h"
 #include "reuse/selective.h"
@@ -77,6 +78,7 @@ struct Answer {
   double decode_ms = 0;
   int n_prompt = 0;
   int retries = 0;             // re-encodings after a failed chunk read
+  bool stopped_at_sequence = false;  // a GenerateOptions::stop sequence ended generation
   double ratio = 0;            // recompute ratio the prefill ran with (auto mode: the chosen one)
   std::string ratio_note;      // auto mode: RatioChoice::note; empty otherwise
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
@@ -116,6 +118,7 @@ class Generation {
   KVCache kv_;
   std::vector<float> logits_;  // next-token logits
   std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<StopMatcher> stops_;  // GenerateOptions::stop, when given
   Timer ttft_;    // since the request arrived
   Timer decode_;  // since the first token was sampled
   bool first_ = true;
