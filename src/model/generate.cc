@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/stop_matcher.h"
 
 namespace ct {
 
@@ -12,6 +13,7 @@ DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
                           const std::function<void(const std::string&)>& on_piece) {
   DecodeResult r;
   Sampler sampler(opt.sampling);
+  StopMatcher stops(opt.stop);
   Timer t;
   for (int i = 0; i < opt.max_tokens; ++i) {
     const int32_t id = sampler.sample(logits.data(), n_vocab);
@@ -20,12 +22,27 @@ DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
       break;
     }
     r.tokens.push_back(id);
-    if (on_piece) on_piece(tok.token_to_piece(id));
+    if (opt.stop.empty()) {
+      if (on_piece) on_piece(tok.token_to_piece(id));
+    } else {
+      const StopMatcher::Step s = stops.feed(tok.token_to_piece(id));
+      if (on_piece) on_piece(s.text);
+      if (s.stopped) {
+        r.stopped_at_sequence = true;
+        break;
+      }
+    }
     if (i + 1 == opt.max_tokens) break;
     logits = step(id, start_pos + i);
   }
+  if (!opt.stop.empty() && !r.stopped_at_sequence) {
+    const std::string rest = stops.flush();  // a partial match that never completed
+    if (on_piece && !rest.empty()) on_piece(rest);
+  }
   r.decode_s = t.seconds();
-  r.text = tok.decode(r.tokens);
+  // Cut at a stop sequence the text is what the pieces spelled up to it; otherwise the
+  // tokenizer's decoding of the tokens, as without stop sequences.
+  r.text = r.stopped_at_sequence ? stops.emitted() : tok.decode(r.tokens);
   return r;
 }
 

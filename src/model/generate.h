@@ -15,6 +15,9 @@ struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 128;
   bool stop_at_eog = true;
+  // Stop sequences (StopMatcher, at most 4): generation ends before the first occurrence, which
+  // is left out of the text and of what on_piece receives.
+  std::vector<std::string> stop;
 };
 
 struct DecodeResult {
@@ -22,6 +25,7 @@ struct DecodeResult {
   std::string text;
   double decode_s = 0;  // time after the first token
   bool stopped_at_eog = false;
+  bool stopped_at_sequence = false;  // a GenerateOptions::stop sequence ended it
 };
 
 // One decode step of some backend: the next-token logits after feeding token `id` at position
@@ -30,7 +34,9 @@ using DecodeStep = std::function<std::vector<float>(int32_t id, int pos)>;
 
 // The decode loop over any backend's step: sample from `first_logits` (the prompt's last
 // position, which is start_pos - 1), stop at an end-of-generation token (opt.stop_at_eog) or
-// after opt.max_tokens, else feed the token at start_pos, start_pos + 1, ...
+// after opt.max_tokens or at a stop sequence (opt.stop; the text is cut before it, and text
+// that may begin one reaches on_piece only once the following tokens rule it out), else feed
+// the token at start_pos, start_pos + 1, ...
 DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
                           std::vector<float> first_logits, const GenerateOptions& opt,
                           const DecodeStep& step,

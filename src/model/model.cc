@@ -74,11 +74,27 @@ cpu::QMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t col
 // reading each weight once in its encoding. Several rows (prefill, compute-bound): the matrices
 // are dequantised one after another, stacked, into the workspace's scratch and multiplied by one
 // SGEMM, so Q/K/V and gate/up each stay one product.
+// decode_rows: every row is one decoding sequence's token; they all take the dot-product kernels
+// (qgemv_batch, kMaxBatchRows rows at a time), so each row's result is the same as alone.
 void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, int n, float* y,
-             const float* bias, Workspace& ws) {
+             const float* bias, Workspace& ws, bool decode_rows = false) {
   const int K = (*mats.begin())->cols;
   int R = 0;
   for (const cpu::QMatrix* m : mats) R += m->rows;
+  if (decode_rows && n > 1 && !ws.use_reference) {
+    const cpu::QMatrix* ms[cpu::kMaxMany];
+    int i = 0;
+    for (const cpu::QMatrix* m : mats) ms[i++] = m;
+    for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
+      const int nr = std::min(cpu::kMaxBatchRows, n - r0);
+      cpu::qgemv_batch(ms, i, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R);
+    }
+    if (bias) {
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
+    }
+    return;
+  }
   if (n == 1 && !ws.use_reference) {
     const cpu::QMatrix* ms[cpu::kMaxMany];
     float* ys[cpu::kMaxMany];
@@ -240,17 +256,34 @@ void Model::embed(const int32_t* tokens, int n, float* x) const {
 
 void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& kv, Workspace& ws,
                           const LayerTap* tap) const {
+  const BatchSeq seq{&kv, n};
+  forward_batch(l, x, pos, n, &seq, 1, ws, /*decode_rows=*/false, tap);
+}
+
+void Model::forward_batch(int l, float* x, const int32_t* pos, int n, const BatchSeq* seqs,
+                          int n_seqs, Workspace& ws, bool decode_rows,
+                          const LayerTap* tap) const {
   const ModelConfig& c = cfg_;
   const LayerWeights& w = layers_[l];
   const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, QKV = Q + 2 * KV;
   ws.reserve(c, n);
-  CT_ASSERT(pos[n - 1] < kv.n_ctx(), "position {} beyond cache size {}", pos[n - 1], kv.n_ctx());
+  {
+    int row = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+      CT_ASSERT(seqs[s].n >= 1 && pos[row + seqs[s].n - 1] < seqs[s].kv->n_ctx(),
+                "sequence {}: {} rows, position {} beyond cache size {}", s, seqs[s].n,
+                pos[row + std::max(0, seqs[s].n - 1)], seqs[s].kv->n_ctx());
+      row += seqs[s].n;
+    }
+    CT_ASSERT(row == n, "batch of {} rows split into sequences of {} rows", n, row);
+    CT_ASSERT(!(tap && tap->probs_accum && n_seqs != 1), "attention tap on {} sequences", n_seqs);
+  }
   const bool ref = ws.use_reference;
   auto rms = ref ? cpu::rms_norm_ref : cpu::rms_norm;
 
   rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
   project({&w.wq, &w.wk, &w.wv}, ws.xn.data(), n, ws.qkv.data(),
-          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws);
+          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws, decode_rows);
   float* q = ws.qkv.data();
   float* k = q + Q;
   float* v = k + KV;
@@ -271,37 +304,40 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
     rope_.apply(q, n, QKV, c.n_head, pos);
     rope_.apply(k, n, QKV, c.n_head_kv, pos);
   }
-  float* kc = kv.k(l);
-  float* vc = kv.v(l);
-  for (int i = 0; i < n; ++i) {
-    std::memcpy(kc + (size_t)pos[i] * KV, k + (size_t)i * QKV, KV * sizeof(float));
-    std::memcpy(vc + (size_t)pos[i] * KV, v + (size_t)i * QKV, KV * sizeof(float));
+  for (int s = 0, row0 = 0; s < n_seqs; row0 += seqs[s].n, ++s) {
+    const int ns = seqs[s].n;
+    float* kc = seqs[s].kv->k(l);
+    float* vc = seqs[s].kv->v(l);
+    for (int i = row0; i < row0 + ns; ++i) {
+      std::memcpy(kc + (size_t)pos[i] * KV, k + (size_t)i * QKV, KV * sizeof(float));
+      std::memcpy(vc + (size_t)pos[i] * KV, v + (size_t)i * QKV, KV * sizeof(float));
+    }
+    cpu::AttnArgs a;
+    a.q = q + (size_t)row0 * QKV;
+    a.q_stride = QKV;
+    a.q_pos = pos + row0;
+    a.n_q = ns;
+    a.k = kc;
+    a.v = vc;
+    a.n_head = c.n_head;
+    a.n_kv_head = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.out = ws.attn.data() + (size_t)row0 * Q;
+    if (tap) {
+      a.probs_accum = tap->probs_accum;
+      a.probs_from_row = tap->probs_from_row;
+    }
+    if (ref) {
+      cpu::attention_ref(a);
+    } else {
+      cpu::attention(a);
+    }
   }
-  cpu::AttnArgs a;
-  a.q = q;
-  a.q_stride = QKV;
-  a.q_pos = pos;
-  a.n_q = n;
-  a.k = kc;
-  a.v = vc;
-  a.n_head = c.n_head;
-  a.n_kv_head = c.n_head_kv;
-  a.head_dim = c.head_dim;
-  a.out = ws.attn.data();
-  if (tap) {
-    a.probs_accum = tap->probs_accum;
-    a.probs_from_row = tap->probs_from_row;
-  }
-  if (ref) {
-    cpu::attention_ref(a);
-  } else {
-    cpu::attention(a);
-  }
-  project({&w.wo}, ws.attn.data(), n, ws.proj.data(), nullptr, ws);
+  project({&w.wo}, ws.attn.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  project({&w.w_gate, &w.w_up}, ws.xn.data(), n, ws.gu.data(), nullptr, ws);
+  project({&w.w_gate, &w.w_up}, ws.xn.data(), n, ws.gu.data(), nullptr, ws, decode_rows);
   for (int i = 0; i < n; ++i) {
     float* g = ws.gu.data() + (size_t)i * 2 * F;
     std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
@@ -311,7 +347,7 @@ void Model::forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& k
       cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
     }
   }
-  project({&w.w_down}, ws.h.data(), n, ws.proj.data(), nullptr, ws);
+  project({&w.w_down}, ws.h.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 }
 
@@ -343,6 +379,46 @@ void Model::logits(const float* x, int n, float* out, Workspace& ws) const {
     }
     matmul(ws.xn.data(), n, E, ws.wbuf.data(), r1 - r0, out + r0, nullptr, V);
   }
+}
+
+void Model::decode_logits(const float* x, int n, float* out, Workspace& ws) const {
+  if (n == 1 || ws.use_reference) {
+    logits(x, n, out, ws);
+    return;
+  }
+  const ModelConfig& c = cfg_;
+  ws.reserve(c, n);
+  cpu::rms_norm(x, out_norm_.data(), ws.xn.data(), n, c.n_embd, c.rms_eps);
+  const cpu::QMatrix* head = &output_;
+  for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
+    const int nr = std::min(cpu::kMaxBatchRows, n - r0);
+    cpu::qgemv_batch(&head, 1, ws.xn.data() + (size_t)r0 * c.n_embd, nr,
+                     out + (size_t)r0 * c.n_vocab, c.n_vocab);
+  }
+}
+
+std::vector<float> Model::decode_batch(const int32_t* tokens, KVCache* const* kvs, int n,
+                                       Workspace& ws) const {
+  CT_THROW_IF_NOT(n > 0, "decode step needs at least one sequence");
+  const int E = cfg_.n_embd;
+  std::vector<float> x((size_t)n * E);
+  std::vector<int32_t> pos(n);
+  std::vector<BatchSeq> seqs(n);
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(kvs[i]->n_pos < kvs[i]->n_ctx(),
+                    "KV cache of sequence {} full at {} positions while decoding", i,
+                    kvs[i]->n_ctx());
+    pos[i] = kvs[i]->n_pos;
+    seqs[i] = BatchSeq{kvs[i], 1};
+  }
+  embed(tokens, n, x.data());
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    forward_batch(l, x.data(), pos.data(), n, seqs.data(), n, ws, /*decode_rows=*/true);
+  }
+  for (int i = 0; i < n; ++i) kvs[i]->n_pos = pos[i] + 1;
+  std::vector<float> out((size_t)n * cfg_.n_vocab);
+  decode_logits(x.data(), n, out.data(), ws);
+  return out;
 }
 
 std::vector<float> Model::prefill(const int32_t* tokens, int n, int pos0, KVCache& kv,

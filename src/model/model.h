@@ -65,6 +65,12 @@ struct LayerTap {
   int probs_from_row = 0;
 };
 
+// Consecutive rows of a batch that belong to one sequence: the next n rows, attending over kv.
+struct BatchSeq {
+  KVCache* kv = nullptr;
+  int n = 0;
+};
+
 class Model {
  public:
   // Loads the GGUF at `path`: config, tokenizer, weights (kept in their file encoding, mapped).
@@ -89,8 +95,25 @@ class Model {
   // [0, pos[i]] which must all be valid for this layer. x is updated in place (residual stream).
   void forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& kv, Workspace& ws,
                      const LayerTap* tap = nullptr) const;
+  // The same block on the rows of several sequences at once (continuous batching): rows
+  // [0, n_rows) at positions pos[], split into seqs[0..n_seqs) in order, each writing and
+  // attending over its own cache. Norms, projections and the MLP run over all rows together;
+  // attention runs per sequence. decode_rows: the rows are single decode tokens, multiplied by
+  // the quantised dot-product kernels (qgemv_batch) whatever their number, so each row's result
+  // equals that of the same row alone, bit for bit. Otherwise rows go through the prefill path
+  // (SGEMM for more than one). A tap with probs_accum needs n_seqs == 1.
+  void forward_batch(int l, float* x, const int32_t* pos, int n_rows, const BatchSeq* seqs,
+                     int n_seqs, Workspace& ws, bool decode_rows,
+                     const LayerTap* tap = nullptr) const;
+  // One decode step of n sequences: tokens[i] is fed at position kvs[i]->n_pos of its cache
+  // (which grows by one). Returns the next-token logits, F32 [n][n_vocab]. Each sequence's
+  // logits equal prefill(&tokens[i], 1, kvs[i]->n_pos, ...) alone, bit for bit.
+  std::vector<float> decode_batch(const int32_t* tokens, KVCache* const* kvs, int n,
+                                  Workspace& ws) const;
   // logits[n][n_vocab] from final hidden rows x[n][n_embd] (output norm + head).
   void logits(const float* x, int n, float* out, Workspace& ws) const;
+  // The same for decode rows: every row through the quantised head kernel (see forward_batch).
+  void decode_logits(const float* x, int n, float* out, Workspace& ws) const;
 
   // Plain prefill of tokens at positions [pos0, pos0+n) on top of kv (which must hold
   // [0, pos0)); all layers, all rows. Returns the last row's logits, or all rows' when all_rows.

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
 #include "reuse/policy/head.h"
@@ -138,13 +139,12 @@ std::vector<int32_t> select_offline(const ChunkSource& src, const PolicyOptions&
       return first;
     }
     case PolicyKind::kRandom: {
-      // Seeded by the policy seed and the chunk id, so a chunk gets the same draw everywhere.
-      std::seed_seq seq{(uint32_t)p.seed, (uint32_t)(p.seed >> 32),
-                        (uint32_t)std::hash<std::string>()(meta.id)};
-      std::mt19937 rng(seq);
+      // Seeded by the policy seed and the chunk id, so a chunk gets the same draw everywhere, on
+      // every platform and standard library (core/random.h).
+      SplitMix64 rng(stream_seed((uint64_t)p.seed, meta.id));
       std::vector<int32_t> all(n);
       std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
+      portable_shuffle(all, rng);
       all.resize(k);
       std::sort(all.begin(), all.end());
       return all;

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "model/stop_matcher.h"
+
 namespace ct::server {
 namespace {
 
@@ -190,7 +192,7 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
   if (const json* n = field(body, "n"); n && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
     bad("n", "'n' must be 1: one choice per request");
   }
-  if (field(body, "stop")) bad("stop", "'stop' sequences are not supported");
+  if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");
   if (const json* s = field(body, "stream")) {
@@ -204,6 +206,28 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     r.gen.stop_at_eog = !s->get<bool>();
   }
   return r;
+}
+
+std::vector<std::string> parse_stop(const json& stop) {
+  std::vector<std::string> out;
+  if (stop.is_string()) {
+    out.push_back(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    for (size_t i = 0; i < stop.size(); ++i) {
+      if (!stop[i].is_string()) {
+        bad("stop", fmt::format("stop[{}] is a {}; expected a string", i, type_name(stop[i])));
+      }
+      out.push_back(stop[i].get<std::string>());
+    }
+  } else {
+    bad("stop", "'stop' is a " + type_name(stop) + "; expected a string or an array of strings");
+  }
+  try {
+    StopMatcher check(out);  // count, emptiness and length, with the matcher's own message
+  } catch (const Error& e) {
+    bad("stop", e.what());
+  }
+  return out;
 }
 
 std::vector<std::string> parse_chunks(const json& chunks, const ApiLimits& limits) {
@@ -231,15 +255,17 @@ std::vector<std::string> parse_chunks(const json& chunks, const ApiLimits& limit
   return out;
 }
 
-json error_body(int status, const std::string& message, const std::string& param) {
+json error_body(int status, const std::string& message, const std::string& param,
+                const std::string& code) {
   return {{"error",
            {{"message", message},
             {"type", status >= 500 ? "server_error" : "invalid_request_error"},
             {"param", param.empty() ? json(nullptr) : json(param)},
-            {"code", nullptr}}}};
+            {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
 std::string finish_reason(const Answer& a, const ChatRequest& r) {
+  if (a.stopped_at_sequence) return "stop";
   return static_cast<int>(a.tokens.size()) >= r.gen.max_tokens ? "length" : "stop";
 }
 

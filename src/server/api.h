@@ -60,8 +60,13 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limi
 nlohmann::json parse_json_body(const std::string& text);
 
 // {"error": {"message", "type", "param", "code"}} in OpenAI's shape. type follows the status:
-// invalid_request_error (4xx) or server_error (5xx).
-nlohmann::json error_body(int status, const std::string& message, const std::string& param = "");
+// invalid_request_error (4xx) or server_error (5xx); param and code are null when empty.
+nlohmann::json error_body(int status, const std::string& message, const std::string& param = "",
+                          const std::string& code = "");
+
+// The "stop" field: a string or an array of at most StopMatcher::kMaxSequences non-empty strings
+// (each at most StopMatcher::kMaxBytes). Throws RequestError (400, param "stop") otherwise.
+std::vector<std::string> parse_stop(const nlohmann::json& stop);
 
 // Per-request engine figures returned under "cachetune" in responses.
 nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
@@ -80,7 +85,8 @@ nlohmann::json chat_chunk(const std::string& id, const std::string& model_id, in
                           const std::optional<std::string>& role,
                           const std::string& finish_reason = "");
 
-// "stop" when generation ended at an end-of-generation token, "length" when it hit max_tokens.
+// "stop" when generation ended at an end-of-generation token or a stop sequence, "length" when it
+// hit max_tokens.
 std::string finish_reason(const Answer& a, const ChatRequest& r);
 
 }  // namespace ct::server

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "reuse/prompt.h"
+#include "server/auth.h"
 
 namespace ct::server {
 namespace {
@@ -148,7 +149,8 @@ struct Server::Impl {
   Engine& engine;
   ServerOptions opt;
   httplib::Server http;
-  std::mutex engine_mu;  // one engine request at a time
+  ServerMetrics metrics;  // before batcher: its step observer writes here until it stops
+  Scheduler batcher;      // drives the engine: every engine call goes through it
   std::atomic<uint64_t> next_id{0};
   std::atomic<uint64_t> cancelled{0};  // requests stopped because their client had gone
   int port = -1;
@@ -164,9 +166,19 @@ struct Server::Impl {
   std::thread watchdog;
   std::atomic<uint64_t> slow_closed{0};
 
-  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)) {
+  Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), batcher(e, opt.batching) {
     const size_t n = (size_t)std::max(2, opt.http_threads);
     http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
+    metrics.collect_pool(engine);
+    metrics.collect_server([this] { return cancelled.load(); },
+                           [this] { return slow_closed.load(); });
+    batcher.set_step_observer([this](int rows) { metrics.batch_rows.observe(rows); });
+    metrics.registry.add_collector([this] {
+      const SchedulerStats st = batcher.stats();
+      metrics.queue_length.set(st.queued);
+      metrics.running_sequences.set(st.running);
+      metrics.kv_budget_bytes_in_use.set((double)st.kv_in_use);
+    });
   }
 
   static std::string peer_of(const httplib::Request& req) {
@@ -226,25 +238,62 @@ struct Server::Impl {
     return false;
   }
 
-  void routes() {
-    http.set_payload_max_length(opt.max_body_bytes);
-    http.set_post_routing_handler(
-        [this](const httplib::Request& req, httplib::Response&) { conn_leave(peer_of(req)); });
-    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      conn_enter(peer_of(req));  // left in the post-routing handler, which every request reaches
-      if (origin_allowed(req)) {
-        if (req.has_header("Origin"))
-          res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
-        return httplib::Server::HandlerResponse::Unhandled;
-      }
+  // A request with a body is refused only after the HTTP layer has read the body: refused before,
+  // the unread body would be parsed as the connection's next request (a keep-alive client
+  // retrying with the right key would get a 400), and a large one would block the client's send.
+  static bool has_body(const httplib::Request& req) {
+    return req.get_header_value("Transfer-Encoding") == "chunked" ||
+           (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+  }
+  bool key_refused(const httplib::Request& req, httplib::Response& res) const {
+    if (opt.api_key.empty() || route_is_public(req.path)) return false;
+    std::optional<std::string> h;
+    if (req.has_header("Authorization")) h = req.get_header_value("Authorization");
+    const std::string why = api_key_refusal(h, opt.api_key);
+    if (why.empty()) return false;
+    send_json(res, 401, api_key_error_body(why));
+    res.set_header("WWW-Authenticate", "Bearer");
+    return true;
+  }
+
+  // Checks made before routing, in order: header size (431), browser origin (403), API key (401;
+  // for a request with a body, in the route's handler or the 404 handler instead). True when the
+  // request was refused (the error is in res).
+  bool refused(const httplib::Request& req, httplib::Response& res) const {
+    size_t header_bytes = req.method.size() + req.target.size() + req.version.size() + 4;
+    for (const auto& [name, value] : req.headers) header_bytes += name.size() + value.size() + 4;
+    if (header_bytes > opt.max_header_bytes) {
+      send_error(res, 431,
+                 fmt::format("request line and headers take {} bytes; this server takes at most {}",
+                             header_bytes, opt.max_header_bytes));
+      return true;
+    }
+    if (!origin_allowed(req)) {
       send_error(res, 403,
                  fmt::format("cross-origin request from Origin '{}' refused; start the server "
                              "with --allow-origin '{}' (or '*') to allow it",
                              req.get_header_value("Origin"), req.get_header_value("Origin")));
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
+    }
+    return !has_body(req) && key_refused(req, res);
+  }
+
+  void routes() {
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      metrics.count_request(req.path, res.status);
+      conn_leave(peer_of(req));
+    });
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      conn_enter(peer_of(req));  // left in the post-routing handler, which every request reaches
+      if (refused(req, res)) return httplib::Server::HandlerResponse::Handled;
+      if (req.has_header("Origin"))
+        res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
+      return httplib::Server::HandlerResponse::Unhandled;
     });
     http.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;  // a handler already wrote a JSON error
+      if (res.status == 404 && key_refused(req, res)) return;  // no route list without the key
       std::string msg;
       const std::string type = req.get_header_value("Content-Type");
       if (res.status == 413 && type.rfind("application/x-www-form-urlencoded", 0) == 0 &&
@@ -259,7 +308,7 @@ struct Server::Impl {
             fmt::format("request body exceeds this server's limit of {} bytes", opt.max_body_bytes);
       } else if (res.status == 404) {
         msg = fmt::format(
-            "no route for {} {}; expected GET /health, GET /v1/models, POST "
+            "no route for {} {}; expected GET /health, GET /metrics, GET /v1/models, POST "
             "/v1/chat/completions or POST /v1/chunks",
             req.method, req.path);
       } else {
@@ -282,6 +331,10 @@ struct Server::Impl {
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200, {{"status", "ok"}, {"model", opt.model_id}});
     });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.status = 200;
+      res.set_content(metrics.registry.exposition(), kMetricsContentType);
+    });
     http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       send_json(res, 200,
                 {{"object", "list"},
@@ -292,10 +345,10 @@ struct Server::Impl {
                     {"owned_by", "cachetune"}}}}});
     });
     http.Post("/v1/chunks", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(res, [&] { ingest(req, res); });
+      if (!key_refused(req, res)) handle(res, [&] { ingest(req, res); });
     });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      handle(res, [&] { chat(req, res); });
+      if (!key_refused(req, res)) handle(res, [&] { chat(req, res); });
     });
   }
 
@@ -308,6 +361,9 @@ struct Server::Impl {
       f();
     } catch (const RequestError& e) {
       send_error(res, e.status(), e.what(), e.param());
+    } catch (const AdmissionError& e) {
+      if (!e.too_large()) res.set_header("Retry-After", std::to_string(e.retry_after_s()));
+      send_error(res, e.too_large() ? 400 : 503, e.what(), e.too_large() ? "max_tokens" : "");
     } catch (const Error& e) {
       send_error(res, 500, e.what());
     }
@@ -359,16 +415,18 @@ struct Server::Impl {
       }
     }
     json data = json::array();
-    std::lock_guard<std::mutex> lock(engine_mu);
-    for (const std::vector<int32_t>& toks : tokens) {
-      const ChunkInfo c = engine.ensure_chunk(toks, tier);
-      data.push_back({{"id", c.id},
-                      {"n_tok", c.n_tok},
-                      {"hit", c.hit},
-                      {"tier", c.tier},
-                      {"encode_ms", c.encode_ms},
-                      {"rank_ms", c.rank_ms}});
-    }
+    batcher.run([&] {
+      for (const std::vector<int32_t>& toks : tokens) {
+        const ChunkInfo c = engine.ensure_chunk(toks, tier);
+        metrics.record_chunks({c});
+        data.push_back({{"id", c.id},
+                        {"n_tok", c.n_tok},
+                        {"hit", c.hit},
+                        {"tier", c.tier},
+                        {"encode_ms", c.encode_ms},
+                        {"rank_ms", c.rank_ms}});
+      }
+    });
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
@@ -376,6 +434,8 @@ struct Server::Impl {
     auto r =
         std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
+    // Refused now (400 / 503) rather than as an event after a stream's headers.
+    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens);
     const std::string id = new_id("chatcmpl");
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
@@ -383,13 +443,15 @@ struct Server::Impl {
     const int fd = connection_socket(req.local_port, req.remote_port);
     if (!r->stream) {
       AnswerOptions ao = r->answer;
-      ao.on_piece = [fd](const std::string&) {
+      TokenClock clock(metrics.inter_token);
+      ao.on_piece = [fd, &clock](const std::string&) {
+        clock.tick();
         if (peer_has_closed(fd)) throw ClientGone{};
       };
       Answer a;
       try {
-        std::lock_guard<std::mutex> lock(engine_mu);
-        a = engine.answer(*prompt, r->sel, r->gen, ao);
+        a = batcher.answer(*prompt, r->sel, r->gen, ao);
+        metrics.record_answer(a);
       } catch (const ClientGone&) {
         cancelled.fetch_add(1);
         res.status = 499;  // nobody reads it; the connection is closed
@@ -428,15 +490,17 @@ struct Server::Impl {
     auto st = std::make_shared<Shared>();
     std::thread gen([this, &r, &prompt, st, fd] {
       AnswerOptions ao = r.answer;
-      ao.on_piece = [st, fd](const std::string& piece) {
+      TokenClock clock(metrics.inter_token);
+      ao.on_piece = [st, fd, &clock](const std::string& piece) {
+        clock.tick();
         if (st->cancel || peer_has_closed(fd)) throw ClientGone{};
         std::lock_guard<std::mutex> lk(st->mu);
         st->pieces.push_back(piece);
         st->cv.notify_one();
       };
       try {
-        std::lock_guard<std::mutex> lock(engine_mu);
-        Answer a = engine.answer(prompt, r.sel, r.gen, ao);
+        Answer a = batcher.answer(prompt, r.sel, r.gen, ao);
+        metrics.record_answer(a);
         std::lock_guard<std::mutex> lk(st->mu);
         st->answer = std::move(a);
       } catch (const ClientGone&) {
@@ -486,7 +550,8 @@ struct Server::Impl {
       // Headers are gone already: report the failure as an event, then end the stream. The
       // request was checked before streaming began, so what fails now is the server's side.
       try {
-        send(error_body(500, e.what()));
+        const bool busy = dynamic_cast<const AdmissionError*>(&e) != nullptr;
+        send(error_body(busy ? 503 : 500, e.what()));
       } catch (const ClientGone&) {
         client_gone = true;
       }
@@ -548,5 +613,11 @@ void Server::serve() {
 void Server::stop() { impl_->http.stop(); }
 
 uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.load(); }
+
+SchedulerStats Server::batch_stats() const { return impl_->batcher.stats(); }
+
+Scheduler& Server::scheduler() { return impl_->batcher; }
+
+ServerMetrics& Server::metrics() { return impl_->metrics; }
 
 }  // namespace ct::server

@@ -1,8 +1,10 @@
 // `cachetune serve`: an OpenAI-compatible HTTP server over one Engine (docs/SERVER.md).
-// Routes: GET /health, GET /v1/models, POST /v1/chat/completions (optionally streamed as
-// server-sent events; chunk-aware via "chunks" and "cachetune"), POST /v1/chunks (encode
-// documents into the cache ahead of use). Connections are served by a thread pool; requests that
-// use the engine run one at a time (the engine and its cache pool are single-threaded).
+// Routes: GET /health, GET /metrics (Prometheus text), GET /v1/models, POST
+// /v1/chat/completions (optionally streamed as server-sent events; chunk-aware via "chunks" and
+// "cachetune"), POST /v1/chunks (encode documents into the cache ahead of use). With an API key
+// every route but /health needs `Authorization: Bearer <key>`. Connections are served by a thread
+// pool; the engine is driven by one scheduler thread that decodes all running requests together
+// in one batch per step (engine/scheduler.h), admitting new ones as the K/V budget allows.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +13,9 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #include "server/api.h"
+#include "server/server_metrics.h"
 
 namespace ct::server {
 
@@ -27,6 +31,14 @@ struct ServerOptions {
   int http_threads = 64;          // connection workers; a slow client holds at most one
   double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
   int listen_backlog = 512;       // pending connections the kernel queues
+  // Continuous batching: the K/V budget (bytes), the most requests decoding at once, and the
+  // longest admission queue (beyond it: 503 with Retry-After).
+  SchedulerOptions batching;
+  // Non-empty: every route but /health requires `Authorization: Bearer <api_key>` (401 else).
+  std::string api_key;
+  // Largest request line plus headers; a larger request gets 431 (the HTTP layer itself refuses
+  // a single header line over 8 KiB with 400 and a request line over 8 KiB with 414).
+  size_t max_header_bytes = 64u << 10;
 };
 
 class Server {
@@ -44,6 +56,11 @@ class Server {
   uint64_t cancelled_requests() const;
   // Connections closed because they took longer than request_timeout_s to send a request.
   uint64_t slow_connections_closed() const;
+  // Queue, batch and K/V budget figures of the scheduler.
+  SchedulerStats batch_stats() const;
+  Scheduler& scheduler();  // e.g. for tests that hold it (Scheduler::run) to fill the queue
+  // The series of GET /metrics; a scheduler sets its gauges here (server_metrics.h).
+  ServerMetrics& metrics();
   // Serves until stop() (from another thread or a signal handler's helper thread). bind() first.
   void serve();
   void stop();

@@ -23,7 +23,7 @@ CachePool::CachePool(std::vector<std::unique_ptr<Tier>> tiers, PoolOptions opt)
         continue;
       }
       std::optional<ChunkMeta> meta = tiers_[t]->get_meta(id);
-      if (meta) link(id, t, tiers_[t]->footprint(*meta), meta->n_tok);
+      if (meta) link(id, t, tiers_[t]->footprint(*meta), *meta);
     }
   }
   for (int t = 0; t < (int)tiers_.size(); ++t) make_room(t, 0, "");
@@ -34,11 +34,13 @@ bool CachePool::fits(int t, size_t bytes) const {
   return used <= cap && bytes <= cap - used;
 }
 
-CachePool::Entry& CachePool::link(const std::string& id, int t, size_t bytes, int32_t n_tok) {
+CachePool::Entry& CachePool::link(const std::string& id, int t, size_t bytes,
+                                  const ChunkMeta& meta) {
   Entry& e = index_[id];
   e.tier = t;
   e.bytes = bytes;
-  e.n_tok = n_tok;
+  e.n_tok = meta.n_tok;
+  e.row_bytes = 2 * (size_t)meta.kv_dim * kv_dtype_size(meta.dtype);
   e.hits_by_tier.resize(tiers_.size(), 0);
   lru_[t].push_front(id);
   e.lru_pos = lru_[t].begin();
@@ -101,7 +103,7 @@ void CachePool::demote(const std::string& id, const std::string& keep) {
   }
   Entry old = index_.at(id);
   forget(id);
-  Entry& e = link(id, dst, tiers_[dst]->footprint(rec->meta), old.n_tok);
+  Entry& e = link(id, dst, tiers_[dst]->footprint(rec->meta), rec->meta);
   e.hits_by_tier = std::move(old.hits_by_tier);
   ++tier_stat_[dst].demotions_in;
 }
@@ -134,7 +136,7 @@ bool CachePool::put(const ChunkKV& kv, int first_tier, std::string* why) {
     }
     return false;
   }
-  Entry& e = link(id, t, tiers_[t]->footprint(kv.meta), kv.meta.n_tok);
+  Entry& e = link(id, t, tiers_[t]->footprint(kv.meta), kv.meta);
   if (!hits.empty()) e.hits_by_tier = std::move(hits);
   return true;
 }
@@ -142,6 +144,16 @@ bool CachePool::put(const ChunkKV& kv, int first_tier, std::string* why) {
 std::optional<ChunkMeta> CachePool::lookup(const std::string& id) {
   std::lock_guard lock(mu_);
   auto it = index_.find(id);
+  if (it == index_.end()) {
+    // A tier other processes write to (a shared Redis) may hold what this index has not seen.
+    for (int t = 0; t < (int)tiers_.size() && it == index_.end(); ++t) {
+      if (std::optional<ChunkMeta> meta = tiers_[t]->discover(id)) {
+        link(id, t, tiers_[t]->footprint(*meta), *meta);
+        ++tier_stat_[t].discovered;
+        it = index_.find(id);
+      }
+    }
+  }
   if (it == index_.end()) {
     ++misses_;
     return std::nullopt;
@@ -157,7 +169,8 @@ std::optional<ChunkMeta> CachePool::lookup(const std::string& id) {
   ++it->second.hits_by_tier[t];
   ++tier_stat_[t].hits;
   lru_[t].splice(lru_[t].begin(), lru_[t], it->second.lru_pos);
-  if (!opt_.promote_on_hit || t == 0) return meta;
+  // A tier other servers share keeps its records: promotion would move the chunk out of it.
+  if (!opt_.promote_on_hit || t == 0 || tiers_[t]->shared()) return meta;
 
   std::optional<ChunkKV> rec = tiers_[t]->get(id);
   if (!rec) {
@@ -180,7 +193,7 @@ std::optional<ChunkMeta> CachePool::lookup(const std::string& id) {
     ++dropped_;
     return std::nullopt;
   }
-  Entry& e = link(id, dst, tiers_[dst]->footprint(*meta), meta->n_tok);
+  Entry& e = link(id, dst, tiers_[dst]->footprint(*meta), *meta);
   e.hits_by_tier = std::move(old.hits_by_tier);
   if (promoted) ++tier_stat_[t].promotions_out;
   return meta;
@@ -201,7 +214,13 @@ bool CachePool::read_rows(const std::string& id, int layer, int row_begin, int r
       }
       t = it->second.tier;
     }
-    if (tiers_[t]->read_rows(id, layer, row_begin, row_end, k_dst, v_dst)) return true;
+    if (tiers_[t]->read_rows(id, layer, row_begin, row_end, k_dst, v_dst)) {
+      std::lock_guard lock(mu_);
+      auto it = index_.find(id);
+      if (it != index_.end())
+        tier_stat_[t].bytes_read += (uint64_t)(row_end - row_begin) * it->second.row_bytes;
+      return true;
+    }
     std::lock_guard lock(mu_);
     auto it = index_.find(id);
     if (it != index_.end() && it->second.tier != t) continue;
@@ -292,17 +311,25 @@ VerifyReport CachePool::verify_all() {
   return report;
 }
 
-PoolStat CachePool::stat() const {
+std::vector<TierStat> CachePool::tier_stats() const {
   std::lock_guard lock(mu_);
+  std::vector<TierStat> out = tier_stat_;
+  for (int t = 0; t < (int)tiers_.size(); ++t) {
+    out[t].capacity_bytes = tiers_[t]->capacity_bytes();
+    out[t].used_bytes = tiers_[t]->used_bytes();
+    out[t].n_chunks = lru_[t].size();
+    out[t].io_errors = tiers_[t]->io_errors();
+  }
+  return out;
+}
+
+PoolStat CachePool::stat() const {
   PoolStat s;
+  s.tiers = tier_stats();
+  std::lock_guard lock(mu_);
   s.misses = misses_;
   s.dropped = dropped_;
-  s.tiers = tier_stat_;
   for (int t = 0; t < (int)tiers_.size(); ++t) {
-    TierStat& ts = s.tiers[t];
-    ts.capacity_bytes = tiers_[t]->capacity_bytes();
-    ts.used_bytes = tiers_[t]->used_bytes();
-    ts.n_chunks = lru_[t].size();
     for (const std::string& id : lru_[t]) {
       const Entry& e = index_.at(id);
       ChunkStat c;

@@ -41,6 +41,9 @@ struct TierStat {
   uint64_t hits = 0;
   uint64_t demotions_in = 0;    // chunks moved here from the tier above
   uint64_t promotions_out = 0;  // chunks promoted from here to a higher tier
+  uint64_t bytes_read = 0;      // K and V bytes read_rows() copied out of this tier
+  uint64_t discovered = 0;      // chunks found by Tier::discover (written by another process)
+  uint64_t io_errors = 0;       // Tier::io_errors() when stat() ran
 };
 
 struct PoolStat {
@@ -74,7 +77,9 @@ class CachePool {
   bool put(const ChunkKV& kv, int first_tier, std::string* why = nullptr);
 
   // A request for a chunk: on a hit counts it for the chunk's tier, marks it most recently used,
-  // promotes it to the top tier when configured, and returns its meta. nullopt on a miss.
+  // promotes it to the top tier when configured, and returns its meta. nullopt on a miss. An id
+  // the index lacks is first asked of each tier's discover() (a Redis another server writes
+  // to), top first; a find is indexed there and counts as a hit.
   std::optional<ChunkMeta> lookup(const std::string& id);
 
   // Rows [row_begin, row_end) of one layer from whichever tier holds the chunk (Tier::read_rows).
@@ -94,6 +99,8 @@ class CachePool {
   // Tier::verify on every chunk; failing ones are dropped and listed.
   VerifyReport verify_all();
   PoolStat stat() const;
+  // Per tier, the cheap counters only (no per-chunk list): for metrics scraped often.
+  std::vector<TierStat> tier_stats() const;
 
   size_t n_tiers() const { return tiers_.size(); }
   Tier& tier(size_t i) { return *tiers_.at(i); }
@@ -103,6 +110,7 @@ class CachePool {
     int tier = -1;
     size_t bytes = 0;
     int32_t n_tok = 0;
+    size_t row_bytes = 0;  // one ranked row of K plus V, in the record's dtype
     std::vector<uint64_t> hits_by_tier;
     std::list<std::string>::iterator lru_pos;  // in lru_[tier]; front = most recently used
   };
@@ -119,7 +127,7 @@ class CachePool {
   // With `why`, appends one "<tier>: <reason>" per tier that did not take it.
   int place(const ChunkKV& rec, int t_begin, int t_end, const std::string& keep,
             std::vector<std::string>* why = nullptr);
-  Entry& link(const std::string& id, int t, size_t bytes, int32_t n_tok);
+  Entry& link(const std::string& id, int t, size_t bytes, const ChunkMeta& meta);
   void forget(const std::string& id);
 
   std::vector<std::unique_ptr<Tier>> tiers_;

@@ -155,6 +155,21 @@ bool RedisTier::refresh_after_missing(const std::string& id, const Entry& seen, 
   return true;
 }
 
+std::optional<ChunkMeta> RedisTier::discover(const std::string& id) {
+  const std::string key = meta_key(id);
+  auto replies = client_.exchange(redis_key_slot(key), {{"GET", key}});
+  if (!replies) return std::nullopt;  // unreachable: counted and logged by the client
+  const redisReply* r = (*replies)[0].get();
+  if (r->type != REDIS_REPLY_STRING) return std::nullopt;
+  std::string bytes(r->str, r->len);
+  if (!index(std::move(bytes))) {
+    store_log(fmt::format("{}: chunk {}: the header on the server does not decode; ignored",
+                          opt_.name, id));
+    return std::nullopt;
+  }
+  return get_meta(id);  // nullopt when the header under this key names another id
+}
+
 void RedisTier::scan() {
   const std::string pattern = escape_glob(opt_.key_prefix) + "{*}:m";
   std::string cursor = "0";

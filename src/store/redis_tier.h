@@ -97,6 +97,11 @@ class RedisTier final : public Tier {
   uint64_t redirects_followed() const { return client_.redirects_followed(); }
   uint64_t failed_exchanges() const { return client_.failed_exchanges(); }
 
+  // GET of the header key: a chunk another server stored after this tier's scan.
+  std::optional<ChunkMeta> discover(const std::string& id) override;
+  bool shared() const override { return true; }
+  uint64_t io_errors() const override { return client_.failed_exchanges(); }
+
   std::vector<std::string> scan_rejects() const override { return scan_rejects_; }
   std::string last_put_error() const override;
 

@@ -60,6 +60,18 @@ class Tier {
   // <reason>"), so `cache verify` can report it (the scan itself only logs).
   virtual std::vector<std::string> scan_rejects() const { return {}; }
 
+  // A record of another process: the medium is asked for `id` directly (a Redis several
+  // servers share, where another server stored a chunk after this tier built its index). On a
+  // find the tier indexes it and returns its meta; nullopt when absent, unreachable, or for
+  // media only this process writes (the default).
+  virtual std::optional<ChunkMeta> discover(const std::string& /*id*/) { return std::nullopt; }
+  // True for a medium other servers use too: the pool then never moves a record out of it
+  // (promotion would take the chunk away from them).
+  virtual bool shared() const { return false; }
+  // Failed exchanges with the medium so far (Redis: unreachable, I/O errors, timeouts, failed
+  // transactions); 0 for tiers that do not count them.
+  virtual uint64_t io_errors() const { return 0; }
+
   // Why the most recent failed put failed ("<path>: <errno text>", "server unreachable", ...),
   // for the note a request served without the tier carries; "" when no put has failed.
   virtual std::string last_put_error() const { return ""; }

@@ -162,6 +162,25 @@ TEST_F(OfflinePolicyTest, EveryOfflinePolicySelectsExactlyItsBudget) {
   EXPECT_EQ(select_offline(sa, po), head_selection(61, 0.15));
 }
 
+TEST_F(OfflinePolicyTest, RandomDrawIsPortableAndSeededByChunk) {
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(20, 8), probe_options());
+  a.meta.id = "portable-draw-chunk";
+  InMemoryChunk s(a);
+  PolicyOptions po;
+  po.kind = PolicyKind::kRandom;
+  po.ratio = 0.25;
+  po.seed = 7;
+  const auto sel = select_offline(s, po);
+  EXPECT_EQ(select_offline(s, po), sel);  // deterministic
+  // The draw is SplitMix64 + Fisher-Yates (core/random.h), not std::shuffle or std::hash, so
+  // these rows are the same on every platform and standard library (computed independently by
+  // a Python rendering of the same generator).
+  EXPECT_EQ(sel, (std::vector<int32_t>{1, 7, 9, 12, 17}));
+  po.seed = 8;
+  EXPECT_NE(select_offline(s, po), sel);
+  EXPECT_EQ((int)select_offline(s, po).size(), n_select(0.25, 20));
+}
+
 TEST_F(OfflinePolicyTest, ProbeOnALowFreqRecordNeedsTheProbeRanking) {
   const auto toks = test::random_byte_tokens(20, 7);
   const ChunkKV a = encode_chunk(*model_, toks, lowfreq_options());

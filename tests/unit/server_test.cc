@@ -104,6 +104,28 @@ TEST(ServerApi, ParsesTheChunkExtension) {
   EXPECT_EQ(p.question, "ab");
 }
 
+TEST(ServerApi, ParsesStopAsAStringOrAnArray) {
+  const json base = {{"messages", {user("q")}}};
+  json b = base;
+  b["stop"] = "\n";
+  EXPECT_EQ(parse_chat_request(b, {}).gen.stop, std::vector<std::string>{"\n"});
+  b["stop"] = {"END", "###"};
+  EXPECT_EQ(parse_chat_request(b, {}).gen.stop, (std::vector<std::string>{"END", "###"}));
+  b["stop"] = nullptr;  // OpenAI's default
+  EXPECT_TRUE(parse_chat_request(b, {}).gen.stop.empty());
+  EXPECT_TRUE(parse_chat_request(base, {}).gen.stop.empty());
+}
+
+TEST(ServerApi, FinishReasonIsStopAfterAStopSequence) {
+  ChatRequest r;
+  r.gen.max_tokens = 2;
+  Answer a;
+  a.tokens = {1, 2};
+  EXPECT_EQ(finish_reason(a, r), "length");
+  a.stopped_at_sequence = true;  // the sequence completed on the last allowed token
+  EXPECT_EQ(finish_reason(a, r), "stop");
+}
+
 TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused(json::array(), "", "expected an object");
   expect_refused(json::object(), "messages", "non-empty array");
@@ -118,7 +140,11 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", {user("q")}}, {"temperature", 3.0}}, "temperature", "[0, 2]");
   expect_refused({{"messages", {user("q")}}, {"top_p", 0}}, "top_p", "(0, 1]");
   expect_refused({{"messages", {user("q")}}, {"stream", "yes"}}, "stream", "boolean");
-  expect_refused({{"messages", {user("q")}}, {"stop", "\n"}}, "stop", "not supported");
+  expect_refused({{"messages", {user("q")}}, {"stop", 3}}, "stop", "string or an array");
+  expect_refused({{"messages", {user("q")}}, {"stop", {"a", 1}}}, "stop", "stop[1]");
+  expect_refused({{"messages", {user("q")}}, {"stop", ""}}, "stop", "empty");
+  expect_refused({{"messages", {user("q")}}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop",
+                 "at most 4");
   expect_refused({{"messages", {user("q")}}, {"n", 2}}, "n", "must be 1");
   expect_refused({{"messages", {user("q")}}, {"chunks", "doc"}}, "chunks", "array of strings");
   expect_refused({{"messages", {user("q")}}, {"chunks", {"ok", 3}}}, "chunks", "chunks[1]");

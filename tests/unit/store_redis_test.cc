@@ -87,6 +87,41 @@ TEST_F(RedisTierTest, ANewTierRebuildsItsIndexFromTheServer) {
   EXPECT_TRUE(read_rows_equal(tier, a, 1, 40, 150));
 }
 
+// Two pools (two servers) on one Redis, both built before anything is stored: a chunk the first
+// stores is found by the second through discover(), read from Redis (bytes counted per tier)
+// and never promoted out of it into the second pool's memory tier, so the first still has it.
+TEST_F(RedisTierTest, PoolsSharingOneRedisSeeEachOthersChunks) {
+  auto make_pool = [&] {
+    std::vector<std::unique_ptr<Tier>> tiers;
+    tiers.push_back(std::make_unique<MemoryTier>("host", 64u << 20));
+    tiers.push_back(std::make_unique<RedisTier>(options()));
+    return std::make_unique<CachePool>(std::move(tiers));
+  };
+  auto a = make_pool(), b = make_pool();
+  const ChunkKV kv = chunk("shared", 7);
+  ASSERT_TRUE(a->put(kv, 1));  // into a's Redis tier
+  EXPECT_FALSE(b->contains("shared"));
+  const std::optional<ChunkMeta> meta = b->lookup("shared");
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->n_tok, kv.meta.n_tok);
+  EXPECT_EQ(b->tier_of("shared"), 1);  // still in Redis: a shared tier is not promoted from
+  const size_t row = 2 * (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  std::vector<uint8_t> k(row / 2 * 50), v(row / 2 * 50);  // K and V halves of each row
+  ASSERT_TRUE(b->read_rows("shared", 0, 100, 150, k.data(), v.data()));
+  const std::vector<TierStat> st = b->tier_stats();
+  EXPECT_EQ(st[1].bytes_read, 50 * row);
+  EXPECT_EQ(st[1].discovered, 1u);
+  EXPECT_EQ(st[0].bytes_read, 0u);
+  EXPECT_EQ(st[1].io_errors, 0u);
+  EXPECT_EQ(k, test::block_rows(kv, 0, false, 100, 150));
+  EXPECT_TRUE(a->lookup("shared"));
+  EXPECT_FALSE(b->lookup("absent"));  // asked of Redis, not there: a miss
+  // A Redis that is gone counts errors; lookups of unknown ids are misses, not failures.
+  server_.stop();
+  EXPECT_FALSE(b->lookup("another"));
+  EXPECT_GT(b->tier_stats()[1].io_errors, 0u);
+}
+
 TEST_F(RedisTierTest, CorruptMissingAndTruncatedValuesAreMissesAndDropped) {
   RedisTier tier(options());
   const ChunkKV c1 = chunk("x1", 5), c2 = chunk("x2", 6), c3 = chunk("x3", 7), c4 = chunk("x4", 8);

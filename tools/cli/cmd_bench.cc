@@ -23,6 +23,9 @@ struct BenchArgs {
   std::vector<int> prompt_lengths = {512, 2048, 4096};
   int decode_tokens = 64;
   int repeats = 2;
+  // Batched decoding (Model::decode_batch): tokens/s of B sequences decoding together, for each
+  // B, next to B = 1 measured in the same run. Empty: skipped.
+  std::vector<int> batch_sizes;
   std::string json_out;
 };
 
@@ -93,6 +96,37 @@ void run_bench(const BenchArgs& a) {
     std::printf("decode after %d tokens: %.1f tok/s\n", n, tps);
     out["decode"] = {{"n_context", n}, {"n_tokens", a.decode_tokens}, {"tok_per_s", tps}};
   }
+  double one_seq = 0;
+  for (int b : a.batch_sizes) {
+    CT_THROW_IF_NOT(b >= 1, "--batch {}: expected sizes >= 1", b);
+    const int n = 128;
+    std::vector<KVCache> kvs;
+    std::vector<int32_t> ids(b);
+    for (int s = 0; s < b; ++s) {
+      std::vector<int32_t> t(n);
+      for (auto& x : t) x = tok(rng);
+      kvs.push_back(model->make_cache(n + a.decode_tokens + 1));
+      const auto l = model->prefill(t.data(), n, 0, kvs.back(), ws);
+      ids[s] = argmax(l.data(), c.n_vocab);
+    }
+    std::vector<KVCache*> ptrs;
+    for (auto& kv : kvs) ptrs.push_back(&kv);
+    Timer tm;
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      const auto l = model->decode_batch(ids.data(), ptrs.data(), b, ws);
+      for (int s = 0; s < b; ++s) ids[s] = argmax(l.data() + (size_t)s * c.n_vocab, c.n_vocab);
+    }
+    const double tps = (double)b * a.decode_tokens / tm.seconds();
+    if (b == 1) one_seq = tps;
+    std::printf("batched decode, %2d sequences after %d tokens: %7.1f tok/s", b, n, tps);
+    if (one_seq > 0 && b > 1) std::printf("  (%.2fx one sequence)", tps / one_seq);
+    std::printf("\n");
+    out["batched_decode"].push_back({{"sequences", b},
+                                     {"n_context", n},
+                                     {"n_tokens", a.decode_tokens},
+                                     {"tok_per_s", tps},
+                                     {"vs_one", one_seq > 0 ? tps / one_seq : 0.0}});
+  }
   out["peak_rss_mib"] = peak_rss_bytes() / 1048576.0;
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
@@ -112,6 +146,9 @@ void register_bench(CLI::App& app) {
   c->add_option("--decode-tokens", a->decode_tokens, "Tokens to decode")->capture_default_str();
   c->add_option("--repeats", a->repeats, "Repeats per length (best is kept)")
       ->capture_default_str();
+  c->add_option("--batch", a->batch_sizes,
+                "Also time batched decoding of this many sequences at once (e.g. --batch 1 8); "
+                "give 1 first for the ratios");
   c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   c->callback([a] { run_bench(*a); });
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -25,6 +26,8 @@ struct ServeArgs {
   std::string ratio = "0.15";
   std::string calibration;
   std::string max_body = "8M";
+  std::string kv_budget = "4G";
+  std::string max_header = "64K";
 };
 
 std::atomic<bool> g_stop_requested{false};
@@ -37,6 +40,18 @@ void run_serve(ServeArgs a) {
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &auto_ratio);
   server::ServerOptions so = a.server;
   so.max_body_bytes = parse_bytes(a.max_body);
+  so.batching.kv_budget_bytes = parse_bytes(a.kv_budget);
+  CT_THROW_IF_NOT(so.batching.kv_budget_bytes >= 1, "--kv-budget {}; expected at least one byte",
+                  a.kv_budget);
+  CT_THROW_IF_NOT(so.batching.max_running >= 1, "--max-batch {}; expected >= 1",
+                  so.batching.max_running);
+  CT_THROW_IF_NOT(so.batching.max_queue >= 1, "--max-queue {}; expected >= 1",
+                  so.batching.max_queue);
+  so.max_header_bytes = parse_bytes(a.max_header);
+  // The key from the environment keeps it out of `ps` and shell history; the flag wins.
+  if (so.api_key.empty()) {
+    if (const char* k = std::getenv("CACHETUNE_API_KEY")) so.api_key = k;
+  }
   so.limits.default_policy.kind = parse_policy(a.policy);
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
@@ -53,6 +68,8 @@ void run_serve(ServeArgs a) {
   CT_THROW_IF_NOT(so.request_timeout_s >= 0 && std::isfinite(so.request_timeout_s),
                   "--request-timeout {}; expected seconds >= 0", so.request_timeout_s);
   CT_THROW_IF_NOT(so.max_body_bytes >= 1, "--max-body {}; expected at least one byte", a.max_body);
+  CT_THROW_IF_NOT(so.max_header_bytes >= 1024, "--max-header {}; expected at least 1K",
+                  a.max_header);
   Engine eng(std::move(eo));
   if (so.model_id.empty()) {
     const std::string path =
@@ -74,8 +91,23 @@ void run_serve(ServeArgs a) {
     }
   });
   std::fprintf(stderr,
-               "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s (Ctrl-C stops)\n",
-               so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(), a.ratio.c_str());
+               "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s, API key %s "
+               "(Ctrl-C stops)\n",
+               so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(), a.ratio.c_str(),
+               so.api_key.empty() ? "none" : "required");
+  const bool loopback = so.host == "127.0.0.1" || so.host == "::1" || so.host == "localhost";
+  if (!loopback && so.api_key.empty()) {
+    std::fprintf(stderr,
+                 "cachetune serve: warning: listening on %s without an API key; anyone who can "
+                 "reach this address can use the server (set --api-key or CACHETUNE_API_KEY)\n",
+                 so.host.c_str());
+  }
+  const ModelConfig& mc = eng.model().config();
+  std::fprintf(stderr,
+               "cachetune serve: KV budget %zu bytes (%zu bytes per token; %d requests decode "
+               "at once, %d may wait)\n",
+               so.batching.kv_budget_bytes, (size_t)2 * mc.n_layer * mc.kv_dim() * sizeof(float),
+               eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue);
   srv.serve();
   done = true;
   watcher.join();
@@ -101,6 +133,22 @@ void register_serve(CLI::App& app) {
   c->add_option("--model-id", a->server.model_id,
                 "Model name in responses (default: the GGUF file's name)");
   c->add_option("--max-body", a->max_body, "Largest request body (e.g. 8M)")->capture_default_str();
+  c->add_option("--kv-budget", a->kv_budget,
+                "Host K/V cache memory all running requests share (e.g. 4G); a request waits "
+                "until its prompt + max_tokens fit, one larger than the whole budget gets 400")
+      ->capture_default_str();
+  c->add_option("--max-batch", a->server.batching.max_running,
+                "Most requests decoding together in one batch")
+      ->capture_default_str();
+  c->add_option("--max-queue", a->server.batching.max_queue,
+                "Most requests waiting for admission; more get 503 with Retry-After")
+      ->capture_default_str();
+  c->add_option("--max-header", a->max_header,
+                "Largest request line plus headers (431 beyond it; e.g. 64K)")
+      ->capture_default_str();
+  c->add_option("--api-key", a->server.api_key,
+                "Require 'Authorization: Bearer KEY' on every route but /health (default: "
+                "$CACHETUNE_API_KEY; none: no key needed)");
   c->add_option("--http-threads", a->server.http_threads,
                 "Connection worker threads (a slow client holds at most one)")
       ->capture_default_str();

@@ -1,0 +1,218 @@
+// The scheduler's thread: one loop that runs queued engine tasks, admits at most one request per
+// iteration (its prefill), then one decode step over every running request.
+#include "engine/scheduler.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ct {
+
+struct Scheduler::Job {
+  // A generation request (prompt set) or a task (fn set).
+  const RagPromptTokens* prompt = nullptr;
+  SelectiveOptions sel;
+  GenerateOptions gen;
+  AnswerOptions opt;
+  Timer arrival;
+  size_t kv_cost = 0;
+  std::unique_ptr<Generation> g;
+  std::function<void()> fn;
+  // Set under the scheduler's lock when the job is over.
+  bool finished = false;
+  Answer answer;
+  std::exception_ptr error;
+  std::condition_variable done_cv;
+};
+
+Scheduler::Scheduler(Engine& engine, SchedulerOptions opt) : engine_(engine), opt_(opt) {
+  CT_THROW_IF_NOT(opt_.kv_budget_bytes > 0, "scheduler: KV budget of 0 bytes");
+  CT_THROW_IF_NOT(opt_.max_running >= 1, "scheduler: max_running = {}; expected >= 1",
+                  opt_.max_running);
+  CT_THROW_IF_NOT(opt_.max_queue >= 1, "scheduler: max_queue = {}; expected >= 1",
+                  opt_.max_queue);
+  // A CUDA engine keeps one GPU sequence: its requests decode one at a time.
+  if (engine_.options().cuda) opt_.max_running = 1;
+  stats_.kv_budget = opt_.kv_budget_bytes;
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Answer Scheduler::answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                         const GenerateOptions& gen, const AnswerOptions& opt) {
+  auto job = std::make_shared<Job>();  // arrival: TTFT includes the time spent queued
+  job->prompt = &prompt;
+  job->sel = sel;
+  job->gen = gen;
+  job->opt = opt;
+  job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), prompt.n_tokens(),
+                                          std::max(0, gen.max_tokens));
+  std::unique_lock<std::mutex> lk(mu_);
+  refuse_if_full(job->kv_cost, prompt.n_tokens(), gen.max_tokens);
+  CT_THROW_IF_NOT(!stopping_, "server shutting down");
+  queue_.push_back(job);
+  cv_.notify_all();
+  job->done_cv.wait(lk, [&] { return job->finished; });
+  if (job->error) std::rethrow_exception(job->error);
+  return std::move(job->answer);
+}
+
+void Scheduler::refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) const {
+  if (kv_cost > opt_.kv_budget_bytes) {
+    ++refused_;
+    throw AdmissionError(
+        true, fmt::format("request needs {} bytes of K/V cache ({} prompt tokens + {} new tokens), "
+                          "more than the server's whole KV budget of {} bytes (--kv-budget)",
+                          kv_cost, n_prompt, max_tokens, opt_.kv_budget_bytes));
+  }
+  if ((int)queue_.size() >= opt_.max_queue) {
+    ++refused_;
+    throw AdmissionError(false,
+                         fmt::format("server busy: {} requests waiting (--max-queue {}); retry later",
+                                     queue_.size(), opt_.max_queue),
+                         1);
+  }
+}
+
+void Scheduler::check_admission(int n_prompt, int max_tokens) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  refuse_if_full(Generation::kv_bytes_for(engine_.model().config(), n_prompt, std::max(0, max_tokens)),
+                 n_prompt, max_tokens);
+}
+
+void Scheduler::run(const std::function<void()>& fn) {
+  auto job = std::make_shared<Job>();
+  job->fn = fn;
+  std::unique_lock<std::mutex> lk(mu_);
+  CT_THROW_IF_NOT(!stopping_, "server shutting down");
+  tasks_.push_back(job);
+  cv_.notify_all();
+  job->done_cv.wait(lk, [&] { return job->finished; });
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  SchedulerStats s = stats_;
+  s.queued = (int)queue_.size();
+  s.refused = refused_;
+  return s;
+}
+
+void Scheduler::set_step_observer(std::function<void(int)> f) {
+  std::lock_guard<std::mutex> lk(mu_);
+  observer_ = std::move(f);
+}
+
+void Scheduler::loop() {
+  std::vector<std::shared_ptr<Job>> running;
+  // Ends a job (under mu_): its K/V reservation goes back, its caller wakes.
+  auto complete = [&](Job& j, std::exception_ptr err) {
+    if (j.g) {
+      if (!err) err = j.g->error();
+      if (!err) j.answer = j.g->take_answer();
+      j.g.reset();
+    }
+    if (j.prompt) stats_.kv_in_use -= j.kv_cost;
+    j.error = err;
+    j.finished = true;
+    ++stats_.completed;
+    j.done_cv.notify_all();
+  };
+  for (;;) {
+    std::shared_ptr<Job> task, admit;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      auto admissible = [&] {
+        return !queue_.empty() && (int)running.size() < opt_.max_running &&
+               stats_.kv_in_use + queue_.front()->kv_cost <= opt_.kv_budget_bytes;
+      };
+      cv_.wait(lk, [&] { return stopping_ || !tasks_.empty() || !running.empty() || admissible(); });
+      if (stopping_) {
+        const auto stopped = std::make_exception_ptr(Error("server shutting down"));
+        for (auto& j : running) complete(*j, stopped);
+        for (auto& j : queue_) complete(*j, stopped);
+        for (auto& j : tasks_) complete(*j, stopped);
+        queue_.clear();
+        tasks_.clear();
+        stats_.running = 0;
+        return;
+      }
+      if (!tasks_.empty()) {
+        task = tasks_.front();
+        tasks_.pop_front();
+      }
+      if (admissible()) {
+        admit = queue_.front();
+        queue_.pop_front();
+        stats_.kv_in_use += admit->kv_cost;
+      }
+    }
+    if (task) {
+      std::exception_ptr err;
+      try {
+        task->fn();
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      complete(*task, err);
+    }
+    if (admit) {
+      std::exception_ptr err;
+      try {
+        admit->g = engine_.begin(*admit->prompt, admit->sel, admit->gen, admit->opt,
+                                 admit->arrival);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      if (err || admit->g->done()) {
+        complete(*admit, err);
+      } else {
+        running.push_back(admit);
+        stats_.running = (int)running.size();
+      }
+    }
+    if (running.empty()) continue;
+    std::vector<Generation*> gens;
+    for (auto& j : running) gens.push_back(j->g.get());
+    std::exception_ptr err;
+    try {
+      engine_.advance(gens.data(), (int)gens.size());
+    } catch (...) {
+      err = std::current_exception();  // an engine failure: every request in the step fails
+    }
+    std::function<void(int)> observer;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++stats_.steps;
+      stats_.step_rows += gens.size();
+      stats_.max_rows = std::max(stats_.max_rows, (int)gens.size());
+      std::vector<std::shared_ptr<Job>> still;
+      for (auto& j : running) {
+        if (err || j->g->done()) {
+          complete(*j, err);
+        } else {
+          still.push_back(j);
+        }
+      }
+      running.swap(still);
+      stats_.running = (int)running.size();
+      observer = observer_;
+    }
+    if (observer) observer((int)gens.size());
+  }
+}
+
+}  // namespace ct

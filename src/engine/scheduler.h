@@ -1,0 +1,101 @@
+// Continuous batching over one Engine: requests from any number of threads are queued, admitted
+// while the KV budget allows, prefilled one at a time between decode steps, and decoded together
+// (one batched forward pass per step over every running request, Engine::advance). A request
+// joins the batch after its prefill and leaves it at its last token, or at the next token once
+// its client has gone (its on_piece throws). One thread, the scheduler's, drives the engine;
+// other engine work (chunk ingestion) runs there too, between steps (run()).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace ct {
+
+struct SchedulerOptions {
+  // Host bytes of K/V all running requests may hold together (each holds
+  // Generation::kv_bytes_for(prompt, max_tokens) from its admission to its last token).
+  size_t kv_budget_bytes = size_t(4) << 30;
+  int max_running = 16;  // requests decoding at once (rows of a decode step)
+  int max_queue = 64;    // requests waiting for admission (>= 1); more are refused
+};
+
+// A request the scheduler will not take. too_large: it needs more K/V than the whole budget
+// (HTTP 400); otherwise the queue is full (HTTP 503, retry after retry_after_s).
+class AdmissionError : public std::runtime_error {
+ public:
+  AdmissionError(bool too_large, const std::string& msg, int retry_after_s = 0)
+      : std::runtime_error(msg), too_large_(too_large), retry_after_s_(retry_after_s) {}
+  bool too_large() const { return too_large_; }
+  int retry_after_s() const { return retry_after_s_; }
+
+ private:
+  bool too_large_;
+  int retry_after_s_;
+};
+
+struct SchedulerStats {
+  int queued = 0;            // waiting for admission
+  int running = 0;           // prefilled, decoding
+  size_t kv_in_use = 0;      // bytes reserved by running requests
+  size_t kv_budget = 0;      // SchedulerOptions::kv_budget_bytes
+  uint64_t steps = 0;        // decode steps run
+  uint64_t step_rows = 0;    // rows over all decode steps (mean batch = step_rows / steps)
+  int max_rows = 0;          // largest decode step
+  uint64_t completed = 0;    // requests finished (answered, failed or cancelled)
+  uint64_t refused = 0;      // AdmissionError thrown
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, SchedulerOptions opt);
+  ~Scheduler();  // finishes running requests' current step, fails queued ones, joins
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Engine::answer through the batch: blocks until the request's last token. on_piece runs on
+  // the scheduler's thread and must be quick; if it throws, the request stops there and answer()
+  // rethrows that exception. Throws AdmissionError when refused, and whatever the prefill threw.
+  Answer answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                const GenerateOptions& gen, const AnswerOptions& opt = {});
+  // Throws the AdmissionError answer() would throw now for a request of this size (a streamed
+  // response checks before its headers go out; answer() checks again).
+  void check_admission(int n_prompt, int max_tokens) const;
+  // Runs fn on the scheduler's thread between steps (engine work that is not a generation,
+  // e.g. Engine::ensure_chunk) and returns when it has; rethrows what fn threw.
+  void run(const std::function<void()>& fn);
+
+  SchedulerStats stats() const;
+  // Called on the scheduler's thread after each decode step with the step's row count.
+  void set_step_observer(std::function<void(int rows)> f);
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Job;
+  void loop();
+  // Throws AdmissionError for a request of kv_cost bytes (caller holds mu_).
+  void refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) const;
+  Engine& engine_;
+  SchedulerOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;  // generations waiting for admission, FIFO
+  std::deque<std::shared_ptr<Job>> tasks_;  // run() work
+  bool stopping_ = false;
+  SchedulerStats stats_;
+  mutable uint64_t refused_ = 0;  // under mu_
+  std::function<void(int)> observer_;
+  std::thread thread_;
+};
+
+}  // namespace ct

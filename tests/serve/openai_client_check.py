@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""OpenAI compatibility of a running `cachetune serve`, checked with the official `openai` client.
+
+Driven by tests/serve/python_clients_test.cc (CTest label "serve"); exit 0 = pass, 77 = skipped
+(the `openai` module is not installed: pip install -r tools/deps/requirements-serve.txt),
+anything else = failure, with the failed check on stderr.
+
+    python3 tests/serve/openai_client_check.py --base-url http://127.0.0.1:8080/v1 --api-key KEY
+"""
+import argparse
+import sys
+
+SKIP = 77
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8080/v1")
+    ap.add_argument("--api-key", required=True, help="the key the server was started with")
+    ap.add_argument("--model", default="tiny", help="model name to send (any is accepted)")
+    args = ap.parse_args()
+    try:
+        import openai
+    except ImportError:
+        print("SKIP: the Python module 'openai' is not installed "
+              "(pip install -r tools/deps/requirements-serve.txt)")
+        return SKIP
+
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0,
+                           timeout=300)
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Who kept the lighthouse?"}]
+
+    models = client.models.list()
+    check(len(models.data) == 1 and models.data[0].id, f"models.list: {models}")
+
+    # Whole completion.
+    whole = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=8,
+                                           temperature=0)
+    check(whole.object == "chat.completion", f"object {whole.object}")
+    check(len(whole.choices) == 1, "one choice")
+    text = whole.choices[0].message.content
+    check(isinstance(text, str), f"content {text!r}")
+    check(whole.choices[0].message.role == "assistant", "role")
+    check(whole.choices[0].finish_reason in ("stop", "length"), whole.choices[0].finish_reason)
+    check(whole.usage.completion_tokens >= 1 and whole.usage.prompt_tokens >= 1, f"{whole.usage}")
+    check(whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens,
+          "total_tokens")
+
+    # Streamed: the deltas spell the same greedy answer; the last chunk has finish_reason.
+    stream = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=8,
+                                            temperature=0, stream=True)
+    parts, finish = [], None
+    for chunk in stream:
+        check(chunk.object == "chat.completion.chunk", f"chunk object {chunk.object}")
+        for c in chunk.choices:
+            if c.delta.content:
+                parts.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    check("".join(parts) == text, f"streamed {''.join(parts)!r} != whole {text!r}")
+    check(finish == whole.choices[0].finish_reason, f"streamed finish_reason {finish}")
+
+    # The chunk-aware extension through extra_body: encoded once, then a hit with no re-encoding.
+    docs = ["The lighthouse on Gull Point was built in 1871.",
+            "Marta Olsen kept the lighthouse for forty years."]
+    extra = {"chunks": docs, "cachetune": {"policy": "cachetune", "ratio": 0.15}}
+    hits = []
+    for _ in range(2):
+        r = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=6,
+                                           extra_body=extra)
+        ct = (r.model_extra or {}).get("cachetune")
+        check(ct is not None, "response lacks the cachetune object")
+        check(len(ct["chunks"]) == 2, f"cachetune.chunks {ct['chunks']}")
+        check(ct["policy"] == "cachetune", f"policy {ct['policy']}")
+        hits.append([c["hit"] for c in ct["chunks"]])
+    check(hits[1] == [True, True], f"second request's chunks were not hits: {hits}")
+
+    # Stop sequences: a piece of the free-running answer ends it early, with finish_reason stop.
+    free = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=24,
+                                          extra_body={"ignore_eos": True})
+    full = free.choices[0].message.content
+    ascii_pairs = [i for i in range(len(full) // 2, len(full) - 1)
+                   if full[i].isascii() and full[i + 1].isascii()]
+    stop_note = "stop not checked: no ASCII pair in the free-running answer"
+    if ascii_pairs:
+        stop = full[ascii_pairs[0]:ascii_pairs[0] + 2]
+        stop_note = f"stop checked with {stop!r}"
+        for s in (stop, ["\u0001never", stop]):
+            cut = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=24,
+                                                 stop=s, extra_body={"ignore_eos": True})
+            want = full[:full.find(stop)]
+            got = cut.choices[0].message.content
+            check(got == want, f"stop {s!r}: {got!r} != {want!r}")
+            check(cut.choices[0].finish_reason == "stop", cut.choices[0].finish_reason)
+            streamed = client.chat.completions.create(model=args.model, messages=msgs,
+                                                      max_tokens=24, stop=s, stream=True,
+                                                      extra_body={"ignore_eos": True})
+            got = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+            check(got == want, f"streamed stop {s!r}: {got!r} != {want!r}")
+
+    # Error paths map onto the client's exception classes.
+    wrong = openai.OpenAI(base_url=args.base_url, api_key="sk-wrong", max_retries=0)
+    try:
+        wrong.chat.completions.create(model=args.model, messages=msgs, max_tokens=2)
+        check(False, "a wrong key was accepted")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, f"status {e.status_code}")
+        check(e.code == "invalid_api_key", f"code {e.code}")
+    for bad in ({"messages": [], "max_tokens": 2},
+                {"messages": msgs, "max_tokens": 0},
+                {"messages": msgs, "stop": ["a", "b", "c", "d", "e"]}):
+        try:
+            client.chat.completions.create(model=args.model, **bad)
+            check(False, f"accepted {bad}")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400, f"status {e.status_code}")
+            check(isinstance(e.body, dict) and e.body.get("message"), f"body {e.body}")
+    try:
+        client.chat.completions.create(model=args.model, messages=msgs, max_tokens=2,
+                                       extra_body={"chunks": "not a list"})
+        check(False, "chunks as a string was accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "chunks", f"param {e.param}")
+    print(f"openai client checks passed ({stop_note})")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except AssertionError as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)

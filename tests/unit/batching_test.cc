@@ -1,0 +1,283 @@
+// Continuous batching: a batched decode step equals each sequence's step alone bit for bit
+// (Model::decode_batch), and the scheduler (engine/scheduler.h) answers concurrent requests with
+// exactly the tokens each gets alone, within its K/V budget and queue bound, letting a
+// cancelled request leave without disturbing the others.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+#include "support/chunk_fixtures.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+class BatchingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    test::TinyModelOptions o;
+    o.arch = "qwen2";  // QKV biases: the batched projection adds them per row too
+    o.n_layer = 2;
+    o.context_length = 512;
+    o.weight_type = GgmlType::Q8_0;
+    path_ = new std::string(test::write_tiny_model(dir_->path() + "/tiny.gguf", o));
+  }
+  static void TearDownTestSuite() {
+    delete path_;
+    delete dir_;
+  }
+  static EngineOptions engine_options() {
+    EngineOptions eo;
+    eo.model_path = *path_;
+    eo.tiers = {parse_tier_spec("host:64M")};
+    return eo;
+  }
+  static inline test::TempDir* dir_ = nullptr;
+  static inline std::string* path_ = nullptr;
+};
+
+TEST_F(BatchingTest, DecodeBatchEqualsEachSequenceAloneBitForBit) {
+  auto m = Model::load(*path_);
+  const int V = m->config().n_vocab;
+  // Three sequences with prompts of different lengths, so the batch's rows sit at different
+  // positions and attend over caches of different lengths.
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 2, 3, 4, 5}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {20, 21}};
+  const int n = (int)prompts.size();
+  std::vector<KVCache> solo(n), batch(n);
+  std::vector<int32_t> next(n);
+  Workspace ws;
+  for (int i = 0; i < n; ++i) {
+    solo[i] = m->make_cache(64);
+    batch[i] = m->make_cache(64);
+    const int len = (int)prompts[i].size();
+    m->prefill(prompts[i].data(), len, 0, solo[i], ws);
+    m->prefill(prompts[i].data(), len, 0, batch[i], ws);
+    next[i] = 30 + i;
+  }
+  Workspace bws;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<KVCache*> kvs;
+    for (auto& kv : batch) kvs.push_back(&kv);
+    const std::vector<float> got = m->decode_batch(next.data(), kvs.data(), n, bws);
+    ASSERT_EQ(got.size(), (size_t)n * V);
+    for (int i = 0; i < n; ++i) {
+      const std::vector<float> want = m->prefill(&next[i], 1, solo[i].n_pos, solo[i], ws);
+      ASSERT_EQ(solo[i].n_pos, batch[i].n_pos);
+      for (int v = 0; v < V; ++v) {
+        ASSERT_EQ(got[(size_t)i * V + v], want[v]) << "step " << step << " seq " << i << " v " << v;
+      }
+      next[i] = (next[i] * 7 + step) % V;
+    }
+  }
+}
+
+struct Req {
+  std::vector<std::string> docs;
+  std::string question;
+  PolicyKind policy;
+};
+
+std::vector<Req> requests() {
+  const std::vector<std::string> a = {"The lighthouse on Gull Point was built in 1871.",
+                                      "Marta Olsen kept the lighthouse for forty years."};
+  const std::vector<std::string> b = {"The ferry leaves the harbour at seven each morning.",
+                                      "Tickets are sold at the kiosk beside the pier."};
+  return {{a, "Who kept the lighthouse?", PolicyKind::kCacheTune},
+          {b, "When does the ferry leave?", PolicyKind::kFull},
+          {{b[1], a[0]}, "Where are tickets sold?", PolicyKind::kCacheTune},
+          {a, "When was it built?", PolicyKind::kReuse},
+          {{}, "Say something.", PolicyKind::kFull},
+          {{a[1], b[0], a[0]}, "Who wrote a diary?", PolicyKind::kCacheBlend}};
+}
+
+SelectiveOptions sel_of(const Req& r) {
+  SelectiveOptions s;
+  s.policy.kind = r.policy;
+  s.policy.ratio = 0.3;
+  return s;
+}
+
+GenerateOptions gen_of(int max_tokens = 12) {
+  GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.stop_at_eog = false;  // every request decodes all its tokens: the batch stays full
+  return g;
+}
+
+// Each request answered alone, on an engine of its own.
+std::vector<std::vector<int32_t>> alone(const EngineOptions& eo, const std::vector<Req>& rs,
+                                        int max_tokens) {
+  Engine eng(eo);
+  std::vector<std::vector<int32_t>> out;
+  for (const Req& r : rs) out.push_back(eng.answer(r.docs, r.question, sel_of(r), gen_of(max_tokens)).tokens);
+  return out;
+}
+
+// Holds the scheduler's thread inside a task until released, so that requests queue up.
+struct Gate {
+  std::atomic<bool> open{false};
+  std::thread t;
+  void hold(Scheduler& s) {
+    std::atomic<bool> entered{false};
+    t = std::thread([&s, this, &entered] {
+      s.run([this, &entered] {
+        entered = true;
+        while (!open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      });
+    });
+    while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void release() {
+    open = true;
+    t.join();
+  }
+};
+
+void wait_queued(const Scheduler& s, int n) {
+  while (s.stats().queued < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
+  const std::vector<Req> rs = requests();
+  const auto want = alone(engine_options(), rs, 12);
+  Engine eng(engine_options());
+  Scheduler sched(eng, SchedulerOptions{});
+  const Tokenizer& tok = eng.model().tokenizer();
+  std::vector<std::vector<int32_t>> got(rs.size());
+  std::vector<std::thread> threads;
+  Gate gate;
+  gate.hold(sched);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
+      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(12)).tokens;
+    });
+  }
+  wait_queued(sched, (int)rs.size());
+  gate.release();
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  const SchedulerStats st = sched.stats();
+  // One admission per step and 12 tokens each: all six decode together at the sixth step.
+  EXPECT_EQ(st.max_rows, (int)rs.size());
+  EXPECT_EQ(st.completed, rs.size() + 1);  // the six and the gate's task
+  EXPECT_EQ(st.kv_in_use, 0u);
+  EXPECT_EQ(st.running, 0);
+}
+
+TEST_F(BatchingTest, KvBudgetBoundsTheBatchAndRefusesWhatCanNeverFit) {
+  const std::vector<Req> rs = requests();
+  Engine eng(engine_options());
+  const Tokenizer& tok = eng.model().tokenizer();
+  std::vector<RagPromptTokens> ps;
+  size_t largest = 0;
+  for (const Req& r : rs) {
+    ps.push_back(build_rag_prompt(tok, r.docs, r.question));
+    largest = std::max(largest, Generation::kv_bytes_for(eng.model().config(),
+                                                         ps.back().n_tokens(), 12));
+  }
+  SchedulerOptions so;
+  so.kv_budget_bytes = 2 * largest;  // two of any of these requests at a time, never three
+  Scheduler sched(eng, so);
+  const auto want = alone(engine_options(), rs, 12);
+  std::vector<std::vector<int32_t>> got(rs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { got[i] = sched.answer(ps[i], sel_of(rs[i]), gen_of(12)).tokens; });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  EXPECT_LE(sched.stats().max_rows, 2);
+  EXPECT_EQ(sched.stats().kv_in_use, 0u);
+  // A request that needs more than the whole budget is refused at once, naming the numbers.
+  GenerateOptions big = gen_of(400);
+  try {
+    sched.answer(ps[0], sel_of(rs[0]), big);
+    FAIL() << "expected AdmissionError";
+  } catch (const AdmissionError& e) {
+    EXPECT_TRUE(e.too_large());
+    EXPECT_NE(std::string(e.what()).find(std::to_string(so.kv_budget_bytes)), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(BatchingTest, FullQueueRefusesWithRetryAfter) {
+  Engine eng(engine_options());
+  SchedulerOptions so;
+  so.max_queue = 2;
+  Scheduler sched(eng, so);
+  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), {}, "Hello?");
+  Gate gate;
+  gate.hold(sched);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&] { sched.answer(p, SelectiveOptions{}, gen_of(3)); });
+  }
+  wait_queued(sched, 2);
+  try {
+    sched.answer(p, SelectiveOptions{}, gen_of(3));
+    FAIL() << "expected AdmissionError";
+  } catch (const AdmissionError& e) {
+    EXPECT_FALSE(e.too_large());
+    EXPECT_GE(e.retry_after_s(), 1);
+  }
+  gate.release();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(sched.stats().refused, 1u);
+}
+
+TEST_F(BatchingTest, ACancelledRequestLeavesAndTheOthersFinish) {
+  const std::vector<Req> rs = requests();
+  const auto want = alone(engine_options(), rs, 12);
+  Engine eng(engine_options());
+  Scheduler sched(eng, SchedulerOptions{});
+  const Tokenizer& tok = eng.model().tokenizer();
+  struct Gone {};
+  std::vector<std::vector<int32_t>> got(rs.size());
+  std::atomic<int> cancelled_pieces{0};
+  std::atomic<bool> cancelled_threw{false};
+  std::vector<std::thread> threads;
+  Gate gate;
+  gate.hold(sched);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
+      AnswerOptions ao;
+      if (i == 2) {  // its client goes away after three tokens
+        ao.on_piece = [&](const std::string&) {
+          if (++cancelled_pieces == 3) throw Gone{};
+        };
+      }
+      try {
+        got[i] = sched.answer(p, sel_of(rs[i]), gen_of(12), ao).tokens;
+      } catch (const Gone&) {
+        cancelled_threw = true;
+      }
+    });
+  }
+  wait_queued(sched, (int)rs.size());
+  gate.release();
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(cancelled_threw);
+  EXPECT_EQ(cancelled_pieces.load(), 3);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (i != 2) {
+      EXPECT_EQ(got[i], want[i]) << "request " << i;
+    }
+  }
+  EXPECT_EQ(sched.stats().kv_in_use, 0u);
+}
+
+}  // namespace
+}  // namespace ct
