@@ -87,6 +87,7 @@ class Server:
         cmd = [args.binary, "serve", "--port", str(self.port), "--model", args.model,
                "--tiers", f"host:{args.host_tier}", "--kv-budget", args.kv_budget,
                "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
+               "--http-threads", str(args.max_batch + args.max_queue + 16),
                "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0"]
         self.cmd = cmd
         self.log = open(args.out + ".server.log", "w")

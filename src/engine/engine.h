@@ -89,6 +89,9 @@ struct AnswerOptions {
   std::vector<ChatMessage> history;                  // system and earlier turns before the question
   std::optional<bool> auto_ratio;                    // unset: EngineOptions::auto_ratio
   std::function<void(const std::string&)> on_piece;  // each generated piece, as produced
+  // Polled by the batching scheduler before the request's prefill: true when its client has gone,
+  // so a request that waited in the queue is dropped without being prefilled (RequestCancelled).
+  std::function<bool()> cancelled;
 };
 
 // One request between its prefill and its last token. Engine::begin makes it (chunk lookups and

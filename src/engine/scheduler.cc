@@ -18,6 +18,7 @@ struct Scheduler::Job {
   AnswerOptions opt;
   Timer arrival;
   size_t kv_cost = 0;
+  bool admitted = false;  // kv_cost is counted in kv_in_use
   std::unique_ptr<Generation> g;
   std::function<void()> fn;
   // Set under the scheduler's lock when the job is over.
@@ -123,10 +124,11 @@ void Scheduler::loop() {
       if (!err) j.answer = j.g->take_answer();
       j.g.reset();
     }
-    if (j.prompt) stats_.kv_in_use -= j.kv_cost;
+    if (j.admitted) stats_.kv_in_use -= j.kv_cost;
+    j.admitted = false;
     j.error = err;
     j.finished = true;
-    ++stats_.completed;
+    if (j.prompt) ++stats_.completed;
     j.done_cv.notify_all();
   };
   for (;;) {
@@ -156,6 +158,7 @@ void Scheduler::loop() {
         admit = queue_.front();
         queue_.pop_front();
         stats_.kv_in_use += admit->kv_cost;
+        admit->admitted = true;
       }
     }
     if (task) {
@@ -171,6 +174,11 @@ void Scheduler::loop() {
     if (admit) {
       std::exception_ptr err;
       try {
+        if (admit->opt.cancelled && admit->opt.cancelled()) {
+          std::lock_guard<std::mutex> lk(mu_);
+          ++stats_.cancelled_queued;
+          throw RequestCancelled();
+        }
         admit->g = engine_.begin(*admit->prompt, admit->sel, admit->gen, admit->opt,
                                  admit->arrival);
       } catch (...) {
@@ -201,7 +209,10 @@ void Scheduler::loop() {
       stats_.max_rows = std::max(stats_.max_rows, (int)gens.size());
       std::vector<std::shared_ptr<Job>> still;
       for (auto& j : running) {
-        if (err || j->g->done()) {
+        if (j->g->done()) {
+          // Finished within this step: its own outcome, even if a later row's step failed.
+          complete(*j, nullptr);
+        } else if (err) {
           complete(*j, err);
         } else {
           still.push_back(j);
@@ -211,7 +222,12 @@ void Scheduler::loop() {
       stats_.running = (int)running.size();
       observer = observer_;
     }
-    if (observer) observer((int)gens.size());
+    if (observer) {
+      try {
+        observer((int)gens.size());
+      } catch (...) {  // an observer's failure must not end the scheduler's thread
+      }
+    }
   }
 }
 

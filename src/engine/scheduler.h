@@ -44,6 +44,12 @@ class AdmissionError : public std::runtime_error {
   int retry_after_s_;
 };
 
+// Scheduler::answer of a request whose AnswerOptions::cancelled said so before its prefill.
+class RequestCancelled : public std::runtime_error {
+ public:
+  RequestCancelled() : std::runtime_error("request cancelled before its prefill") {}
+};
+
 struct SchedulerStats {
   int queued = 0;            // waiting for admission
   int running = 0;           // prefilled, decoding
@@ -53,6 +59,7 @@ struct SchedulerStats {
   uint64_t step_rows = 0;    // rows over all decode steps (mean batch = step_rows / steps)
   int max_rows = 0;          // largest decode step
   uint64_t completed = 0;    // requests finished (answered, failed or cancelled)
+  uint64_t cancelled_queued = 0;  // of those, dropped before their prefill (client gone)
   uint64_t refused = 0;      // AdmissionError thrown
 };
 
@@ -65,7 +72,8 @@ class Scheduler {
 
   // Engine::answer through the batch: blocks until the request's last token. on_piece runs on
   // the scheduler's thread and must be quick; if it throws, the request stops there and answer()
-  // rethrows that exception. Throws AdmissionError when refused, and whatever the prefill threw.
+  // rethrows that exception. Throws AdmissionError when refused, RequestCancelled when
+  // opt.cancelled() said so before the prefill, and whatever the prefill threw.
   Answer answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
   // Throws the AdmissionError answer() would throw now for a request of this size (a streamed

@@ -415,18 +415,18 @@ struct Server::Impl {
       }
     }
     json data = json::array();
-    batcher.run([&] {
-      for (const std::vector<int32_t>& toks : tokens) {
-        const ChunkInfo c = engine.ensure_chunk(toks, tier);
-        metrics.record_chunks({c});
-        data.push_back({{"id", c.id},
-                        {"n_tok", c.n_tok},
-                        {"hit", c.hit},
-                        {"tier", c.tier},
-                        {"encode_ms", c.encode_ms},
-                        {"rank_ms", c.rank_ms}});
-      }
-    });
+    // One scheduler task per chunk, so running requests decode a step between two encodings.
+    for (const std::vector<int32_t>& toks : tokens) {
+      ChunkInfo c;
+      batcher.run([&] { c = engine.ensure_chunk(toks, tier); });
+      metrics.record_chunks({c});
+      data.push_back({{"id", c.id},
+                      {"n_tok", c.n_tok},
+                      {"hit", c.hit},
+                      {"tier", c.tier},
+                      {"encode_ms", c.encode_ms},
+                      {"rank_ms", c.rank_ms}});
+    }
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
@@ -448,10 +448,15 @@ struct Server::Impl {
         clock.tick();
         if (peer_has_closed(fd)) throw ClientGone{};
       };
+      ao.cancelled = [fd] { return peer_has_closed(fd); };  // gone while queued: no prefill
       Answer a;
       try {
         a = batcher.answer(*prompt, r->sel, r->gen, ao);
         metrics.record_answer(a);
+      } catch (const RequestCancelled&) {
+        cancelled.fetch_add(1);
+        res.status = 499;
+        return;
       } catch (const ClientGone&) {
         cancelled.fetch_add(1);
         res.status = 499;  // nobody reads it; the connection is closed
@@ -473,7 +478,7 @@ struct Server::Impl {
     });
   }
 
-  // Generation runs on its own thread under the engine lock and hands pieces over through a
+  // Generation runs on its own thread (waiting in the scheduler) and hands pieces over through a
   // queue; this connection's thread writes them out. A slow reader delays only its own stream,
   // not the engine, and a closed connection cancels generation at the next token.
   bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
@@ -498,11 +503,14 @@ struct Server::Impl {
         st->pieces.push_back(piece);
         st->cv.notify_one();
       };
+      ao.cancelled = [st, fd] { return st->cancel || peer_has_closed(fd); };
       try {
         Answer a = batcher.answer(prompt, r.sel, r.gen, ao);
         metrics.record_answer(a);
         std::lock_guard<std::mutex> lk(st->mu);
         st->answer = std::move(a);
+      } catch (const RequestCancelled&) {
+        cancelled.fetch_add(1);
       } catch (const ClientGone&) {
         cancelled.fetch_add(1);
       } catch (...) {

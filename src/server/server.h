@@ -28,7 +28,9 @@ struct ServerOptions {
   // Origins whose browser requests are served ("*": any). A request with another Origin header
   // gets 403: a page on a foreign site must not drive a local server.
   std::vector<std::string> allowed_origins;
-  int http_threads = 64;          // connection workers; a slow client holds at most one
+  // Connection workers; a slow client holds at most one, and so does every request running or
+  // waiting in the scheduler, so there must be more than batching.max_running + max_queue.
+  int http_threads = 128;
   double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
   int listen_backlog = 512;       // pending connections the kernel queues
   // Continuous batching: the K/V budget (bytes), the most requests decoding at once, and the

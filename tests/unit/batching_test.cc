@@ -170,7 +170,7 @@ TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
   const SchedulerStats st = sched.stats();
   // One admission per step and 12 tokens each: all six decode together at the sixth step.
   EXPECT_EQ(st.max_rows, (int)rs.size());
-  EXPECT_EQ(st.completed, rs.size() + 1);  // the six and the gate's task
+  EXPECT_EQ(st.completed, rs.size());  // the six (the gate's task is not a request)
   EXPECT_EQ(st.kv_in_use, 0u);
   EXPECT_EQ(st.running, 0);
 }
@@ -235,6 +235,37 @@ TEST_F(BatchingTest, FullQueueRefusesWithRetryAfter) {
   gate.release();
   for (auto& t : threads) t.join();
   EXPECT_EQ(sched.stats().refused, 1u);
+}
+
+TEST_F(BatchingTest, ARequestCancelledWhileQueuedIsNeverPrefilled) {
+  Engine eng(engine_options());
+  Scheduler sched(eng, SchedulerOptions{});
+  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), {}, "Hello?");
+  Gate gate;
+  gate.hold(sched);
+  std::atomic<bool> gone{false};
+  std::atomic<int> pieces{0};
+  bool threw = false;
+  std::thread t([&] {
+    AnswerOptions ao;
+    ao.on_piece = [&](const std::string&) { ++pieces; };
+    ao.cancelled = [&] { return gone.load(); };
+    try {
+      sched.answer(p, SelectiveOptions{}, gen_of(4), ao);
+    } catch (const RequestCancelled&) {
+      threw = true;
+    }
+  });
+  wait_queued(sched, 1);
+  gone = true;  // the client leaves while the request waits
+  gate.release();
+  t.join();
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(pieces.load(), 0);
+  const SchedulerStats st = sched.stats();
+  EXPECT_EQ(st.cancelled_queued, 1u);
+  EXPECT_EQ(st.steps, 0u);  // never joined a decode step
+  EXPECT_EQ(st.kv_in_use, 0u);
 }
 
 TEST_F(BatchingTest, ACancelledRequestLeavesAndTheOthersFinish) {

@@ -64,7 +64,12 @@ void run_serve(ServeArgs a) {
       "--default-max-tokens {}; expected 1 .. --max-tokens-limit ({})", check.default_max_tokens,
       check.max_tokens_limit);
   CT_THROW_IF_NOT(check.max_chunks >= 0, "--max-chunks {}; expected >= 0", check.max_chunks);
-  CT_THROW_IF_NOT(so.http_threads >= 2, "--http-threads {}; expected at least 2", so.http_threads);
+  // Every running or queued request holds a worker; /health, /metrics and the 503s need more.
+  const int min_threads = so.batching.max_running + so.batching.max_queue + 8;
+  CT_THROW_IF_NOT(so.http_threads >= min_threads,
+                  "--http-threads {}; expected at least --max-batch + --max-queue + 8 = {} (each "
+                  "running or waiting request holds a connection worker)",
+                  so.http_threads, min_threads);
   CT_THROW_IF_NOT(so.request_timeout_s >= 0 && std::isfinite(so.request_timeout_s),
                   "--request-timeout {}; expected seconds >= 0", so.request_timeout_s);
   CT_THROW_IF_NOT(so.max_body_bytes >= 1, "--max-body {}; expected at least one byte", a.max_body);
