@@ -32,13 +32,9 @@
 namespace ct::cpu::q8 {
 namespace {
 
-// Rows per kernel call: the accumulators of a tile stay in registers (32 vector registers with
-// AVX-512VL, 16 with AVX2 only).
-#if defined(__AVX512VL__)
-constexpr int kTile = 8;
-#else
+// Rows per kernel call: the accumulators of a tile stay in registers. 8 rows (AVX-512VL has 32
+// vector registers) measured slower than 4 on Q4_K: 188 vs 141 us per row (bench/qgemv_bench.cc).
 constexpr int kTile = 4;
-#endif
 
 inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -119,10 +115,6 @@ void rows_tiled(const uint8_t* row, const Act* act, int n, int cols, float* y, s
   int i = 0;
   for (; i + kTile <= n; i += kTile) {
     K::template run<kVnni, kTile>(row, act + i, cols, y + i * ys, ys);
-  }
-  if (kTile > 4 && n - i >= 4) {
-    K::template run<kVnni, 4>(row, act + i, cols, y + i * ys, ys);
-    i += 4;
   }
   switch (n - i) {
     case 3:
