@@ -1,11 +1,16 @@
-// Decode matrix-vector products per ggml type: the dedicated kernel (cpu::qgemv) against the
-// generic dequantise-and-dot path it replaced (cpu::qgemv_dequant), on the same matrix and input
-// in the same run. The matrix has the shape of Qwen2.5-0.5B's ffn_down (896 rows x 4864 columns,
-// a multiple of every block size), random N(0, 0.5^2) weights encoded by our encoders. Run with
+// Decode matrix-vector products per ggml type, on the same matrix and input in the same run: the
+// default kernel (cpu::qgemv; 8-bit activations with integer dot products for Q4_0, Q4_1, Q5_0,
+// Q8_0, Q4_K, Q5_K, Q6_K), the same forced to AVX2 (no VNNI), the F32-activation kernel it
+// replaced (QgemvPath::kF32) and the generic dequantise-and-dot path (cpu::qgemv_dequant). The
+// matrix has the shape of Qwen2.5-0.5B's ffn_down (896 rows x 4864 columns, a multiple of every
+// block size), random N(0, 0.5^2) weights encoded by our encoders. BM_QGemvBatch runs
+// cpu::qgemv_batch on the Q4_K matrix with 1-16 input rows (counter per_row: time per input row),
+// against one qgemv per row (the loop qgemv_batch was before it had a multi-row kernel). Run with
 // OMP_NUM_THREADS=1 for one core's figures (docs/PERFORMANCE.md, "Decode kernels per type"):
 //   OMP_NUM_THREADS=1 build/bench/ct_micro_bench --benchmark_filter=QGemv
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <vector>
@@ -46,14 +51,25 @@ const Problem& problem(GgmlType t) {
   return p;
 }
 
-void BM_QGemv(benchmark::State& state, GgmlType t, bool kernel) {
+enum class Variant { kNative, kAvx2, kF32, kDequant };
+
+void BM_QGemv(benchmark::State& state, GgmlType t, Variant v) {
   const Problem& p = problem(t);
   std::vector<float> y(kRows);
   for (auto _ : state) {
-    if (kernel) {
-      ct::cpu::qgemv(p.w, p.x.data(), y.data());
-    } else {
-      ct::cpu::qgemv_dequant(p.w, p.x.data(), y.data());
+    switch (v) {
+      case Variant::kNative:
+        ct::cpu::qgemv(p.w, p.x.data(), y.data());
+        break;
+      case Variant::kAvx2:
+        ct::cpu::qgemv(p.w, p.x.data(), y.data(), ct::cpu::QgemvPath::kAvx2);
+        break;
+      case Variant::kF32:
+        ct::cpu::qgemv(p.w, p.x.data(), y.data(), ct::cpu::QgemvPath::kF32);
+        break;
+      case Variant::kDequant:
+        ct::cpu::qgemv_dequant(p.w, p.x.data(), y.data());
+        break;
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -61,18 +77,67 @@ void BM_QGemv(benchmark::State& state, GgmlType t, bool kernel) {
   state.SetBytesProcessed((int64_t)state.iterations() * (int64_t)p.packed.size());
 }
 
-#define CT_QGEMV_BENCH(name, type)                                                       \
-  BENCHMARK_CAPTURE(BM_QGemv, name##_kernel, type, true)->Unit(benchmark::kMicrosecond); \
-  BENCHMARK_CAPTURE(BM_QGemv, name##_dequant, type, false)->Unit(benchmark::kMicrosecond)
+// Types that stay on F32 kernels: the kernel and the generic path.
+#define CT_QGEMV_BENCH(name, type)                                     \
+  BENCHMARK_CAPTURE(BM_QGemv, name##_kernel, type, Variant::kNative)   \
+      ->Unit(benchmark::kMicrosecond);                                 \
+  BENCHMARK_CAPTURE(BM_QGemv, name##_dequant, type, Variant::kDequant) \
+      ->Unit(benchmark::kMicrosecond)
+// Types with 8-bit kernels: also the AVX2 path and the F32-activation kernel.
+#define CT_QGEMV_BENCH8(name, type)                                                              \
+  CT_QGEMV_BENCH(name, type);                                                                    \
+  BENCHMARK_CAPTURE(BM_QGemv, name##_avx2, type, Variant::kAvx2)->Unit(benchmark::kMicrosecond); \
+  BENCHMARK_CAPTURE(BM_QGemv, name##_f32, type, Variant::kF32)->Unit(benchmark::kMicrosecond)
 
 CT_QGEMV_BENCH(f16, GgmlType::F16);
 CT_QGEMV_BENCH(bf16, GgmlType::BF16);
 CT_QGEMV_BENCH(q5_1, GgmlType::Q5_1);
 CT_QGEMV_BENCH(q2_K, GgmlType::Q2_K);
 CT_QGEMV_BENCH(q3_K, GgmlType::Q3_K);
-// Types that had dedicated kernels before, for scale.
-CT_QGEMV_BENCH(q4_1, GgmlType::Q4_1);
-CT_QGEMV_BENCH(q4_K, GgmlType::Q4_K);
-CT_QGEMV_BENCH(q6_K, GgmlType::Q6_K);
+CT_QGEMV_BENCH8(q4_0, GgmlType::Q4_0);
+CT_QGEMV_BENCH8(q4_1, GgmlType::Q4_1);
+CT_QGEMV_BENCH8(q5_0, GgmlType::Q5_0);
+CT_QGEMV_BENCH8(q8_0, GgmlType::Q8_0);
+CT_QGEMV_BENCH8(q4_K, GgmlType::Q4_K);
+CT_QGEMV_BENCH8(q5_K, GgmlType::Q5_K);
+CT_QGEMV_BENCH8(q6_K, GgmlType::Q6_K);
+
+// n input rows through the Q4_K matrix: one qgemv_batch (multi-row kernel) or n qgemv calls.
+void BM_QGemvBatch(benchmark::State& state, bool batched) {
+  const Problem& p = problem(GgmlType::Q4_K);
+  const int n = (int)state.range(0);
+  std::vector<float> x((size_t)n * kCols), y((size_t)n * kRows);
+  for (int i = 0; i < n; ++i) std::copy(p.x.begin(), p.x.end(), x.begin() + (size_t)i * kCols);
+  for (size_t j = 0; j < x.size(); ++j) x[j] *= 1.0f + 0.001f * (float)(j % 7);
+  const ct::cpu::QMatrix* ws[1] = {&p.w};
+  for (auto _ : state) {
+    if (batched) {
+      ct::cpu::qgemv_batch(ws, 1, x.data(), n, y.data(), kRows);
+    } else {
+      for (int i = 0; i < n; ++i) {
+        ct::cpu::qgemv(p.w, x.data() + (size_t)i * kCols, y.data() + (size_t)i * kRows);
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["per_row"] = benchmark::Counter(
+      (double)state.iterations() * n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+BENCHMARK_CAPTURE(BM_QGemvBatch, q4_K_batch, true)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_QGemvBatch, q4_K_row_by_row, false)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
+    ->Arg(8)
+    ->Arg(16)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -104,7 +104,7 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
       ys[i++] = y + off;
       off += m->rows;
     }
-    cpu::qgemv_many(ms, ys, i, x);
+    cpu::qgemv_many(ms, ys, i, x, ws.decode_path);
     if (bias) {
       for (int j = 0; j < R; ++j) y[j] += bias[j];
     }
@@ -357,7 +357,7 @@ void Model::logits(const float* x, int n, float* out, Workspace& ws) const {
   auto rms = ws.use_reference ? cpu::rms_norm_ref : cpu::rms_norm;
   rms(x, out_norm_.data(), ws.xn.data(), n, c.n_embd, c.rms_eps);
   if (n == 1 && !ws.use_reference) {
-    cpu::qgemv(output_, ws.xn.data(), out);
+    cpu::qgemv(output_, ws.xn.data(), out, ws.decode_path);
     return;
   }
   // The head is by far the largest matrix (n_vocab rows); it is dequantised and multiplied in

@@ -44,23 +44,25 @@ struct LayerWeightsF32 {
 struct Workspace {
   void reserve(const ModelConfig& c, int n_rows);
   int capacity = 0;
-  std::vector<float> xn;      // F32 [n][n_embd]
-  std::vector<float> qkv;     // F32 [n][q_dim + 2*kv_dim]
-  std::vector<float> attn;    // F32 [n][q_dim]
-  std::vector<float> gu;      // F32 [n][2*n_ff]
-  std::vector<float> h;       // F32 [n][n_ff]
-  std::vector<float> proj;    // F32 [n][n_embd]
+  std::vector<float> xn;    // F32 [n][n_embd]
+  std::vector<float> qkv;   // F32 [n][q_dim + 2*kv_dim]
+  std::vector<float> attn;  // F32 [n][q_dim]
+  std::vector<float> gu;    // F32 [n][2*n_ff]
+  std::vector<float> h;     // F32 [n][n_ff]
+  std::vector<float> proj;  // F32 [n][n_embd]
   // F32 [rows][cols]: the weight matrix (or stacked matrices, or a slice of the output head) of
   // the current multi-row product, dequantised from the file encoding. One layer matrix at a
   // time, so its size is that of the largest one (gate and up stacked), not the model's.
   std::vector<float> wbuf;
   bool use_reference = false;  // run the plain-loop reference operators (tests only)
+  // Kernels of single-row (decode) products; kF32 skips the 8-bit rounding of the input (tests).
+  cpu::QgemvPath decode_path = cpu::QgemvPath::kNative;
 };
 
 // Optional observation points of one layer's forward.
 struct LayerTap {
-  float* k_pre_rope = nullptr;  // out F32 [n][kv_dim]: keys before RoPE of the computed rows
-  float* v = nullptr;           // out F32 [n][kv_dim]
+  float* k_pre_rope = nullptr;   // out F32 [n][kv_dim]: keys before RoPE of the computed rows
+  float* v = nullptr;            // out F32 [n][kv_dim]
   float* probs_accum = nullptr;  // in/out F32 [n_ctx]: see cpu::AttnArgs
   int probs_from_row = 0;
 };

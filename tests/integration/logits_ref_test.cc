@@ -5,10 +5,15 @@
 //          llama.cpp| stays within max_abs and its mean within mean_abs, top-1 agrees wherever
 //          llama.cpp's top-2 margin exceeds top1_margin, and the 64-token greedy continuation is
 //          identical.
+//          Our decode steps run the F32-input kernels here (QgemvPath::kF32), the exact product
+//          with the dequantised weights that llama.cpp computes on the copy.
 //  - q4_1 / file: llama.cpp on the quantised file itself, where it quantises activations to 8 bits
-//          inside its dot products while we multiply exactly dequantised weights in F32, so the
-//          tolerances are looser and the greedy continuation must agree for a stated prefix (the
-//          first divergence is printed; docs/ARCHITECTURE.md discusses it).
+//          inside its dot products; our prefill multiplies exactly dequantised weights in F32 and
+//          our decode steps (the default path) round their inputs to 8 bits as llama.cpp does, in
+//          our own blocks and order. So the tolerances are looser and the greedy continuation must
+//          agree for a stated prefix, unless it diverges earlier at a near-tie: where our logit of
+//          llama.cpp's token is within top1_margin of our top one (the first divergence and that
+//          gap are printed; docs/ARCHITECTURE.md discusses it).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +21,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/qgemv.h"
 #include "model/generate.h"
 #include "support/model_fixture.h"
 
@@ -29,7 +35,7 @@ struct Tolerance {
   float max_abs;
   double mean_abs;
   float top1_margin;
-  size_t greedy_prefix;  // required identical greedy tokens (SIZE_MAX: all)
+  size_t greedy_prefix;    // required identical greedy tokens (SIZE_MAX: all)
   int first_position = 0;  // positions below are not compared (see the 1.5B file variant)
 };
 constexpr Tolerance kTolerances[] = {
@@ -81,7 +87,8 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
     std::vector<int32_t> p(n);
     for (int i = 0; i < n; ++i) p[i] = i;
     m->embed(toks.data(), n, x.data());
-    for (int l = 0; l < m->config().n_layer; ++l) m->forward_layer(l, x.data(), p.data(), n, kv, ws);
+    for (int l = 0; l < m->config().n_layer; ++l)
+      m->forward_layer(l, x.data(), p.data(), n, kv, ws);
     std::vector<float> rows((size_t)pos.size() * E), logits((size_t)pos.size() * V);
     for (size_t j = 0; j < pos.size(); ++j) {
       std::copy_n(x.begin() + (size_t)pos[j] * E, E, rows.begin() + j * E);
@@ -101,8 +108,8 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
         ++n_cmp;
         worst = std::max(worst, d);
         if (d > tol.max_abs && n_fail++ < 5) {
-          ADD_FAILURE() << c["name"] << " position " << pos[j] << " token " << ids[t]
-                        << ": ours " << row[ids[t]] << " llama.cpp " << ref[t];
+          ADD_FAILURE() << c["name"] << " position " << pos[j] << " token " << ids[t] << ": ours "
+                        << row[ids[t]] << " llama.cpp " << ref[t];
         }
       }
       int best = 0;
@@ -114,7 +121,8 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
     }
     const double mean_abs = sum_abs / n_cmp;
     std::printf("[ logits ] %-18s %-4s %-6s n=%4d positions=%4zu max|d|=%.4f mean|d|=%.4f\n",
-                tol.model, tol.variant, c["name"].get<std::string>().c_str(), n, pos.size(), worst, mean_abs);
+                tol.model, tol.variant, c["name"].get<std::string>().c_str(), n, pos.size(), worst,
+                mean_abs);
     EXPECT_LE(mean_abs, tol.mean_abs) << c["name"];
   }
 }
@@ -126,9 +134,12 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
   for (const auto& c : fx["cases"]) {
     const std::vector<int32_t> toks = c["tokens"].get<std::vector<int32_t>>();
     const std::vector<int32_t> want = c["greedy"].get<std::vector<int32_t>>();
+    const bool f32 = std::string(tol.variant) == "f32";
     KVCache kv = m->make_cache((int)toks.size() + 70);
     Workspace ws;
+    if (f32) ws.decode_path = cpu::QgemvPath::kF32;
     auto logits = m->prefill(toks.data(), (int)toks.size(), 0, kv, ws);
+    const std::vector<float> first_logits = logits;
     GenerateOptions opt;
     opt.max_tokens = 64;
     const DecodeResult r = decode(*m, kv, ws, logits, opt);
@@ -138,17 +149,33 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
       ++first_diff;
     }
     const bool identical = r.tokens == want;
-    std::printf("[ greedy ] %-18s %-4s %-6s %s (first divergence at generated token %zu of %zu)\n",
-                tol.model, tol.variant, c["name"].get<std::string>().c_str(),
-                identical ? "identical" : "differs", first_diff, want.size());
+    // At the first divergence: how far below our top logit our logit of llama.cpp's token is
+    // (teacher-forced through the shared prefix, so these are the logits decode saw).
+    float gap = 0;
+    if (!identical && first_diff < want.size() && first_diff < r.tokens.size()) {
+      KVCache kv2 = m->make_cache((int)toks.size() + 70);
+      Workspace ws2;
+      ws2.decode_path = ws.decode_path;
+      m->prefill(toks.data(), (int)toks.size(), 0, kv2, ws2);
+      const std::vector<int32_t> prefix(want.begin(), want.begin() + (long)first_diff + 1);
+      const auto forced = forced_decode_logits(*m, kv2, ws2, first_logits, prefix);
+      const float* row = forced.data() + first_diff * (size_t)m->config().n_vocab;
+      gap = row[r.tokens[first_diff]] - row[want[first_diff]];
+    }
+    std::printf(
+        "[ greedy ] %-18s %-4s %-6s %s (first divergence at generated token %zu of %zu, gap "
+        "%.4f)\n",
+        tol.model, tol.variant, c["name"].get<std::string>().c_str(),
+        identical ? "identical" : "differs", first_diff, want.size(), gap);
     if (tol.greedy_prefix == SIZE_MAX) {
       EXPECT_TRUE(identical) << c["name"] << ": first divergence at generated token " << first_diff
                              << "; ours: '" << r.text << "' llama.cpp: '"
                              << m->tokenizer().decode(want) << "'";
     } else {
-      EXPECT_GE(first_diff, std::min(tol.greedy_prefix, want.size()))
-          << c["name"] << "; ours: '" << r.text << "' llama.cpp: '" << m->tokenizer().decode(want)
-          << "'";
+      const bool near_tie = gap < tol.top1_margin;
+      EXPECT_TRUE(first_diff >= std::min(tol.greedy_prefix, want.size()) || near_tie)
+          << c["name"] << ": first divergence at " << first_diff << ", logit gap " << gap
+          << "; ours: '" << r.text << "' llama.cpp: '" << m->tokenizer().decode(want) << "'";
     }
   }
 }

@@ -90,26 +90,38 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
 
 TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
   // Single-row steps of a quantised model read the packed GGUF blocks (cpu::qgemv); they must
-  // agree with the batched F32 path on the same dequantised weights.
+  // agree with the batched F32 path on the same dequantised weights: within 1e-3 with F32 inputs
+  // (QgemvPath::kF32), within 1.5% of the largest logit with the default 8-bit inputs. The second
+  // bound is measured, not derived: rounding each product's input to 8 bits per 32 elements
+  // (|error| <= block max / 254) moved these 3-layer models' logits by 0.56-0.74% of the largest
+  // (0.026-0.033 on logits up to 4.5-4.7); a misread block moves them by the order of the logits,
+  // and the kernels' own tests (ops_test.cc, QGemv.*) bound each product tightly.
   for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0}) {
-    test::TinyModelOptions o;
-    o.weight_type = t;
-    o.token_embd_type = GgmlType::Q8_0;
-    const std::string path = tmp_path(std::string("packed_") + ggml_type_name(t) + ".gguf");
-    test::write_tiny_model(path, o);
-    auto m = Model::load(path);
-    const auto tk = test::random_byte_tokens(24, 5);
-    const auto batch = prefill_all(*m, tk, false);
-    KVCache kv = m->make_cache((int)tk.size());
-    Workspace ws;
-    const int V = m->config().n_vocab;
-    float worst = 0;
-    for (int i = 0; i < (int)tk.size(); ++i) {
-      const auto step = m->prefill(&tk[i], 1, i, kv, ws);
-      for (int j = 0; j < V; ++j)
-        worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
+    for (cpu::QgemvPath dp : {cpu::QgemvPath::kF32, cpu::QgemvPath::kNative}) {
+      test::TinyModelOptions o;
+      o.weight_type = t;
+      o.token_embd_type = GgmlType::Q8_0;
+      const std::string path = tmp_path(std::string("packed_") + ggml_type_name(t) + ".gguf");
+      test::write_tiny_model(path, o);
+      auto m = Model::load(path);
+      const auto tk = test::random_byte_tokens(24, 5);
+      const auto batch = prefill_all(*m, tk, false);
+      KVCache kv = m->make_cache((int)tk.size());
+      Workspace ws;
+      ws.decode_path = dp;
+      const int V = m->config().n_vocab;
+      float worst = 0, scale = 0;
+      for (int i = 0; i < (int)tk.size(); ++i) {
+        const auto step = m->prefill(&tk[i], 1, i, kv, ws);
+        for (int j = 0; j < V; ++j) {
+          worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
+          scale = std::max(scale, std::fabs(batch[(size_t)i * V + j]));
+        }
+      }
+      const bool f32 = dp == cpu::QgemvPath::kF32;
+      EXPECT_LT(worst, f32 ? 1e-3f : 0.015f * scale)
+          << ggml_type_name(t) << (f32 ? " f32" : " 8-bit") << " inputs, largest logit " << scale;
     }
-    EXPECT_LT(worst, 1e-3f) << ggml_type_name(t);
   }
 }
 
@@ -171,17 +183,30 @@ TEST_P(QuantisedModelTest, LogitsMatchTheDequantisedF32Model) {
   };
   // Prefill: every row's logits.
   compare(prefill_all(*mq, tk, false), prefill_all(*mf, tk, false), 1e-5f, "prefill");
-  // Decode: one token at a time, each step's logits.
-  KVCache kq = mq->make_cache((int)tk.size()), kf = mf->make_cache((int)tk.size());
-  Workspace wq, wf;
-  std::vector<float> dq, df;
-  for (int i = 0; i < (int)tk.size(); ++i) {
-    const auto a = mq->prefill(&tk[i], 1, i, kq, wq), b = mf->prefill(&tk[i], 1, i, kf, wf);
-    dq.insert(dq.end(), a.begin(), a.end());
-    df.insert(df.end(), b.begin(), b.end());
+  // Decode: one token at a time, each step's logits, with F32 inputs to the quantised products
+  // (QgemvPath::kF32) and with the default 8-bit inputs. With 8-bit inputs the bound is measured:
+  // these models' decode logits moved by 0.6-1.5% of max(1, largest logit) for the 32-element
+  // types (inputs rounded per 32 elements) and 2.0-2.3% for Q4_K, Q5_K, Q6_K (per 256 elements,
+  // as llama.cpp's Q8_K); the bounds are 2% and 4%. Types on F32 kernels keep 1e-4.
+  for (cpu::QgemvPath dp : {cpu::QgemvPath::kF32, cpu::QgemvPath::kNative}) {
+    KVCache kq = mq->make_cache((int)tk.size()), kf = mf->make_cache((int)tk.size());
+    Workspace wq, wf;
+    wq.decode_path = dp;
+    std::vector<float> dq, df;
+    for (int i = 0; i < (int)tk.size(); ++i) {
+      const auto a = mq->prefill(&tk[i], 1, i, kq, wq), b = mf->prefill(&tk[i], 1, i, kf, wf);
+      dq.insert(dq.end(), a.begin(), a.end());
+      df.insert(df.end(), b.begin(), b.end());
+    }
+    ASSERT_EQ(dq.size(), (size_t)V * tk.size());
+    if (dp == cpu::QgemvPath::kF32) {
+      compare(dq, df, 1e-4f, "decode, F32 inputs");
+    } else {
+      const bool k256 = ggml_block_elems(t) == 256;
+      const bool rounded = cpu::qgemv_uses_8bit_input(t);
+      compare(dq, df, !rounded ? 1e-4f : k256 ? 0.04f : 0.02f, "decode, 8-bit inputs");
+    }
   }
-  ASSERT_EQ(dq.size(), (size_t)V * tk.size());
-  compare(dq, df, 1e-4f, "decode");
   // And the reference forward on the quantised model agrees with the fast one.
   compare(prefill_all(*mq, tk, true), prefill_all(*mq, tk, false), 1e-4f, "reference");
 }

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -269,29 +271,106 @@ std::vector<double> term_magnitudes(const QMatrix& w, const float* x) {
   return mag;
 }
 
-// The decode kernel (qgemv) and the generic dequantise-and-dot path (qgemv_dequant) against the
-// double-precision reference (qgemv_ref) and, where given, against expected values computed
-// elsewhere: |y - y_ref| <= kRelTol * term magnitude + abs_tol for every row. The kernels sum in
-// float, in another order than the reference, so a relative bound of 2e-6 (about 16 float ulps)
-// is float rounding; a layout mistake is an error of the order of the magnitude itself.
+// The activation blocks of the 8-bit kernels (qgemv_input): 32 elements for the types with
+// 32-element blocks, 256 for the K-quants; 0 for the types on F32 kernels.
+int activation_block(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0:
+      return 32;
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+      return 256;
+    default:
+      return 0;
+  }
+}
+
+// Per row, sum_c |w_rc| * |x_c - x_used_c| (w dequantised): how far the product with the rounded
+// input can be from the product with x.
+std::vector<double> rounding_bound(const QMatrix& w, const float* x, const float* x_used) {
+  std::vector<double> bound(w.rows, 0.0);
+  std::vector<float> row(w.cols);
+  for (int r = 0; r < w.rows; ++r) {
+    ggml_to_f32_ref(w.type, w.data + (size_t)r * w.row_bytes, row.data(), w.cols);
+    for (int c = 0; c < w.cols; ++c) {
+      bound[r] += std::fabs((double)row[c]) * std::fabs((double)x[c] - x_used[c]);
+    }
+  }
+  return bound;
+}
+
+// Every decode path (qgemv under kNative, kAvx2, kF32) and the generic dequantise-and-dot path
+// (qgemv_dequant) against the double-precision reference (qgemv_ref) and, where given, against
+// expected values computed elsewhere (`expected` with x, `expected_of` recomputing them for
+// another input). The kernels sum in float, in another order than the reference, so a relative
+// bound of 2e-6 (about 16 float ulps) is float rounding; a layout mistake is an error of the order
+// of the magnitude itself. With 8-bit activations, for every row:
+//   |y - ref(W, x_used)| <= kRelTol * magnitude(x_used) + abs_tol       (the kernel's arithmetic)
+//   |y - ref(W, x)|      <= the same + sum_c |w_c| |x_c - x_used_c|     (the input's rounding)
+// where x_used (qgemv_input) is x rounded to 8 bits per block of 32 or 256 elements, each
+// element within half a step (max|x| over its block / 254) of x, which is checked too. kAvx2
+// must equal kNative bit for bit (VNNI only changes how exact integer sums are formed).
 constexpr double kRelTol = 2e-6;
-void expect_kernels_match_reference(const QMatrix& w, const float* x, double abs_tol,
-                                    const std::string& what,
-                                    const std::vector<double>* expected = nullptr) {
-  std::vector<float> y(w.rows), yd(w.rows), yr(w.rows);
-  qgemv(w, x, y.data());
+void expect_kernels_match_reference(
+    const QMatrix& w, const float* x, double abs_tol, const std::string& what,
+    const std::vector<double>* expected = nullptr,
+    const std::function<std::vector<double>(const float*)>& expected_of = nullptr) {
+  std::vector<float> yd(w.rows), yr(w.rows);
   qgemv_dequant(w, x, yd.data());
   qgemv_ref(w, x, yr.data());
   const auto mag = term_magnitudes(w, x);
   for (int r = 0; r < w.rows; ++r) {
-    const double tol = kRelTol * mag[r] + abs_tol;
-    ASSERT_LE(std::fabs((double)y[r] - yr[r]), tol)
-        << what << " row " << r << ": kernel " << y[r] << " vs reference " << yr[r];
-    ASSERT_LE(std::fabs((double)yd[r] - yr[r]), tol)
+    ASSERT_LE(std::fabs((double)yd[r] - yr[r]), kRelTol * mag[r] + abs_tol)
         << what << " row " << r << ": dequant path " << yd[r] << " vs reference " << yr[r];
-    if (expected != nullptr) {
-      ASSERT_LE(std::fabs((double)y[r] - (*expected)[r]), tol)
-          << what << " row " << r << ": kernel " << y[r] << " vs expected " << (*expected)[r];
+  }
+  std::vector<float> y_native;
+  for (QgemvPath path : {QgemvPath::kNative, QgemvPath::kAvx2, QgemvPath::kF32}) {
+    const std::string p = what + (path == QgemvPath::kNative ? " native"
+                                  : path == QgemvPath::kAvx2 ? " avx2"
+                                                             : " f32");
+    std::vector<float> y(w.rows), x_used(w.cols), yu(w.rows);
+    qgemv(w, x, y.data(), path);
+    qgemv_input(w.type, x, w.cols, x_used.data(), path);
+    const int blk = path == QgemvPath::kF32 ? 0 : activation_block(w.type);
+    for (int c0 = 0; blk > 0 && c0 < w.cols; c0 += blk) {
+      double amax = 0;
+      for (int c = c0; c < c0 + blk; ++c) amax = std::max(amax, std::fabs((double)x[c]));
+      for (int c = c0; c < c0 + blk; ++c) {
+        ASSERT_LE(std::fabs((double)x[c] - x_used[c]), amax / 254 * (1 + 1e-6))
+            << p << " element " << c << ": " << x[c] << " rounded to " << x_used[c];
+      }
+    }
+    if (blk == 0) {
+      for (int c = 0; c < w.cols; ++c) ASSERT_EQ(x_used[c], x[c]) << p;
+    }
+    qgemv_ref(w, x_used.data(), yu.data());
+    const auto mag_u = term_magnitudes(w, x_used.data());
+    const auto bound = rounding_bound(w, x, x_used.data());
+    std::vector<double> expected_u;
+    if (expected_of) expected_u = expected_of(x_used.data());
+    for (int r = 0; r < w.rows; ++r) {
+      const double tol = kRelTol * mag_u[r] + abs_tol;
+      ASSERT_LE(std::fabs((double)y[r] - yu[r]), tol)
+          << p << " row " << r << ": kernel " << y[r] << " vs reference on its input " << yu[r];
+      ASSERT_LE(std::fabs((double)y[r] - yr[r]), tol + bound[r])
+          << p << " row " << r << ": kernel " << y[r] << " vs reference " << yr[r];
+      if (expected != nullptr) {
+        ASSERT_LE(std::fabs((double)y[r] - (*expected)[r]), tol + bound[r])
+            << p << " row " << r << ": kernel " << y[r] << " vs expected " << (*expected)[r];
+      }
+      if (expected_of) {
+        ASSERT_LE(std::fabs((double)y[r] - expected_u[r]), tol)
+            << p << " row " << r << ": kernel " << y[r] << " vs expected on its input "
+            << expected_u[r];
+      }
+    }
+    if (path == QgemvPath::kNative) y_native = y;
+    if (path == QgemvPath::kAvx2) {
+      for (int r = 0; r < w.rows; ++r) ASSERT_EQ(y[r], y_native[r]) << p << " row " << r;
     }
   }
 }
@@ -380,15 +459,38 @@ TEST(QGemv, MatchesGgufPyOnFixtureBlocks) {
     seen.insert(t);
     QMatrix w{t, rec.bytes.data(), rows, cols, ggml_row_bytes(t, cols)};
     const auto x = randn(cols, 90 + (uint32_t)t, 0.5f);  // BF16 blocks reach 1.3e37
-    std::vector<double> expected(rows, 0.0);
-    for (int r = 0; r < rows; ++r) {
-      for (int c = 0; c < cols; ++c) expected[r] += (double)rec.floats[(size_t)r * cols + c] * x[c];
-    }
+    auto expected_of = [&](const float* xv) {
+      std::vector<double> e(rows, 0.0);
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < cols; ++c) e[r] += (double)rec.floats[(size_t)r * cols + c] * xv[c];
+      }
+      return e;
+    };
+    const std::vector<double> expected = expected_of(x.data());
     expect_kernels_match_reference(w, x.data(), 0.0, ggml_type_name(t) + " (gguf-py fixture)",
-                                   &expected);
+                                   &expected, expected_of);
   }
   for (GgmlType t : kAllTypes) {
     EXPECT_TRUE(seen.count(t)) << "no fixture blocks for " << ggml_type_name(t);
+  }
+}
+
+TEST(QGemv, EightBitInputHandlesZeroAndOutlierBlocks) {
+  // Inputs the rounding must survive: an all-zero block (scale 0), a block that is one spike
+  // (every other element rounds to 0), tiny values (1e-30) and large ones (1e30 would overflow the
+  // products, so 1e15), at 512 columns (two K-quant super-blocks, sixteen 32-element blocks).
+  const int rows = 24, cols = 512;
+  auto x = randn(cols, 91);
+  for (int c = 0; c < 32; ++c) x[c] = 0.0f;
+  x[40] = 3000.0f;
+  for (int c = 64; c < 96; ++c) x[c] *= 1e-30f;
+  for (int c = 256; c < 288; ++c) x[c] *= 1e15f;
+  for (GgmlType t : kAllTypes) {
+    if (activation_block(t) == 0) continue;
+    const auto wf = randn((size_t)rows * cols, 92, 0.5f);
+    const auto packed = encode_matrix(t, wf, rows, cols);
+    QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
+    expect_kernels_match_reference(w, x.data(), 0.0, ggml_type_name(t) + " zero/outlier input");
   }
 }
 
@@ -439,11 +541,14 @@ TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
       w[m] = QMatrix{t, packed[m].data(), rows[m], cols, rb};
     }
     const QMatrix* ws[2] = {&w[0], &w[1]};
-    for (int n : {1, 2, 3, 8, kMaxBatchRows}) {
+    for (int n : {1, 2, 3, 4, 5, 7, 8, 13, kMaxBatchRows}) {
       const auto x = randn((size_t)n * cols, 80 + n);
       const int stride = rows[0] + rows[1] + 3;  // padded rows stay untouched
-      std::vector<float> y((size_t)n * stride, -7.0f);
+      std::vector<float> y((size_t)n * stride, -7.0f), y_avx2((size_t)n * stride, -7.0f);
       qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
+      // The AVX2 path (the only one on an AVX2-only machine) gives the same bits.
+      qgemv_batch(ws, 2, x.data(), n, y_avx2.data(), stride, QgemvPath::kAvx2);
+      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " n=" << n;
       for (int i = 0; i < n; ++i) {
         std::vector<float> a(rows[0]), b(rows[1]);
         float* ys[2] = {a.data(), b.data()};

@@ -1,12 +1,15 @@
-// AVX2 kernels for matrix-vector products from GGUF blocks, one per ggml type, in a table next to
-// the format table (core/ggml_types.h). Fused kernels: Q8_0 is d*sum(q*x); Q4_0/Q5_0 are
-// d*sum((q-8|16)*x); Q4_1 is d*sum(q*x) + m*sum(x); the K-quants with mins (Q4_K, Q5_K) are
-// sum over sub-blocks of d*sc*sum(q*x) - dmin*m*sum(x); Q6_K is sum of d*sc*sum((q-32)*x). The
-// per-32-element sums of x that the mins need are computed once per input vector. Q5_1 is Q4_1
-// with a fifth bit; Q2_K and Q3_K have a scale (and for Q2_K a min, using 16-element sums of x)
-// per 16 elements; F16/BF16 convert in registers. qgemv_dequant, the generic path (dequantise up
-// to 256 elements into a stack buffer with the format table's fast path, then dot), is kept as
-// the baseline they are benchmarked and tested against. Rows are split across OpenMP threads.
+// Matrix-vector products from GGUF blocks, one kernel per ggml type, in a table next to the
+// format table (core/ggml_types.h). Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K quantise the input
+// rows to 8 bits once per product and use the integer kernels of qgemv_q8.cc. The F32-activation
+// AVX2 kernels here serve the other types and, for those seven, the kF32 path (the baseline):
+// Q8_0 is d*sum(q*x); Q4_0/Q5_0 are d*sum((q-8|16)*x); Q4_1 is d*sum(q*x) + m*sum(x); the K-quants
+// with mins (Q4_K, Q5_K) are sum over sub-blocks of d*sc*sum(q*x) - dmin*m*sum(x); Q6_K is sum of
+// d*sc*sum((q-32)*x). The per-32-element sums of x that the mins need are computed once per input
+// row. Q5_1 is Q4_1 with a fifth bit; Q2_K and Q3_K have a scale (and for Q2_K a min, using
+// 16-element sums of x) per 16 elements; F16/BF16 convert in registers. qgemv_dequant, the generic
+// path (dequantise up to 256 elements into a stack buffer with the format table's fast path, then
+// dot), is kept as a second baseline. One parallel region splits the output rows of all the
+// matrices of a product across OpenMP threads; each weight row is dotted with every input row.
 #include "backend/cpu/qgemv.h"
 
 #include <immintrin.h>
@@ -21,6 +24,8 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/qblock_simd.h"
+#include "backend/cpu/qgemv_q8.h"
 #include "backend/cpu/vec.h"
 #include "core/error.h"
 #include "core/fp16.h"
@@ -42,14 +47,6 @@ struct XSums {
 
 // One output row: the dot product of a packed row of `cols` elements with x.
 using RowDot = float (*)(const uint8_t* row, const float* x, const XSums& xs, int cols);
-
-// The block scale, converted by the F16C instruction: exact like fp16_to_f32, which does it in
-// software with branches and was a visible part of decode time (two conversions per Q4_1 block).
-inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
 
 // sum_j q_j * x_j over 8 elements whose unsigned 8-bit quants are the low 8 bytes of b, plus acc.
 inline __m256 fma_u8x8(__m128i b, const float* x, __m256 acc) {
@@ -76,25 +73,6 @@ inline __m256 dot_i8x32(__m256i q, const float* x) {
   acc = fma_i8x8(_mm_srli_si128(lo, 8), x + 8, acc);
   acc = fma_i8x8(hi, x + 16, acc);
   return fma_i8x8(_mm_srli_si128(hi, 8), x + 24, acc);
-}
-
-// 16 packed bytes -> 32 nibbles as bytes: low nibbles (elements 0..15), then high (16..31).
-inline __m256i nibbles32(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
-}
-
-// The 32 fifth bits of a Q5 block (bit j of qh for element j) as 0x10 or 0 per byte.
-inline __m256i q5_high_bits(const uint8_t* qh_bytes) {
-  uint32_t qh;
-  std::memcpy(&qh, qh_bytes, 4);
-  const __m256i bytes = _mm256_shuffle_epi8(
-      _mm256_set1_epi32((int)qh), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
 float dot_f32(const uint8_t* row, const float* x, const XSums&, int cols) {
@@ -408,73 +386,166 @@ const Kernel* find_kernel(GgmlType t) {
 
 bool qgemv_supported(GgmlType t) { return find_kernel(t) != nullptr && ggml_type_supported(t); }
 
-void qgemv(const QMatrix& w, const float* x, float* y) {
-  const QMatrix* ws[1] = {&w};
-  float* ys[1] = {y};
-  qgemv_many(ws, ys, 1, x);
-}
+bool qgemv_has_vnni() { return q8::have_vnni(); }
 
-void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x) {
-  CT_ASSERT(n >= 1 && n <= kMaxMany, "qgemv_many: {} matrices", n);
+bool qgemv_uses_8bit_input(GgmlType t) { return q8::format_of(t) != q8::kNone; }
+
+namespace {
+
+// The input rows of one product in every form its kernels read (the calling thread's buffers,
+// reused across calls; the OpenMP team only reads them).
+struct Inputs {
+  std::vector<int8_t> q32, qk;
+  std::vector<float> d32, sx32, dk, s32, s16f;
+  std::vector<int16_t> s16;
+  std::vector<q8::Act> act;
+  std::vector<XSums> sums;
+};
+
+// y0[m][r + i * y_stride] = (W_m x_i)[r] for i < n_rows: the one implementation behind qgemv,
+// qgemv_many and qgemv_batch. Each output row's arithmetic depends only on its own input row.
+void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* const* y0,
+                size_t y_stride, QgemvPath path) {
+  CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n_rows >= 1 && n_rows <= kMaxBatchRows,
+            "qgemv: {} matrices, {} rows", n_mats, n_rows);
   int offset[kMaxMany + 1] = {0};
   RowDot dot[kMaxMany] = {};
+  q8::RowsDot dot8[kMaxMany] = {};
   bool any_s32 = false, any_s16 = false;
-  for (int m = 0; m < n; ++m) {
+  unsigned formats = q8::kNone;
+  for (int m = 0; m < n_mats; ++m) {
     const QMatrix& w = *ws[m];
     const Kernel* k = find_kernel(w.type);
     CT_ASSERT(k != nullptr && w.cols % ggml_block_elems(w.type) == 0 && w.cols == ws[0]->cols,
               "type {} cols {} (first matrix: {} cols)", ggml_type_name(w.type), w.cols,
               ws[0]->cols);
     offset[m + 1] = offset[m] + w.rows;
-    dot[m] = k->dot;
-    any_s32 = any_s32 || k->needs_s32;
-    any_s16 = any_s16 || k->needs_s16;
+    if (path != QgemvPath::kF32) dot8[m] = q8::find(w.type, path == QgemvPath::kNative);
+    if (dot8[m] != nullptr) {
+      formats |= q8::format_of(w.type);
+    } else {
+      dot[m] = k->dot;
+      any_s32 = any_s32 || k->needs_s32;
+      any_s16 = any_s16 || k->needs_s16;
+    }
   }
   const int cols = ws[0]->cols;
-  // Every type that needs the sums has blocks of 32 or 256, so cols % 32 == 0.
-  std::vector<float> s32, s16;
-  if (any_s32) {
-    s32.resize(cols / kQK);
-    for (int b = 0; b < cols / kQK; ++b) {
-      float s = 0;
-      for (int j = 0; j < kQK; ++j) s += x[b * kQK + j];
-      s32[b] = s;
+  const size_t n_el = (size_t)n_rows * cols;
+  thread_local Inputs in;
+  in.act.assign(n_rows, q8::Act{});
+  in.sums.assign(n_rows, XSums{});
+  // Every type with an 8-bit kernel or that needs the sums has blocks of 32 or 256, so
+  // cols % 32 == 0 (and cols % 256 == 0 for kBlocks256).
+  if (formats & q8::kBlocks32) {
+    in.q32.resize(n_el);
+    in.d32.resize(n_el / 32);
+    in.sx32.resize(n_el / 32);
+  }
+  if (formats & q8::kBlocks256) {
+    in.qk.resize(n_el);
+    in.dk.resize(n_el / 256);
+    in.s16.resize(n_el / 16);
+  }
+  if (any_s32) in.s32.resize(n_el / kQK);
+  if (any_s16) in.s16f.resize(n_el / 16);
+  for (int i = 0; i < n_rows; ++i) {
+    const float* xi = x + (size_t)i * cols;
+    const size_t e = (size_t)i * cols;
+    q8::Act& a = in.act[i];
+    if (formats & q8::kBlocks32) {
+      q8::quantise_blocks32(xi, cols, &in.q32[e], &in.d32[e / 32], &in.sx32[e / 32]);
+      a.q32 = &in.q32[e];
+      a.d32 = &in.d32[e / 32];
+      a.sx32 = &in.sx32[e / 32];
+    }
+    if (formats & q8::kBlocks256) {
+      q8::quantise_blocks256(xi, cols, &in.qk[e], &in.dk[e / 256], &in.s16[e / 16]);
+      a.qk = &in.qk[e];
+      a.dk = &in.dk[e / 256];
+      a.s16 = &in.s16[e / 16];
+    }
+    if (any_s32) {
+      float* s32 = &in.s32[e / kQK];
+      for (int b = 0; b < cols / kQK; ++b) {
+        float s = 0;
+        for (int j = 0; j < kQK; ++j) s += xi[b * kQK + j];
+        s32[b] = s;
+      }
+      in.sums[i].s32 = s32;
+    }
+    if (any_s16) {
+      float* s16 = &in.s16f[e / 16];
+      for (int b = 0; b < cols / 16; ++b) {
+        float s = 0;
+        for (int j = 0; j < 16; ++j) s += xi[b * 16 + j];
+        s16[b] = s;
+      }
+      in.sums[i].s16 = s16;
     }
   }
-  if (any_s16) {
-    s16.resize(cols / 16);
-    for (int b = 0; b < cols / 16; ++b) {
-      float s = 0;
-      for (int j = 0; j < 16; ++j) s += x[b * 16 + j];
-      s16[b] = s;
-    }
-  }
-  const XSums xs{s32.data(), s16.data()};
-  // One parallel region over the rows of all the matrices: one fork/join instead of n.
-  const int total = offset[n];
+  const q8::Act* act = in.act.data();
+  const XSums* sums = in.sums.data();
+  // One parallel region over the rows of all the matrices: one fork/join instead of n, and each
+  // weight row is read from memory once for all the input rows.
+  const int total = offset[n_mats];
 #pragma omp parallel for schedule(static) if (total >= 64)
-  for (int i = 0; i < total; ++i) {
+  for (int t = 0; t < total; ++t) {
     int m = 0;
-    while (i >= offset[m + 1]) ++m;
-    const int r = i - offset[m];
-    ys[m][r] = dot[m](ws[m]->data + (size_t)r * ws[m]->row_bytes, x, xs, cols);
+    while (t >= offset[m + 1]) ++m;
+    const int r = t - offset[m];
+    const uint8_t* row = ws[m]->data + (size_t)r * ws[m]->row_bytes;
+    float* y = y0[m] + r;
+    if (dot8[m] != nullptr) {
+      dot8[m](row, act, n_rows, cols, y, y_stride);
+    } else {
+      for (int i = 0; i < n_rows; ++i) {
+        y[i * y_stride] = dot[m](row, x + (size_t)i * cols, sums[i], cols);
+      }
+    }
   }
 }
 
+}  // namespace
+
+void qgemv(const QMatrix& w, const float* x, float* y, QgemvPath path) {
+  const QMatrix* ws[1] = {&w};
+  float* ys[1] = {y};
+  qgemv_rows(ws, 1, x, 1, ys, 0, path);
+}
+
+void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x, QgemvPath path) {
+  qgemv_rows(ws, n, x, 1, ys, 0, path);
+}
+
 void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
-                 int y_stride) {
-  CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n_rows >= 1 && n_rows <= kMaxBatchRows,
-            "qgemv_batch: {} matrices, {} rows", n_mats, n_rows);
-  const int cols = ws[0]->cols;
-  for (int i = 0; i < n_rows; ++i) {
-    float* ys[kMaxMany];
-    int off = 0;
-    for (int m = 0; m < n_mats; ++m) {
-      ys[m] = y + (size_t)i * y_stride + off;
-      off += ws[m]->rows;
-    }
-    CT_ASSERT(off <= y_stride, "qgemv_batch: {} output columns in a stride of {}", off, y_stride);
-    qgemv_many(ws, ys, n_mats, x + (size_t)i * cols);
+                 int y_stride, QgemvPath path) {
+  CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany, "qgemv_batch: {} matrices", n_mats);
+  float* y0[kMaxMany];
+  int off = 0;
+  for (int m = 0; m < n_mats; ++m) {
+    y0[m] = y + off;
+    off += ws[m]->rows;
+  }
+  CT_ASSERT(off <= y_stride, "qgemv_batch: {} output columns in a stride of {}", off, y_stride);
+  qgemv_rows(ws, n_mats, x, n_rows, y0, (size_t)y_stride, path);
+}
+
+void qgemv_input(GgmlType t, const float* x, int cols, float* x_used, QgemvPath path) {
+  const q8::Format f = path == QgemvPath::kF32 ? q8::kNone : q8::format_of(t);
+  if (f == q8::kNone) {
+    std::memcpy(x_used, x, (size_t)cols * sizeof(float));
+    return;
+  }
+  std::vector<int8_t> q(cols);
+  if (f == q8::kBlocks32) {
+    std::vector<float> d(cols / 32), sx(cols / 32);
+    q8::quantise_blocks32(x, cols, q.data(), d.data(), sx.data());
+    for (int c = 0; c < cols; ++c) x_used[c] = d[c / 32] * (float)q[c];
+  } else {
+    std::vector<float> d(cols / 256);
+    std::vector<int16_t> s16(cols / 16);
+    q8::quantise_blocks256(x, cols, q.data(), d.data(), s16.data());
+    for (int c = 0; c < cols; ++c) x_used[c] = d[c / 256] * (float)q[c];
   }
 }
 

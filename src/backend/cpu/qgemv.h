@@ -1,8 +1,10 @@
 // Matrix-vector products straight from GGUF blocks, for decoding: one token reads every weight
 // once, so reading 2.6-8.5 bits per weight instead of an F32 copy's 32 is what makes decode fast.
 // Every type of the ggml type table (core/ggml_types.h) has a kernel here (the CPU side of the
-// traits, as ggml-cpu's type_traits_cpu): fused AVX2 dot products read the blocks directly.
-// Results equal the dequantised-F32 product up to float rounding.
+// traits, as ggml-cpu's type_traits_cpu): fused AVX2 dot products read the blocks directly. The
+// types of the common GGUF files quantise the input to 8 bits first and use integer dot products
+// (qgemv_q8.h), as llama.cpp does; their results equal the dequantised product with the rounded
+// input (qgemv_input) up to float rounding, the others the product with x itself.
 #pragma once
 
 #include <cstddef>
@@ -24,19 +26,39 @@ struct QMatrix {
 // True for every type with a row in the ggml type table.
 bool qgemv_supported(GgmlType t);
 
+// Which kernels a product uses. kNative (the default): 8-bit activations with
+// integer dot products for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K (VNNI where the compiler
+// targets it, else AVX2), F32 kernels for the other types. kAvx2: the same without VNNI, equal to
+// kNative bit for bit (every integer sum is exact in both), so tests run the AVX2 code on any
+// machine. kF32: every type on its F32-activation kernel, the path before 8-bit activations (no
+// activation rounding, slower), kept as the benchmark baseline.
+enum class QgemvPath { kNative, kAvx2, kF32 };
+
 // y[rows] = W x. cols must be a multiple of the type's block size.
-void qgemv(const QMatrix& w, const float* x, float* y);
+void qgemv(const QMatrix& w, const float* x, float* y, QgemvPath path = QgemvPath::kNative);
 // y_m = W_m x for n <= kMaxMany matrices sharing the input (Q, K, V; gate, up), in one parallel
 // region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
 constexpr int kMaxMany = 4;
-void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x);
+void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x,
+                QgemvPath path = QgemvPath::kNative);
 // Several input rows through the same matrices (a decode step over a batch of sequences):
 // for each row i < n_rows, y[i*y_stride + off_m + r] = (W_m x_i)[r], where off_m is the total rows
 // of W_0..W_{m-1}. Each row's results equal qgemv_many on that row alone, bit for bit, so a
 // request decoded in a batch gives exactly the tokens it gives alone.
+// Each weight block is decoded once for all the rows (weights read from memory once per step).
 constexpr int kMaxBatchRows = 16;
 void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
-                 int y_stride);
+                 int y_stride, QgemvPath path = QgemvPath::kNative);
+// True for the types whose kNative/kAvx2 kernels round the input to 8 bits (listed above).
+bool qgemv_uses_8bit_input(GgmlType t);
+// True where kNative uses VNNI (__AVX512VNNI__ with __AVX512VL__, or __AVXVNNI__).
+bool qgemv_has_vnni();
+// x_used[cols] = the input type t's kernel multiplies under `path`: x rounded to 8 bits as that
+// kernel quantises it (blocks of 32 elements with scale max|x| / 127 for Q4_0, Q4_1, Q5_0, Q8_0;
+// blocks of 256 for the K-quants), else x itself. The kernels equal qgemv_ref on x_used up to
+// float rounding; |x - x_used| <= half a step (scale / 2) per element.
+void qgemv_input(GgmlType t, const float* x, int cols, float* x_used,
+                 QgemvPath path = QgemvPath::kNative);
 // The generic path for any type, which the dedicated kernels replaced: dequantise 256 elements
 // at a time with the format table's fast path (ggml_to_f32) into a stack buffer, then dot. Kept
 // as the baseline of bench/qgemv_bench.cc and as a second check in the tests.

@@ -1,0 +1,385 @@
+// 8-bit-activation decode kernels (qgemv_q8.h). Per 32-element block of Q4_0/Q5_0/Q8_0 the
+// weight quants are signed w in [-16, 15] (Q8_0: [-128, 127]) and the block's integer dot with the
+// input's q is sum |w| * (sign(w) q) (maddubs needs one unsigned operand; |w| <= 128 and
+// |q| <= 127 keep every pair sum inside int16, so it never saturates); Q4_1 dots its unsigned
+// quants and adds m * d32 * sum(q). K-quants (Q4_K, Q5_K, Q6_K) multiply each sub-block's int16
+// pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or the offset 32
+// (Q6_K) with the input's 16-element sums in integers, and convert once per super-block.
+// Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
+// registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory.
+#include "backend/cpu/qgemv_q8.h"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/qblock_simd.h"
+#include "backend/cpu/vec.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define CT_Q8_VNNI 1
+#define CT_DPBUSD _mm256_dpbusd_epi32
+#define CT_DPWSSD _mm256_dpwssd_epi32
+#elif defined(__AVXVNNI__)
+#define CT_Q8_VNNI 1
+#define CT_DPBUSD _mm256_dpbusd_avx_epi32
+#define CT_DPWSSD _mm256_dpwssd_avx_epi32
+#else
+#define CT_Q8_VNNI 0
+#endif
+
+namespace ct::cpu::q8 {
+namespace {
+
+// Rows per kernel call: the accumulators of a tile stay in registers. 8 rows (AVX-512VL has 32
+// vector registers) measured slower than 4 on Q4_K: 188 vs 141 us per row (bench/qgemv_bench.cc).
+constexpr int kTile = 4;
+
+inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// acc + per int32 lane the sum of 4 adjacent products u8 * s8 (u's bytes unsigned, s's signed).
+// AVX2: maddubs (pairs, int16) then madd by ones (pairs of pairs); exact while the pair sums fit
+// int16, which every caller guarantees.
+template <bool kVnni>
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if CT_Q8_VNNI
+  if constexpr (kVnni) return CT_DPBUSD(acc, u, s);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+// acc + per int32 lane a[2i] * b[2i] + a[2i+1] * b[2i+1] (int16 operands).
+template <bool kVnni>
+inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) {
+#if CT_Q8_VNNI
+  if constexpr (kVnni) return CT_DPWSSD(acc, a, b);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
+// Quantises 32 floats with scale 127 / amax (`inv`, 0 for an all-zero block) to int8 (round to
+// nearest even, MXCSR's default), stores them in element order and returns the int32 partial sums
+// of elements 0..15 (lanes 0-7 of `lo`) and 16..31 (`hi`) as 8-lane vectors.
+inline void quantise32(const float* x, __m256 inv, int8_t* q, __m256i& lo, __m256i& hi) {
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), inv));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), inv));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), inv));
+  // The packs interleave 128-bit lanes: bytes come out as 4-element groups 0,2,4,6,1,3,5,7.
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+  lo = _mm256_add_epi32(i0, i1);
+  hi = _mm256_add_epi32(i2, i3);
+}
+
+inline float abs_max(const float* x, int n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8)
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
+inline int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// The 6-bit scales and mins of a Q4_K/Q5_K super-block (12 bytes at s; q4_k_scale_min's layout,
+// four at a time in 32-bit words) as bytes: sc_0..sc_7, then m_0..m_7.
+inline __m128i k_scales_mins(const uint8_t* s) {
+  uint32_t w[3];
+  std::memcpy(w, s, 12);
+  const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, top2 = 0x03030303;
+  const uint32_t sc_lo = w[0] & low6, m_lo = w[1] & low6;
+  const uint32_t sc_hi = (w[2] & low4) | (((w[0] >> 6) & top2) << 4);
+  const uint32_t m_hi = ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4);
+  return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)m_lo, (int)m_hi);
+}
+
+// A shuffle_epi8 control that copies int16 lane j of each 128-bit half to every lane of it.
+inline __m256i pair_index(int j) { return _mm256_set1_epi16((short)(0x0101 * 2 * j + 0x0100)); }
+
+// Runs K's kernel over n rows in tiles of kTile (remainder 1-3), each row's arithmetic the same.
+template <class K, bool kVnni>
+void rows_tiled(const uint8_t* row, const Act* act, int n, int cols, float* y, size_t ys) {
+  int i = 0;
+  for (; i + kTile <= n; i += kTile) {
+    K::template run<kVnni, kTile>(row, act + i, cols, y + i * ys, ys);
+  }
+  switch (n - i) {
+    case 3:
+      K::template run<kVnni, 3>(row, act + i, cols, y + i * ys, ys);
+      break;
+    case 2:
+      K::template run<kVnni, 2>(row, act + i, cols, y + i * ys, ys);
+      break;
+    case 1:
+      K::template run<kVnni, 1>(row, act + i, cols, y + i * ys, ys);
+      break;
+    default:
+      break;
+  }
+}
+
+// Q4_0 (d, 16 bytes of nibbles; q - 8), Q5_0 (d, 4 bytes qh, 16 bytes qs; q - 16), Q8_0 (d, 32
+// int8): the signed weights of one block, and its byte size.
+enum class Signed32 { kQ4_0, kQ5_0, kQ8_0 };
+
+template <Signed32 kT>
+struct KSigned32 {
+  static constexpr size_t kBytes = kT == Signed32::kQ4_0 ? 18 : kT == Signed32::kQ5_0 ? 22 : 34;
+  static __m256i weights(const uint8_t* blk) {
+    if constexpr (kT == Signed32::kQ4_0) {
+      return _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+    } else if constexpr (kT == Signed32::kQ5_0) {
+      return _mm256_sub_epi8(_mm256_or_si256(nibbles32(blk + 6), q5_high_bits(blk + 2)),
+                             _mm256_set1_epi8(16));
+    } else {
+      return load256(blk + 2);
+    }
+  }
+  template <bool kVnni, int N>
+  static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+    __m256 acc[N];
+    for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < cols / 32; ++b) {
+      const uint8_t* blk = row + (size_t)b * kBytes;
+      const __m256i w = weights(blk);
+      const __m256i u = _mm256_sign_epi8(w, w);  // |w|; -128 stays 0x80, i.e. 128 unsigned
+      const __m256 dw = _mm256_set1_ps(half(blk));
+      for (int r = 0; r < N; ++r) {
+        const __m256i s = _mm256_sign_epi8(load256(a[r].q32 + 32 * b), w);
+        const __m256i p = dot_u8s8<kVnni>(_mm256_setzero_si256(), u, s);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                 _mm256_mul_ps(dw, _mm256_broadcast_ss(a[r].d32 + b)), acc[r]);
+      }
+    }
+    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+  }
+};
+
+// Q4_1: d, m, 16 bytes of nibbles; element d * q + m, so a block adds d * d32 * sum(q_w q) +
+// m * sx32.
+struct KQ4_1 {
+  template <bool kVnni, int N>
+  static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+    __m256 acc[N];
+    float mins[N];
+    for (int r = 0; r < N; ++r) {
+      acc[r] = _mm256_setzero_ps();
+      mins[r] = 0;
+    }
+    for (int b = 0; b < cols / 32; ++b) {
+      const uint8_t* blk = row + (size_t)b * 20;
+      const __m256i u = nibbles32(blk + 4);
+      const __m256 dw = _mm256_set1_ps(half(blk));
+      const float m = half(blk + 2);
+      for (int r = 0; r < N; ++r) {
+        const __m256i p = dot_u8s8<kVnni>(_mm256_setzero_si256(), u, load256(a[r].q32 + 32 * b));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                 _mm256_mul_ps(dw, _mm256_broadcast_ss(a[r].d32 + b)), acc[r]);
+        mins[r] = std::fma(m, a[r].sx32[b], mins[r]);
+      }
+    }
+    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]) + mins[r];
+  }
+};
+
+// Q4_K (kFive false) and Q5_K: d, dmin, 12 scale bytes, [Q5_K: 32 bytes qh], 128 bytes qs; element
+// 32s + j is d * sc_s * q - dmin * m_s. Per super-block and row: the int32 lanes of
+// sum_s sc_s * sum(q_w q) and of sum_s m_s * sum(q), then two float multiply-adds.
+template <bool kFive>
+struct KQ45K {
+  template <bool kVnni, int N>
+  static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+    constexpr size_t kBytes = kFive ? 176 : 144;
+    const __m256i mask = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[N];
+    for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < cols / 256; ++b) {
+      const uint8_t* blk = row + (size_t)b * kBytes;
+      const uint8_t* qs = blk + (kFive ? 48 : 16);
+      const __m256i qh = kFive ? load256(blk + 16) : _mm256_setzero_si256();
+      // scales16: int16 sc_0..sc_7 in both 128-bit lanes; mv: int16 m_0, m_0, m_1, ..., m_7, m_7
+      // (each min twice, to pair with the 16-element sums).
+      const __m128i sm = k_scales_mins(blk + 4);
+      const __m256i scales16 = _mm256_cvtepu8_epi16(
+          _mm_shuffle_epi8(sm, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7)));
+      const __m256i mv = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+          sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+      __m256i isum[N];
+      for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        const __m256i raw = load256(qs + 32 * c);
+        const __m256i nib[2] = {_mm256_and_si256(raw, mask),
+                                _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask)};
+        for (int hi = 0; hi < 2; ++hi) {
+          const int s = 2 * c + hi;
+          __m256i q = nib[hi];
+          if constexpr (kFive) {
+            // Bit s of each qh byte moved to bit 4; masked to one bit, 16-bit shifts cannot carry.
+            q = _mm256_or_si256(
+                q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
+          }
+          const __m256i scv = _mm256_shuffle_epi8(scales16, pair_index(s));
+          for (int r = 0; r < N; ++r) {
+            // Pair sums <= 2 * 31 * 127: no saturation.
+            const __m256i p = _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 32 * s));
+            isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+          }
+        }
+      }
+      const __m256 vd = _mm256_set1_ps(half(blk)), vmin = _mm256_set1_ps(half(blk + 2));
+      for (int r = 0; r < N; ++r) {
+        const __m256 dx = _mm256_broadcast_ss(a[r].dk + b);
+        const __m256i im = _mm256_madd_epi16(mv, load256(a[r].s16 + 16 * b));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(vd, dx), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(im), _mm256_mul_ps(vmin, dx), acc[r]);
+      }
+    }
+    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+  }
+};
+
+// Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, d. Element 128h + 32k + l (k < 4, l < 32):
+// low nibble (k odd: of ql[64h + 32 + l], k >= 2: the high nibble) and 2 bits of qh[32h + l] at
+// bit 2k make q in [0, 64); the element is d * scales[8h + 2k + l / 16] * (q - 32). The offset is
+// subtracted in integers as 32 * sum_g scales[g] * s16[g].
+struct KQ6K {
+  template <bool kVnni, int N>
+  static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+    const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
+    __m256 acc[N];
+    for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < cols / 256; ++b) {
+      const uint8_t* blk = row + (size_t)b * 210;
+      const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
+      // pairs16[h]: int16 scales 8h..8h+7 in the low 128-bit half, 8h+1..8h+8 in the high one
+      // (the 17th, past the end, is never selected).
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+      const __m256i pairs16[2] = {
+          _mm256_cvtepi8_epi16(
+              _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 8))),
+          _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+              sc8, _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 9, 10, 11, 12, 13, 14, 15, 15)))};
+      __m256i isum[N];
+      for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = load256(blk + 64 * h), ql1 = load256(blk + 64 * h + 32);
+        const __m256i qh = load256(blk + 128 + 32 * h);
+        const __m256i lo[4] = {_mm256_and_si256(ql0, mask4), _mm256_and_si256(ql1, mask4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask4)};
+        for (int k = 0; k < 4; ++k) {
+          const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), mask2);
+          const __m256i q = _mm256_or_si256(lo[k], _mm256_slli_epi16(hb, 4));
+          // int16 lanes 0-7 hold elements 0..15 (scale 8h + 2k), lanes 8-15 elements 16..31
+          // (scale 8h + 2k + 1): lane 2k of each half of pairs16[h].
+          const __m256i scv = _mm256_shuffle_epi8(pairs16[h], pair_index(2 * k));
+          for (int r = 0; r < N; ++r) {
+            // Pair sums <= 2 * 63 * 127: no saturation.
+            const __m256i p =
+                _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 128 * h + 32 * k));
+            isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+          }
+        }
+      }
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+      const __m256 vd = _mm256_set1_ps(half(blk + 208));
+      for (int r = 0; r < N; ++r) {
+        const __m256i off =
+            _mm256_slli_epi32(_mm256_madd_epi16(sc16, load256(a[r].s16 + 16 * b)), 5);
+        const __m256i is = _mm256_sub_epi32(isum[r], off);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is),
+                                 _mm256_mul_ps(vd, _mm256_broadcast_ss(a[r].dk + b)), acc[r]);
+      }
+    }
+    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+  }
+};
+
+struct Entry {
+  GgmlType type;
+  Format format;
+  RowsDot avx2, vnni;
+};
+
+template <class K>
+constexpr Entry entry(GgmlType t, Format f) {
+#if CT_Q8_VNNI
+  return {t, f, rows_tiled<K, false>, rows_tiled<K, true>};
+#else
+  return {t, f, rows_tiled<K, false>, rows_tiled<K, false>};
+#endif
+}
+
+const Entry kEntries[] = {
+    entry<KSigned32<Signed32::kQ4_0>>(GgmlType::Q4_0, kBlocks32),
+    entry<KQ4_1>(GgmlType::Q4_1, kBlocks32),
+    entry<KSigned32<Signed32::kQ5_0>>(GgmlType::Q5_0, kBlocks32),
+    entry<KSigned32<Signed32::kQ8_0>>(GgmlType::Q8_0, kBlocks32),
+    entry<KQ45K<false>>(GgmlType::Q4_K, kBlocks256),
+    entry<KQ45K<true>>(GgmlType::Q5_K, kBlocks256),
+    entry<KQ6K>(GgmlType::Q6_K, kBlocks256),
+};
+
+const Entry* find_entry(GgmlType t) {
+  for (const Entry& e : kEntries) {
+    if (e.type == t) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Format format_of(GgmlType t) {
+  const Entry* e = find_entry(t);
+  return e ? e->format : kNone;
+}
+
+bool have_vnni() { return CT_Q8_VNNI != 0; }
+
+RowsDot find(GgmlType t, bool vnni) {
+  const Entry* e = find_entry(t);
+  if (!e) return nullptr;
+  return vnni ? e->vnni : e->avx2;
+}
+
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx) {
+  for (int b = 0; b < cols / 32; ++b) {
+    const float amax = abs_max(x + 32 * b, 32);
+    const float scale = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    __m256i lo, hi;
+    quantise32(x + 32 * b, inv, q + 32 * b, lo, hi);
+    d[b] = scale;
+    sx[b] = scale * (float)hsum_epi32(_mm256_add_epi32(lo, hi));
+  }
+}
+
+void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16) {
+  for (int b = 0; b < cols / 256; ++b) {
+    const float amax = abs_max(x + 256 * b, 256);
+    d[b] = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    for (int j = 0; j < 8; ++j) {
+      const int e = 256 * b + 32 * j;
+      __m256i lo, hi;
+      quantise32(x + e, inv, q + e, lo, hi);
+      s16[e / 16] = (int16_t)hsum_epi32(lo);
+      s16[e / 16 + 1] = (int16_t)hsum_epi32(hi);
+    }
+  }
+}
+
+}  // namespace ct::cpu::q8

@@ -1,0 +1,52 @@
+// Decode kernels with 8-bit activations (internal to backend/cpu; qgemv.cc dispatches to them).
+// Each input row is quantised once per product to 8 bits, and a weight block is dotted with it in
+// integer arithmetic (AVX2 maddubs/madd, or VNNI dpbusd/dpwssd where the compiler targets it),
+// one float multiply-add per block or super-block. One packed weight row is dotted with up to
+// kMaxBatchRows input rows while its blocks are in registers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/ggml_types.h"
+
+namespace ct::cpu::q8 {
+
+// Activation encodings (bit flags: a product whose matrices use both computes both).
+// kBlocks32, for the types with 32-element blocks: each 32 elements x[32b, 32b + 32) as q in
+// [-127, 127] with x ~ d32[b] * q, d32[b] = max|x| / 127, and sx32[b] = d32[b] * sum(q) (what a
+// block's min term needs). kBlocks256, for the K-quants: one scale per 256 elements, so a
+// super-block's sub-block sums stay integers and add up exactly before one float multiply;
+// s16[j] = sum of q over x[16j, 16j + 16) (the mins and the Q6_K offset need them).
+enum Format : unsigned { kNone = 0, kBlocks32 = 1, kBlocks256 = 2 };
+
+// One quantised input row (views into the caller's buffers; a format's fields are null when the
+// product does not use it). cols is a multiple of 32 (kBlocks32) or 256 (kBlocks256).
+struct Act {
+  const int8_t* q32 = nullptr;   // [cols]
+  const float* d32 = nullptr;    // [cols / 32]
+  const float* sx32 = nullptr;   // [cols / 32]
+  const int8_t* qk = nullptr;    // [cols]
+  const float* dk = nullptr;     // [cols / 256]
+  const int16_t* s16 = nullptr;  // [cols / 16]
+};
+
+// The encoding type t's 8-bit kernel reads, kNone for the types that stay on F32 kernels.
+Format format_of(GgmlType t);
+
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx);
+void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16);
+
+// y[i * y_stride] = dot of one packed row (cols elements) with act[i], for i < n (any n >= 1).
+// Each row's arithmetic does not depend on n or on the other rows.
+using RowsDot = void (*)(const uint8_t* row, const Act* act, int n, int cols, float* y,
+                         size_t y_stride);
+
+// True where the compiler targets VNNI (__AVX512VNNI__ with __AVX512VL__, or __AVXVNNI__).
+bool have_vnni();
+// Type t's kernel (null for kNone types): with VNNI when `vnni` and have_vnni(), else AVX2. Both
+// give the same results bit for bit: every integer sum is exact in both, and the float steps are
+// the same instructions.
+RowsDot find(GgmlType t, bool vnni);
+
+}  // namespace ct::cpu::q8
