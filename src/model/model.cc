@@ -87,7 +87,7 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
     for (const cpu::QMatrix* m : mats) ms[i++] = m;
     for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
       const int nr = std::min(cpu::kMaxBatchRows, n - r0);
-      cpu::qgemv_batch(ms, i, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R);
+      cpu::qgemv_batch(ms, i, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path);
     }
     if (bias) {
       for (int r = 0; r < n; ++r)
@@ -393,7 +393,7 @@ void Model::decode_logits(const float* x, int n, float* out, Workspace& ws) cons
   for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
     const int nr = std::min(cpu::kMaxBatchRows, n - r0);
     cpu::qgemv_batch(&head, 1, ws.xn.data() + (size_t)r0 * c.n_embd, nr,
-                     out + (size_t)r0 * c.n_vocab, c.n_vocab);
+                     out + (size_t)r0 * c.n_vocab, c.n_vocab, ws.decode_path);
   }
 }
 
