@@ -17,14 +17,13 @@ import http.client
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from serve_common import ServeProcess  # noqa: E402
 
 DOCS = [
     "The lighthouse on Gull Point was built in 1871 and painted red and white in 1903.",
@@ -33,14 +32,6 @@ DOCS = [
     "Tickets are sold at the kiosk beside the pier; children under five travel free.",
     "The museum in the keeper's cottage opens on weekends in summer and on request in winter.",
 ]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def rss_kib(pid):
@@ -89,22 +80,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "serve_soak"))
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    port = free_port()
-    cmd = [args.binary, "serve", "--port", str(port), "--model", args.model, "--tiers", "host:1G",
-           "--max-queue", str(args.clients), "--http-threads", str(args.clients + 16 + 16)]
-    log = open(args.out + ".server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    t_up = time.time()
-    while True:
-        if proc.poll() is not None or time.time() - t_up > 300:
-            sys.exit(f"serve_soak: server did not come up; see {log.name}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
+    srv = ServeProcess(args.binary,
+                       ["--model", args.model, "--tiers", "host:1G", "--max-queue", str(args.clients),
+                        "--http-threads", str(args.clients + 16 + 16)],
+                       args.out + ".server.log", "serve_soak")
+    port, proc, cmd = srv.port, srv.proc, srv.cmd
     samples, errors = [], []
     done = threading.Event()
 
@@ -144,12 +124,7 @@ def main():
         metrics = c.getresponse().read().decode()
     except OSError:
         pass
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    srv.stop()
     rss = [r for _, r in samples if r]
     half = len(rss) // 2
     first, second = (max(rss[:half]) if half else 0), (max(rss[half:]) if rss else 0)

@@ -24,28 +24,15 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from serve_common import ServeProcess, cpu_name  # noqa: E402
 
 
 def cpu_flags():
@@ -58,14 +45,6 @@ def cpu_flags():
     except OSError:
         pass
     return []
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def load_examples(data_dir, task, n):
@@ -82,37 +61,14 @@ def load_examples(data_dir, task, n):
     return out
 
 
-class Server:
-    def __init__(self, args):
-        self.port = free_port()
-        cmd = [args.binary, "serve", "--port", str(self.port), "--model", args.model,
-               "--tiers", f"host:{args.host_tier}", "--kv-budget", args.kv_budget,
-               "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
-               "--http-threads", str(args.max_batch + args.max_queue + 16),
-               "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0"]
-        self.cmd = cmd
-        self.log = open(args.out + ".server.log", "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"serve_sweep: server exited ({self.proc.returncode}); see {self.log.name}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        sys.exit("serve_sweep: server did not come up")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def start_server(args):
+    return ServeProcess(
+        args.binary,
+        ["--model", args.model, "--tiers", f"host:{args.host_tier}", "--kv-budget", args.kv_budget,
+         "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
+         "--http-threads", str(args.max_batch + args.max_queue + 16),
+         "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0"],
+        args.out + ".server.log", "serve_sweep")
 
 
 def post_json(port, path, body, timeout=600):
@@ -267,7 +223,7 @@ def main():
               "model": args.model, "task": args.task, "pool": len(pool), "max_tokens": args.max_tokens,
               "saturation_rule": "first rate with p90 TTFT > 5x unloaded p90, or drain > 5x unloaded e2e p90, or any error",
               "policies": {}}
-    srv = Server(args)
+    srv = start_server(args)
     result["server_command"] = " ".join(srv.cmd)
     try:
         t = time.perf_counter()
