@@ -17,6 +17,8 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "core/qblock_simd.h"
 #define CT_GGML_AVX2 1
 #endif
 
@@ -311,12 +313,6 @@ inline void unpack_nibbles(const uint8_t* qs, __m256i out[4]) {
   out[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
 }
 
-inline float load_half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);  // exact, like fp16_to_f32
-}
-
 // Low 8 bytes of b (unsigned) -> 8 floats.
 inline __m256 u8x8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 
@@ -324,7 +320,7 @@ void dequant_q4_0_avx2(const void* src, float* dst, int64_t nb) {
   const __m256i eight = _mm256_set1_epi32(8);
   for (int64_t ib = 0; ib < nb; ++ib) {
     const auto* b = static_cast<const uint8_t*>(src) + ib * sizeof(BlockQ4_0);
-    const __m256 d = _mm256_set1_ps(load_half(b));
+    const __m256 d = _mm256_set1_ps(simd::half(b));
     __m256i q[4];
     unpack_nibbles(b + 2, q);
     for (int k = 0; k < 4; ++k) {
@@ -337,8 +333,8 @@ void dequant_q4_0_avx2(const void* src, float* dst, int64_t nb) {
 void dequant_q4_1_avx2(const void* src, float* dst, int64_t nb) {
   for (int64_t ib = 0; ib < nb; ++ib) {
     const auto* b = static_cast<const uint8_t*>(src) + ib * sizeof(BlockQ4_1);
-    const __m256 d = _mm256_set1_ps(load_half(b));
-    const __m256 m = _mm256_set1_ps(load_half(b + 2));
+    const __m256 d = _mm256_set1_ps(simd::half(b));
+    const __m256 m = _mm256_set1_ps(simd::half(b + 2));
     __m256i q[4];
     unpack_nibbles(b + 4, q);
     for (int k = 0; k < 4; ++k) {
@@ -347,29 +343,13 @@ void dequant_q4_1_avx2(const void* src, float* dst, int64_t nb) {
   }
 }
 
-// The 32 fifth bits of a Q5 block (bit j of qh for element j), as 0x10 or 0 per byte, in element
-// order: byte j of the result comes from byte j / 8 of qh, tested against bit j % 8.
-inline __m256i q5_high_bits(uint32_t qh) {
-  const __m256i bytes = _mm256_shuffle_epi8(
-      _mm256_set1_epi32((int)qh), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
-}
-
 void dequant_q5_0_avx2(const void* src, float* dst, int64_t nb) {
   const __m256i sixteen = _mm256_set1_epi32(16);
   for (int64_t ib = 0; ib < nb; ++ib) {
     const auto* b = static_cast<const uint8_t*>(src) + ib * sizeof(BlockQ5_0);
-    const __m256 d = _mm256_set1_ps(load_half(b));
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    const __m256i lo4 =
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
-    const __m256i q = _mm256_or_si256(lo4, q5_high_bits(qh));  // 32 bytes 0..31
+    const __m256 d = _mm256_set1_ps(simd::half(b));
+    const __m256i q =
+        _mm256_or_si256(simd::nibbles32(b + 6), simd::q5_high_bits(b + 2));  // 32 bytes 0..31
     alignas(32) uint8_t qb[32];
     _mm256_store_si256(reinterpret_cast<__m256i*>(qb), q);
     for (int k = 0; k < 4; ++k) {
@@ -383,7 +363,7 @@ void dequant_q5_0_avx2(const void* src, float* dst, int64_t nb) {
 void dequant_q8_0_avx2(const void* src, float* dst, int64_t nb) {
   for (int64_t ib = 0; ib < nb; ++ib) {
     const auto* b = static_cast<const uint8_t*>(src) + ib * sizeof(BlockQ8_0);
-    const __m256 d = _mm256_set1_ps(load_half(b));
+    const __m256 d = _mm256_set1_ps(simd::half(b));
     for (int k = 0; k < 4; ++k) {
       const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * k));
       const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));

@@ -24,14 +24,17 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cpu/qblock_simd.h"
 #include "backend/cpu/qgemv_q8.h"
 #include "backend/cpu/vec.h"
 #include "core/error.h"
+#include "core/qblock_simd.h"
 #include "core/fp16.h"
 #include "core/ggml_types.h"
 
 namespace ct::cpu {
+using simd::half;
+using simd::nibbles32;
+using simd::q5_high_bits;
 namespace {
 
 constexpr int kQK = 32;

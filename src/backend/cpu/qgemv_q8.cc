@@ -14,8 +14,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cpu/qblock_simd.h"
 #include "backend/cpu/vec.h"
+#include "core/qblock_simd.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define CT_Q8_VNNI 1
@@ -30,6 +30,9 @@
 #endif
 
 namespace ct::cpu::q8 {
+using simd::half;
+using simd::nibbles32;
+using simd::q5_high_bits;
 namespace {
 
 // Rows per kernel call: the accumulators of a tile stay in registers. 8 rows (AVX-512VL has 32

@@ -1,5 +1,6 @@
-// AVX2 helpers that unpack GGUF block fields (shared by the F32 and the 8-bit decode kernels in
-// qgemv.cc and qgemv_q8.cc): the fp16 block scale, 4-bit quants, and Q5's fifth bits.
+// AVX2 helpers that unpack GGUF block fields, shared by the AVX2 dequantisers (core/ggml_types.cc)
+// and the F32 and 8-bit decode kernels (backend/cpu/qgemv.cc, qgemv_q8.cc): the fp16 block
+// scale, 4-bit quants, and Q5's fifth bits. Include only where AVX2, FMA and F16C are enabled.
 #pragma once
 
 #include <immintrin.h>
@@ -7,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace ct::cpu {
+namespace ct::simd {
 
 // The block scale, converted by the F16C instruction: exact like fp16_to_f32, which does it in
 // software with branches and was a visible part of decode time (two conversions per Q4_1 block).
@@ -36,4 +37,4 @@ inline __m256i q5_high_bits(const uint8_t* qh_bytes) {
   return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
-}  // namespace ct::cpu
+}  // namespace ct::simd
