@@ -103,7 +103,7 @@ void BM_Selective(benchmark::State& state) {
   std::unique_ptr<ct::cuda::Decoder> dec;
   if (gpu) dec = ct::make_cuda_decoder(m, n_total);
   ct::SelectiveOptions so;
-  so.policy.kind = state.range(1) == 1 ? ct::PolicyKind::kCacheTune : ct::PolicyKind::kFull;
+  so.policy.kind = &ct::find_policy(state.range(1) == 1 ? "cachetune" : "full");
   so.policy.ratio = 0.15;
   so.gpu = dec.get();
   ct::KVCache kv = m.make_cache(n_total);

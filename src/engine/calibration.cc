@@ -308,7 +308,7 @@ CalibrationRun calibrate_top_tier(Engine& eng, const std::vector<CalibrationRequ
 
   CalibrationWorkload work(eng, requests);
   PolicyOptions policy;
-  policy.kind = PolicyKind::kCacheTune;
+  policy.kind = &find_policy("cachetune");
   if (!opt.objective) {
     // One untimed pass first: page-ins, workspace growth and cold caches would otherwise land on
     // the first probe and bias the search away from it.

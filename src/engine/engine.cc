@@ -210,7 +210,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   Answer& ans = g->answer_;
   ans.n_prompt = n_total;
   SelectiveOptions sel = sel_in;
-  if (sel.policy.kind == PolicyKind::kPrefix && !sel.prefix_cache)
+  if (sel.policy.kind->uses_prefix_cache() && !sel.prefix_cache)
     sel.prefix_cache = &prefix_cache_;
   // Failed reads per chunk in this request. The bound is per chunk: when a tier holding several
   // of the request's chunks goes away (Redis killed), each of them fails once, one per attempt.
@@ -234,7 +234,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
     // stay on the CPU.
     const bool on_gpu =
-        gpu_ && gpu_policy_available(sel.policy.kind) && n_total + gen.max_tokens <= gpu_ctx();
+        gpu_ && sel.policy.kind->on_gpu() && n_total + gen.max_tokens <= gpu_ctx();
     if (opt.auto_ratio.value_or(opt_.auto_ratio)) {
       int slowest = 0;
       for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));

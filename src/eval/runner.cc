@@ -52,7 +52,7 @@ struct Setting {
   double ratio = 0.15;
   double alpha = 0.5;
   bool rerank = false;               // records re-ranked with `alpha` (alpha sweep)
-  std::vector<PolicyKind> policies;  // `full` excluded: it is the layout's reference
+  std::vector<const Policy*> policies;  // `full` excluded: it is the layout's reference
 };
 
 std::string num_name(double v) { return fmt::format("{:g}", v); }
@@ -69,10 +69,10 @@ std::string layout_setting_name(Layout l, const EvalOptions& o) {
   return "?";
 }
 
-std::vector<PolicyKind> without_full(const std::vector<PolicyKind>& in) {
-  std::vector<PolicyKind> out;
-  for (PolicyKind k : in) {
-    if (k != PolicyKind::kFull && std::find(out.begin(), out.end(), k) == out.end()) {
+std::vector<const Policy*> without_full(const std::vector<const Policy*>& in) {
+  std::vector<const Policy*> out;
+  for (const Policy* k : in) {
+    if (k != &find_policy("full") && std::find(out.begin(), out.end(), k) == out.end()) {
       out.push_back(k);
     }
   }
@@ -102,29 +102,6 @@ std::vector<Setting> make_settings(const EvalOptions& o) {
   }
   return s;
 }
-
-bool has_selection(PolicyKind k) {
-  switch (k) {
-    case PolicyKind::kCacheTune:
-    case PolicyKind::kL2:
-    case PolicyKind::kHighFreq:
-    case PolicyKind::kRandom:
-    case PolicyKind::kEpic:
-    case PolicyKind::kCacheBlend:
-    case PolicyKind::kProphetKV:
-    case PolicyKind::kFreq:
-    case PolicyKind::kHead:
-    case PolicyKind::kProbe:
-    case PolicyKind::kOracle:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Policies whose query attention is comparable position by position with full's: lfonly drops
-// tokens and prefix runs a plain prefill without the attention tap.
-bool has_attention(PolicyKind k) { return k != PolicyKind::kLfOnly && k != PolicyKind::kPrefix; }
 
 std::string unit_key(const std::string& example, const std::string& setting,
                      const std::string& policy) {
@@ -284,9 +261,9 @@ void update_run_json(const Model& m, const EvalOptions& o, const std::string& di
     run["invocations"] = json::array();
   }
   std::vector<std::string> pols;
-  for (PolicyKind k : o.policies) pols.push_back(policy_name(k));
+  for (const Policy* k : o.policies) pols.push_back(k->name());
   std::vector<std::string> sweep;
-  for (PolicyKind k : o.sweep_policies) sweep.push_back(policy_name(k));
+  for (const Policy* k : o.sweep_policies) sweep.push_back(k->name());
   run["machine"] = {
       {"cpu", cpu_model()},
       {"cores", std::thread::hardware_concurrency()},
@@ -385,17 +362,16 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
   // simulated by a cache seeded with a prefill of exactly that head (deterministic, and the
   // same whether or not the run was resumed).
   PrefixCache pc(1);
-  if (po.kind == PolicyKind::kPrefix && !req.prefix.empty()) {
+  if (po.kind->uses_prefix_cache() && !req.prefix.empty()) {
     KVCache pkv = m.make_cache((int)req.prefix.size());
     m.prefill(req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
     pc.remember(req.prefix, pkv);
   }
-  // The l2 and highfreq rankings are computed from the stored K/V on first use and memoised
-  // (policy.h). A deployment would store them offline like cachetune's, so they are computed
-  // before the timer: TTFT compares selections, not where a baseline's ranking comes from.
-  if (po.kind == PolicyKind::kL2 || po.kind == PolicyKind::kHighFreq) {
-    for (const ChunkSource* c : req.chunks) select_offline(*c, po);
-  }
+  // Rankings a policy computes from the stored K/V on first use (l2, highfreq, freq on a record
+  // laid out otherwise) would be stored offline by a deployment, like cachetune's, so
+  // Policy::prepare computes them before the timer: TTFT compares selections, not where a
+  // baseline's ranking comes from.
+  for (const ChunkSource* c : req.chunks) po.kind->prepare(*c, po);
   SelectiveOptions so;
   so.policy = po;
   so.prefix_cache = &pc;
@@ -417,7 +393,7 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
   } else {
     out.forced_logits = logits;
   }
-  if (want_attn && has_attention(po.kind)) {
+  if (want_attn && po.kind->stage() != PolicyStage::kTokens) {
     so.query_attention = &out.attn;
     kv.n_pos = 0;
     PrefillBreakdown unused;
@@ -552,17 +528,17 @@ class Runner {
   }
   // Units (setting name, policy) of one example not yet in the results file, reference units
   // first per layout.
-  std::vector<std::pair<const Setting*, PolicyKind>> pending_units(const EvalExample& ex) const;
+  std::vector<std::pair<const Setting*, const Policy*>> pending_units(const EvalExample& ex) const;
   void run_example(const std::vector<EvalExample>& file, size_t idx,
-                   const std::vector<std::pair<const Setting*, PolicyKind>>& units);
-  void finish_unit(const std::string& ex, const std::string& setting, PolicyKind k) {
+                   const std::vector<std::pair<const Setting*, const Policy*>>& units);
+  void finish_unit(const std::string& ex, const std::string& setting, const Policy* k) {
     ++stats_.n_run;
     EvalProgress p;
     p.done = stats_.n_run;
     p.total = total_units_;
     p.example = ex;
     p.setting = setting;
-    p.policy = policy_name(k);
+    p.policy = k->name();
     p.unit_s = unit_t_.seconds();
     p.elapsed_s = run_t_.seconds();
     unit_t_.reset();
@@ -580,29 +556,29 @@ class Runner {
   Timer run_t_, unit_t_;
 };
 
-std::vector<std::pair<const Setting*, PolicyKind>> Runner::pending_units(
+std::vector<std::pair<const Setting*, const Policy*>> Runner::pending_units(
     const EvalExample& ex) const {
-  std::vector<std::pair<const Setting*, PolicyKind>> u;
+  std::vector<std::pair<const Setting*, const Policy*>> u;
   for (Layout l : {Layout::kBase, Layout::kShuffle, Layout::kExtraContext}) {
-    std::vector<std::pair<const Setting*, PolicyKind>> lu;
+    std::vector<std::pair<const Setting*, const Policy*>> lu;
     const Setting* ref = nullptr;
     for (const Setting& s : settings_) {
       if (s.layout != l) continue;
       if (s.name == layout_setting_name(l, o_)) ref = &s;
-      for (PolicyKind k : s.policies) {
-        if (!done_.count(unit_key(ex.id, s.name, policy_name(k)))) lu.push_back({&s, k});
+      for (const Policy* k : s.policies) {
+        if (!done_.count(unit_key(ex.id, s.name, k->name()))) lu.push_back({&s, k});
       }
     }
     if (!ref) continue;
     const bool ref_done = done_.count(unit_key(ex.id, ref->name, "full")) > 0;
-    if (!ref_done) u.push_back({ref, PolicyKind::kFull});
+    if (!ref_done) u.push_back({ref, &find_policy("full")});
     u.insert(u.end(), lu.begin(), lu.end());
   }
   return u;
 }
 
 void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
-                         const std::vector<std::pair<const Setting*, PolicyKind>>& units) {
+                         const std::vector<std::pair<const Setting*, const Policy*>>& units) {
   const EvalExample& ex = file[idx];
   const TaskSpec spec = task_spec(ex.task);
   const int max_tokens = spec.kind == TaskKind::kSummary ? o_.max_tokens_summary : o_.max_tokens_qa;
@@ -624,7 +600,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
 
   Workspace ws;
   for (Layout layout : {Layout::kBase, Layout::kShuffle, Layout::kExtraContext}) {
-    std::vector<std::pair<const Setting*, PolicyKind>> lu;
+    std::vector<std::pair<const Setting*, const Policy*>> lu;
     for (const auto& u : units) {
       if (u.first->layout == layout) lu.push_back(u);
     }
@@ -658,12 +634,12 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
     }
     CT_ASSERT(ref_setting != nullptr, "no setting for layout {}", ref_name);
     const bool has_gold = !ex.answers.empty();
-    auto record = [&](const Setting& st, PolicyKind k, const Outcome& r, const Reference& ref) {
+    auto record = [&](const Setting& st, const Policy* k, const Outcome& r, const Reference& ref) {
       json j = {{"example", ex.id},
                 {"task", ex.task},
                 {"setting", st.name},
                 {"ref_setting", ref_name},
-                {"policy", policy_name(k)},
+                {"policy", k->name()},
                 {"ratio", st.ratio},
                 {"alpha", st.alpha},
                 {"n_prompt", lay.n_total},
@@ -698,7 +674,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
     Reference ref;
     if (!ref_recorded || !read_reference(ref_file, V, lay.n_total, chunk_tokens, ref)) {
       PolicyOptions fpo;
-      fpo.kind = PolicyKind::kFull;
+      fpo.kind = &find_policy("full");
       Outcome full = run_policy(
           m_, base_req, fpo, max_tokens, false,
           [&](const DecodeResult& d) {
@@ -723,7 +699,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
       write_reference(ref_file, ref);
       if (!ref_recorded) {
         full.attn = ref.attn;
-        json j = record(*ref_setting, PolicyKind::kFull, full, ref);
+        json j = record(*ref_setting, &find_policy("full"), full, ref);
         j["encode_ms"] = encode_ms;
         // Ingest cost: the isolated prefill, the stored (freq) ranking, the probe pass.
         j["encode_forward_ms"] = encode_forward_ms;
@@ -732,13 +708,13 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         if (layout == Layout::kBase) j["band_energy"] = band_energy(recs, o_.n_bands);
         out_->append(j);
         done_.insert(unit_key(ex.id, ref_name, "full"));
-        finish_unit(ex.id, ref_name, PolicyKind::kFull);
+        finish_unit(ex.id, ref_name, &find_policy("full"));
       }
     }
     const std::vector<std::vector<float>>& drift = ref.drift;
 
     for (const auto& [s, k] : lu) {
-      if (k == PolicyKind::kFull) continue;
+      if (k == &find_policy("full")) continue;
       ComposedRequest req = base_req;
       std::vector<ChunkKV> reranked;
       std::vector<std::unique_ptr<InMemoryChunk>> rsrcs;
@@ -758,7 +734,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
       po.alpha = s->alpha;
       po.seed = o_.seed;
       std::vector<std::vector<int32_t>> oracle;
-      if (k == PolicyKind::kOracle) {
+      if (k->eval_only()) {
         CT_THROW_IF_NOT(drift.size() == req.chunks.size(), "oracle: no drift of the chunks");
         for (const auto& d : drift) oracle.push_back(top_r_by_score(d, s->ratio));
         po.oracle = &oracle;
@@ -767,7 +743,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
           m_, req, po, max_tokens, o_.attention, [&](const DecodeResult&) { return ref.forced; },
           kv, ws);
       json j = record(*s, k, r, ref);
-      if (has_selection(k) && !drift.empty()) {
+      if (k->scored() && !drift.empty()) {
         RecallCount rc;
         int n_sel = 0;
         CT_ASSERT(r.sel.selected.size() == drift.size(), "selection of {} chunks, drift of {}",
@@ -784,7 +760,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         j["recall"] = nullptr;
       }
       out_->append(j);
-      done_.insert(unit_key(ex.id, s->name, policy_name(k)));
+      done_.insert(unit_key(ex.id, s->name, k->name()));
       finish_unit(ex.id, s->name, k);
     }
   }
@@ -834,8 +810,8 @@ EvalStats Runner::run() {
             done_.count(unit_key(ex.id, s.name, "full"))) {
           ++skipped;
         }
-        for (PolicyKind k : s.policies)
-          skipped += done_.count(unit_key(ex.id, s.name, policy_name(k)));
+        for (const Policy* k : s.policies)
+          skipped += done_.count(unit_key(ex.id, s.name, k->name()));
       }
     }
   }

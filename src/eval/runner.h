@@ -29,7 +29,7 @@ struct EvalOptions {
   std::vector<std::string> data_files;  // JSONL, shared/data/README.md format
   // Policies of the base and robustness settings. `full` is always run first as the reference
   // and always recorded, listed or not.
-  std::vector<PolicyKind> policies;
+  std::vector<const Policy*> policies;
   double ratio = 0.15;  // recompute ratio r of the base and robustness settings
   double alpha = 0.5;   // low-frequency cutoff of the stored ranking (and of highfreq)
   int limit = 0;        // the first `limit` examples of each file; 0 = all
@@ -44,7 +44,7 @@ struct EvalOptions {
   int extra_context_tokens = 1024;   // filler placed before the documents in the robustness run
   std::vector<double> sweep_ratios;  // each adds a setting "r=<v>" with sweep_policies
   std::vector<double> sweep_alphas;  // each adds a setting "alpha=<v>" (records re-ranked)
-  std::vector<PolicyKind> sweep_policies = {PolicyKind::kCacheTune};
+  std::vector<const Policy*> sweep_policies = {&find_policy("cachetune")};
   uint64_t seed = 0;  // random policy, chunk shuffles
   int n_bands = 10;   // KV energy bands
   KvDtype dtype = KvDtype::F16;

@@ -1,10 +1,15 @@
-// Selection policies behind one interface: which tokens of each reused chunk are recomputed in
-// the new context. Offline policies decide from the stored chunk alone; online ones (cacheblend,
-// prophetkv) decide inside the forward pass (src/reuse/selective.cc).
+// Selection policies as objects: which tokens of each reused chunk are recomputed in the new
+// context. Each policy is one class in its own file under src/reuse/policy/, registered by one
+// line in src/reuse/policy/registry.cc; selective_prefill (src/reuse/selective.cc) asks the
+// policy's stage how it plugs into the prefill and calls the matching hook. Nothing outside the
+// policy files switches on a policy's name: callers ask the traits below.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "reuse/chunk_source.h"
@@ -12,60 +17,115 @@
 
 namespace ct {
 
-enum class PolicyKind {
-  kFull,       // recompute everything (plain prefill)
-  kReuse,      // recompute nothing of the chunks
-  // The product policy: the top ceil(r*N) of the ranking stored with the record, whichever rank
-  // mode the chunk was ingested with (EncodeOptions::rank; docs/RESULTS.md says which is the
-  // default and why).
-  kCacheTune,
-  kPrefix,     // reuse only the longest exactly matching prefix of an earlier request
-  kCacheBlend, // recompute layer 0 fully, then the tokens with the largest K/V deviation there
-  kEpic,       // the first k tokens of each chunk (k = epic_k, independent of r)
-  kRandom,     // ceil(r*N) tokens uniformly at random (seeded)
-  kL2,         // top ceil(r*N) by joint K/V norm (no FFT)
-  kHighFreq,   // top ceil(r*N) by the high-frequency reconstruction
-  kLfOnly,     // prefill only the selected (cachetune) tokens; the rest of each chunk is dropped
-  kProphetKV,  // full-reuse pass, query attention to chunk tokens picks the top ceil(r*N)
-  kFreq,       // the paper's low-frequency ranking (alpha): stored, or computed from the stored K/V
-  kHead,       // the first ceil(r*N) tokens of each chunk (policy/head.h)
-  kProbe,      // top ceil(r*N) of the probe-drift ranking (policy/probe.h), computed at ingest
-  // Eval only, not realisable: the true top ceil(r*N) drift tokens against the full prefill,
-  // given per chunk in PolicyOptions::oracle.
-  kOracle,
-};
+class KVCache;
+class Model;
+class Policy;
+struct ComposedRequest;
+struct RequestLayout;
+struct SelectiveOptions;
+
+// `--policy cachetune`: the product policy (the top of the ranking stored with the record).
+const Policy& default_policy();
 
 struct PolicyOptions {
-  PolicyKind kind = PolicyKind::kCacheTune;
+  const Policy* kind = &default_policy();
   double ratio = 0.15;
-  double alpha = 0.5;  // cutoff for the l2/highfreq rankings computed on demand
+  double alpha = 0.5;  // cutoff for the l2/highfreq/freq rankings computed on demand
   int epic_k = 16;
   uint64_t seed = 0;
-  // kOracle: per chunk of the request, in prompt order, the token indices to recompute.
+  // oracle: per chunk of the request, in prompt order, the token indices to recompute.
   const std::vector<std::vector<int32_t>>* oracle = nullptr;
 };
 
-const char* policy_name(PolicyKind k);
-// Throws ct::Error listing the valid names.
-PolicyKind parse_policy(const std::string& name);
-std::vector<PolicyKind> all_policies();
-bool policy_is_online(PolicyKind k);  // cacheblend, prophetkv
+// Where a policy's decision is made, and so which hook selective_prefill calls.
+enum class PolicyStage {
+  kChunk,        // select_chunk(): from each stored chunk alone (offline, query-independent)
+  kRequest,      // select_request(): from the whole request, before the layer loop
+  kAfterLayer0,  // select_after_layer0(): layer 0 recomputes every row, its fresh K/V decide
+  kTokens,       // plan_tokens(): no layer loop; a plain prefill of a token list
+};
 
-// Tokens of chunk `c` (indices in text order, ascending) an offline policy recomputes.
-// For kFull all, kReuse none; kCacheBlend/kProphetKV/kPrefix/kOracle are not offline (throws).
-// The freq/l2/highfreq rankings are the stored one when the record was laid out in it, else
-// computed from the stored K/V on first use and memoised per (chunk id, mode, alpha). kProbe
-// needs the model: the stored ranking of a record ingested with rank mode "probe", or one left by
-// remember_ranking(id, "probe", ...); otherwise ct::Error asking to re-ingest.
+// What a request-stage or token-stage policy sees of the request being prefilled.
+struct PolicyRequest {
+  const Model& model;
+  const ComposedRequest& req;
+  const RequestLayout& lay;
+  const SelectiveOptions& opt;
+  // Runs the layer loop recomputing no chunk token and returns the query rows' attention over
+  // every position, F32 [n_total], averaged over query rows, heads and layers (into the same kv,
+  // which the real pass then overwrites).
+  std::function<std::vector<float>()> reuse_pass_attention;
+};
+
+// A token-stage policy's prefill: `tokens` (global positions 0..) on top of kv rows
+// [0, n_reused), which plan_tokens has filled.
+struct TokenPlan {
+  std::vector<int32_t> tokens;
+  int n_reused = 0;
+  // Per chunk, the tokens kept (the selection report); nullopt: no per-chunk selection.
+  std::optional<std::vector<std::vector<int32_t>>> selected;
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual const char* name() const = 0;
+  virtual const char* summary() const = 0;  // one line, for --help and error messages
+  virtual PolicyStage stage() const = 0;
+
+  // Traits callers ask instead of testing names.
+  // Runs with GPU compute (SelectiveOptions::gpu): today the selection must be known before the
+  // layer loop and need no taps.
+  virtual bool on_gpu() const { return stage() == PolicyStage::kChunk; }
+  // Has a per-chunk recompute set of about ceil(r*N) tokens whose Recall@r against the true drift
+  // is reported (eval).
+  virtual bool scored() const { return true; }
+  // Needs SelectiveOptions::prefix_cache.
+  virtual bool uses_prefix_cache() const { return false; }
+  // Needs PolicyOptions::oracle, the true drift that only the eval harness knows.
+  virtual bool eval_only() const { return false; }
+
+  // kChunk: tokens of chunk c (text-order indices, ascending) to recompute.
+  virtual std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const;
+  // Work a deployment would do at ingest (a ranking it would store), done before a timed
+  // request so that TTFT compares selections. Default: nothing.
+  virtual void prepare(const ChunkSource& c, const PolicyOptions& p) const;
+  // kChunk and kRequest: per chunk of the request in prompt order, the tokens to recompute.
+  // Default: select_chunk of each chunk.
+  virtual std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const;
+  // kAfterLayer0: the selection of chunk c from its tokens' fresh layer-0 pre-RoPE K and V in
+  // the request, F32 [n_tok][kv_dim] in text order.
+  virtual std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0,
+                                                   const float* v0, const PolicyOptions& p) const;
+  // kTokens: what to prefill instead of the layer loop; after_tokens sees the finished kv.
+  virtual TokenPlan plan_tokens(const PolicyRequest& r, KVCache& kv) const;
+  virtual void after_tokens(const PolicyRequest& r, const std::vector<int32_t>& tokens,
+                            const KVCache& kv) const;
+};
+
+// The policy of that name; ct::Error listing the known names otherwise.
+const Policy& find_policy(std::string_view name);
+// Every registered policy, in registry order.
+const std::vector<const Policy*>& all_policies();
+// "full, reuse, cachetune, ..." for help texts.
+std::string policy_names();
+
+// p.kind->select_chunk(c, p).
 std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& p);
 
+// --- for policy implementations -----------------------------------------------------------
+
 // Rankings kept next to the stored one, by chunk id and name ("probe", "lowfreq/<alpha>", ...):
-// select_offline looks here for a ranking the record was not laid out in before computing it.
+// policies look here for a ranking the record was not laid out in before computing it.
 // Encoders that produce several rankings at once (the eval harness) leave the others here.
 void remember_ranking(const std::string& chunk_id, const std::string& name,
                       std::vector<int32_t> order);
+std::optional<std::vector<int32_t>> remembered_ranking(const std::string& chunk_id,
+                                                       const std::string& name);
 
 // Top ceil(r*N) indices of `scores` (ties to the lower index), ascending.
 std::vector<int32_t> top_r_by_score(const std::vector<float>& scores, double r);
+// The first k entries of a ranking order, ascending.
+std::vector<int32_t> top_of_order(const std::vector<int32_t>& order, int k);
 
 }  // namespace ct

@@ -290,14 +290,14 @@ struct PassResult {
   int n_active = 0, n_loaded = 0;
 };
 
-// The layer loop. With blend_ratio >= 0 (CacheBlend), layer 0 recomputes every row and the
-// chunk tokens whose K/V deviate most from the stored ones become the selection afterwards.
+// The layer loop. With a layer-0 policy (PolicyStage::kAfterLayer0), layer 0 recomputes every
+// row and the policy then chooses each chunk's selection from the fresh layer-0 K/V.
 PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkPlan>& plans,
-                    KVCache& kv, Workspace& ws, bool tap_query, double blend_ratio,
+                    KVCache& kv, Workspace& ws, bool tap_query, const PolicyOptions* after_layer0,
                     const PipelineOptions& popt, PrefillBreakdown& bd) {
   const ModelConfig& c = m.config();
   const int E = c.n_embd, KV = c.kv_dim();
-  const bool blend = blend_ratio >= 0;
+  const bool blend = after_layer0 != nullptr;
   PassResult res;
   std::vector<int32_t> act;
   if (blend) {
@@ -311,8 +311,8 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
   std::vector<float> x(act.size() * E);
   m.embed(toks.data(), (int)act.size(), x.data());
   if (tap_query) res.attn.assign(lay.n_total, 0.0f);
-  std::vector<float> k0, v0;  // CacheBlend layer-0 taps, F32 [n_total][KV]
-  // CacheBlend decides its selection after layer 0, so its loader starts at layer 1.
+  std::vector<float> k0, v0;  // layer-0 taps of a layer-0 policy, F32 [n_total][KV]
+  // A layer-0 policy decides its selection after layer 0, so its loader starts at layer 1.
   std::unique_ptr<LayerLoader> loader;
   if (!blend) loader = std::make_unique<LayerLoader>(m, plans, kv, popt, 0);
   for (int l = 0; l < c.n_layer; ++l) {
@@ -335,27 +335,9 @@ PassResult run_pass(const Model& m, const RequestLayout& lay, std::vector<ChunkP
     if (blend && l == 0) {
       Timer st;
       for (ChunkPlan& p : plans) {
-        const ChunkMeta& meta = p.c->meta();
-        const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
-        std::vector<uint8_t> sk(row_bytes * meta.n_tok), sv(row_bytes * meta.n_tok);
-        p.c->read_rows(0, 0, meta.n_tok, sk.data(), sv.data());
-        std::vector<float> stored(KV), dev(meta.n_tok);
-        for (int j = 0; j < meta.n_tok; ++j) {
-          const int t = meta.order[j], g = p.offset + t;
-          double d = 0;
-          kv_unpack(meta.dtype, sk.data() + j * row_bytes, stored.data(), KV);
-          for (int i = 0; i < KV; ++i) {
-            const double e = k0[(size_t)g * KV + i] - stored[i];
-            d += e * e;
-          }
-          kv_unpack(meta.dtype, sv.data() + j * row_bytes, stored.data(), KV);
-          for (int i = 0; i < KV; ++i) {
-            const double e = v0[(size_t)g * KV + i] - stored[i];
-            d += e * e;
-          }
-          dev[t] = (float)d;
-        }
-        set_selection(p, top_r_by_score(dev, blend_ratio));
+        const size_t at = (size_t)p.offset * KV;
+        set_selection(p, after_layer0->kind->select_after_layer0(*p.c, k0.data() + at,
+                                                                 v0.data() + at, *after_layer0));
       }
       std::vector<int32_t> next = active_positions(lay, plans);
       compact_rows(x, act, next, E);
@@ -465,10 +447,6 @@ PassResult run_pass_gpu(const Model& m, cuda::Decoder& dec, const RequestLayout&
 
 }  // namespace
 
-bool gpu_policy_available(PolicyKind k) {
-  return !policy_is_online(k) && k != PolicyKind::kPrefix && k != PolicyKind::kLfOnly;
-}
-
 std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
                                      const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
                                      PrefillBreakdown* breakdown) {
@@ -496,91 +474,60 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
                     cm.id.substr(0, 12), cm.model_fingerprint, cm.n_layer, cm.kv_dim,
                     m.fingerprint(), c.n_layer, c.kv_dim());
   }
-  const PolicyKind kind = opt.policy.kind;
+  const Policy& pol = *opt.policy.kind;
   std::vector<float> logits;
-  CT_THROW_IF_NOT(!opt.gpu || (gpu_policy_available(kind) && !opt.query_attention),
+  CT_THROW_IF_NOT(!opt.gpu || (pol.on_gpu() && !opt.query_attention),
                   "policy '{}'{} is not available with GPU compute yet; use the CPU path",
-                  policy_name(kind), opt.query_attention ? " with query attention" : "");
+                  pol.name(), opt.query_attention ? " with query attention" : "");
+  std::vector<ChunkPlan> plans(req.chunks.size());
+  for (size_t b = 0; b < req.chunks.size(); ++b) {
+    plans[b].c = req.chunks[b];
+    plans[b].offset = lay.chunk_offset[b];
+  }
+  const PolicyRequest preq{m, req, lay, opt, [&] {
+                             // Pass 1 of a two-pass policy: full reuse, query attention tapped.
+                             for (ChunkPlan& p : plans) set_selection(p, {});
+                             PrefillBreakdown bd1;
+                             return run_pass(m, lay, plans, kv, ws, true, nullptr, opt.pipeline,
+                                             bd1)
+                                 .attn;
+                           }};
 
-  if (kind == PolicyKind::kPrefix || kind == PolicyKind::kLfOnly) {
-    // Both are plain prefills of a token list: the whole prompt after the reused prefix, or the
-    // prompt with each chunk reduced to its selected tokens.
-    std::vector<int32_t> toks = lay.tokens;
-    int n_reused = 0;
+  if (pol.stage() == PolicyStage::kTokens) {
+    // A plain prefill of a token list on top of the rows the policy placed.
     Timer st;
-    if (kind == PolicyKind::kLfOnly) {
-      toks = req.prefix;
-      if (report) report->selected.clear();
-      for (const ChunkSource* ch : req.chunks) {
-        const auto sel = select_offline(*ch, opt.policy);
-        for (int32_t t : sel) toks.push_back(ch->meta().tokens[t]);
-        if (report) report->selected.push_back(sel);
-      }
-      toks.insert(toks.end(), req.query.begin(), req.query.end());
-    } else {
-      CT_THROW_IF_NOT(opt.prefix_cache != nullptr, "the prefix policy needs a PrefixCache");
-      auto [n, entry] = opt.prefix_cache->longest_match(toks);
-      n_reused = std::min(n, (int)toks.size() - 1);  // the last token always runs for logits
-      if (n_reused > 0) {
-        Timer lt;
-        opt.prefix_cache->copy_rows(entry, n_reused, kv);
-        bd.load_ms += lt.ms();
-      }
-    }
+    const TokenPlan tp = pol.plan_tokens(preq, kv);
     bd.select_ms += st.ms();
+    if (tp.n_reused > 0) bd.load_ms += st.ms();
+    if (report) {
+      report->selected.clear();
+      if (tp.selected) report->selected = *tp.selected;
+    }
     Timer ct;
-    logits = m.prefill(toks.data() + n_reused, (int)toks.size() - n_reused, n_reused, kv, ws);
+    logits = m.prefill(tp.tokens.data() + tp.n_reused, (int)tp.tokens.size() - tp.n_reused,
+                       tp.n_reused, kv, ws);
     bd.compute_ms += ct.ms();
-    kv.n_pos = (int)toks.size();
-    if (kind == PolicyKind::kPrefix) opt.prefix_cache->remember(toks, kv);
-    bd.n_active = (int)toks.size() - n_reused;
-    bd.n_loaded = n_reused;
+    kv.n_pos = (int)tp.tokens.size();
+    pol.after_tokens(preq, tp.tokens, kv);
+    bd.n_active = (int)tp.tokens.size() - tp.n_reused;
+    bd.n_loaded = tp.n_reused;
     if (opt.query_attention) opt.query_attention->assign(lay.n_total, 0.0f);
   } else {
-    std::vector<ChunkPlan> plans(req.chunks.size());
     Timer st;
-    for (size_t b = 0; b < req.chunks.size(); ++b) {
-      plans[b].c = req.chunks[b];
-      plans[b].offset = lay.chunk_offset[b];
-    }
-    double blend_ratio = -1;
-    if (kind == PolicyKind::kCacheBlend) {
-      blend_ratio = opt.policy.ratio;
+    const bool layer0 = pol.stage() == PolicyStage::kAfterLayer0;
+    if (layer0) {
       for (ChunkPlan& p : plans) set_selection(p, {});
-    } else if (kind == PolicyKind::kProphetKV) {
-      // Pass 1: full reuse, recording the query rows' attention; pass 2 recomputes the chunk
-      // tokens that attention favoured.
-      for (ChunkPlan& p : plans) set_selection(p, {});
-      PrefillBreakdown bd1;
-      PassResult first = run_pass(m, lay, plans, kv, ws, true, -1, opt.pipeline, bd1);
-      for (ChunkPlan& p : plans) {
-        std::vector<float> score(p.c->meta().n_tok);
-        for (int t = 0; t < p.c->meta().n_tok; ++t) score[t] = first.attn[p.offset + t];
-        set_selection(p, top_r_by_score(score, opt.policy.ratio));
-      }
-    } else if (kind == PolicyKind::kOracle) {
-      const auto* given = opt.policy.oracle;
-      CT_THROW_IF_NOT(given != nullptr && given->size() == plans.size(),
-                      "the oracle policy needs a selection for each of the {} chunks (eval only)",
-                      plans.size());
-      for (size_t b = 0; b < plans.size(); ++b) {
-        for (int32_t t : (*given)[b]) {
-          CT_THROW_IF_NOT(t >= 0 && t < plans[b].c->meta().n_tok,
-                          "oracle selection: token {} outside chunk {} of {} tokens", t, b,
-                          plans[b].c->meta().n_tok);
-        }
-        set_selection(plans[b], (*given)[b]);
-      }
     } else {
-      for (ChunkPlan& p : plans) {
-        set_selection(p, select_offline(*p.c, opt.policy));
-      }
+      const std::vector<std::vector<int32_t>> sel = pol.select_request(preq);
+      CT_ASSERT(sel.size() == plans.size(), "policy '{}' selected for {} of {} chunks", pol.name(),
+                sel.size(), plans.size());
+      for (size_t b = 0; b < plans.size(); ++b) set_selection(plans[b], sel[b]);
     }
     bd.select_ms += st.ms();
     PassResult r =
         opt.gpu ? run_pass_gpu(m, *opt.gpu, lay, plans, kv, opt.pipeline, opt.gpu_kv_to_host, bd)
-                : run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr, blend_ratio,
-                           opt.pipeline, bd);
+                : run_pass(m, lay, plans, kv, ws, opt.query_attention != nullptr,
+                           layer0 ? &opt.policy : nullptr, opt.pipeline, bd);
     logits = std::move(r.logits);
     kv.n_pos = lay.n_total;
     bd.n_active = r.n_active;

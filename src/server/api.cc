@@ -149,7 +149,7 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     if (const json* p = field(*ct, "policy")) {
       if (!p->is_string()) bad("cachetune.policy", "cachetune.policy must be a string");
       try {
-        r.sel.policy.kind = parse_policy(p->get<std::string>());
+        r.sel.policy.kind = &find_policy(p->get<std::string>());
       } catch (const Error& e) {
         bad("cachetune.policy", e.what());
       }
@@ -277,7 +277,7 @@ json answer_stats(const Answer& a, const ChatRequest& r) {
     if (!c.note.empty()) one["note"] = c.note;
     chunks.push_back(std::move(one));
   }
-  json out = {{"policy", policy_name(r.sel.policy.kind)},
+  json out = {{"policy", r.sel.policy.kind->name()},
               {"device", a.device},
               {"ratio", a.ratio},
               {"ttft_ms", a.ttft_ms},

@@ -36,8 +36,8 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   GenerateOptions gen;
   gen.max_tokens = 10;
   gen.stop_at_eog = false;
-  for (PolicyKind kind : {PolicyKind::kCacheTune, PolicyKind::kFull, PolicyKind::kReuse}) {
-    SCOPED_TRACE(policy_name(kind));
+  for (const Policy* kind : {&find_policy("cachetune"), &find_policy("full"), &find_policy("reuse")}) {
+    SCOPED_TRACE(kind->name());
     SelectiveOptions sel;
     sel.policy.kind = kind;
     const Answer a = cpu.answer(kDocs, "Who kept it?", sel, gen);
@@ -49,7 +49,7 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
     EXPECT_EQ(b.prefill.n_active, a.prefill.n_active);
   }
   SelectiveOptions blend;
-  blend.policy.kind = PolicyKind::kCacheBlend;
+  blend.policy.kind = &find_policy("cacheblend");
   EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", blend, gen).device, "cpu");
 }
 
@@ -72,7 +72,7 @@ TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
   GenerateOptions gen;
   gen.max_tokens = 1;
   SelectiveOptions sel;
-  sel.policy.kind = PolicyKind::kCacheTune;
+  sel.policy.kind = &find_policy("cachetune");
   const Answer a = gpu.answer(kDocs, "Who kept it?", sel, gen);
   EXPECT_EQ(a.device, "cuda");
   EXPECT_EQ(a.ratio, eo.r_min) << a.ratio_note;

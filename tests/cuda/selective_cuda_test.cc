@@ -43,11 +43,11 @@ TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
     req.query = test::random_byte_tokens(12, 4);
     const int n_total = layout_request(req).n_total;
     auto dec = make_cuda_decoder(*m, n_total + 8);
-    for (PolicyKind kind :
-         {PolicyKind::kFull, PolicyKind::kReuse, PolicyKind::kCacheTune, PolicyKind::kEpic,
-          PolicyKind::kRandom, PolicyKind::kL2, PolicyKind::kHighFreq}) {
+    for (const Policy* kind :
+         {&find_policy("full"), &find_policy("reuse"), &find_policy("cachetune"), &find_policy("epic"),
+          &find_policy("random"), &find_policy("l2"), &find_policy("highfreq")}) {
       for (bool sparse : {true, false}) {
-        SCOPED_TRACE(std::string(policy_name(kind)) + " " + kv_dtype_name(dtype) +
+        SCOPED_TRACE(std::string(kind->name()) + " " + kv_dtype_name(dtype) +
                      (sparse ? " sparse" : " dense"));
         SelectiveOptions so;
         so.policy.kind = kind;
@@ -107,7 +107,7 @@ TEST(CudaSelective, FullPolicyEqualsThePlainGpuPrefill) {
   const RequestLayout lay = layout_request(req);
   auto dec = make_cuda_decoder(*m, lay.n_total);
   SelectiveOptions so;
-  so.policy.kind = PolicyKind::kFull;
+  so.policy.kind = &find_policy("full");
   so.gpu = dec.get();
   KVCache kv = m->make_cache(lay.n_total);
   Workspace ws;
@@ -126,11 +126,11 @@ TEST(CudaSelective, OnlinePoliciesAreRefusedClearly) {
   auto dec = make_cuda_decoder(*m, 64);
   KVCache kv = m->make_cache(64);
   Workspace ws;
-  for (PolicyKind kind : {PolicyKind::kCacheBlend, PolicyKind::kProphetKV, PolicyKind::kLfOnly}) {
+  for (const Policy* kind : {&find_policy("cacheblend"), &find_policy("prophetkv"), &find_policy("lfonly")}) {
     SelectiveOptions so;
     so.policy.kind = kind;
     so.gpu = dec.get();
-    EXPECT_THROW(selective_prefill(*m, req, so, kv, ws), Error) << policy_name(kind);
+    EXPECT_THROW(selective_prefill(*m, req, so, kv, ws), Error) << kind->name();
   }
 }
 

@@ -28,7 +28,7 @@ std::vector<json> read_lines(const std::string& path) {
 EvalOptions smoke_options(const std::string& dir) {
   EvalOptions o;
   o.data_files = {std::string(CT_FIXTURE_DIR) + "/eval_smoke.jsonl"};
-  o.policies = {PolicyKind::kFull, PolicyKind::kReuse, PolicyKind::kCacheTune};
+  o.policies = {&find_policy("full"), &find_policy("reuse"), &find_policy("cachetune")};
   o.limit = 2;
   o.max_tokens_qa = 4;
   o.out_dir = dir;
@@ -97,7 +97,7 @@ TEST(EvalSmoke, WritesResultsSummaryAndResumes) {
     std::ofstream f(dir + "/results.jsonl", std::ios::app);
     f << R"({"example": "smoke-0000", "setting": "ba)";
   }
-  o.policies.push_back(PolicyKind::kEpic);
+  o.policies.push_back(&find_policy("epic"));
   std::vector<std::string> notes;
   o.log = [&](const std::string& s) { notes.push_back(s); };
   const EvalStats more = run_eval(*m, o);

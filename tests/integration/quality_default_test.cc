@@ -24,8 +24,8 @@ TEST(QualityDefault, BeatsReuseAndRandomOnTheCommittedExamples) {
   fs::remove_all(dir);
   EvalOptions o;
   o.data_files = {std::string(CT_FIXTURE_DIR) + "/quality/hotpotqa_small.jsonl"};
-  o.policies = {PolicyKind::kFull, PolicyKind::kReuse, PolicyKind::kRandom,
-                PolicyKind::kCacheTune};
+  o.policies = {&find_policy("full"), &find_policy("reuse"), &find_policy("random"),
+                &find_policy("cachetune")};
   o.ratio = 0.15;
   o.max_tokens_qa = 4;  // the KL is teacher-forced over full's first 8 tokens either way
   o.attention = false;

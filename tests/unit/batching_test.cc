@@ -84,7 +84,7 @@ TEST_F(BatchingTest, DecodeBatchEqualsEachSequenceAloneBitForBit) {
 struct Req {
   std::vector<std::string> docs;
   std::string question;
-  PolicyKind policy;
+  const Policy* policy;
 };
 
 std::vector<Req> requests() {
@@ -92,12 +92,12 @@ std::vector<Req> requests() {
                                       "Marta Olsen kept the lighthouse for forty years."};
   const std::vector<std::string> b = {"The ferry leaves the harbour at seven each morning.",
                                       "Tickets are sold at the kiosk beside the pier."};
-  return {{a, "Who kept the lighthouse?", PolicyKind::kCacheTune},
-          {b, "When does the ferry leave?", PolicyKind::kFull},
-          {{b[1], a[0]}, "Where are tickets sold?", PolicyKind::kCacheTune},
-          {a, "When was it built?", PolicyKind::kReuse},
-          {{}, "Say something.", PolicyKind::kFull},
-          {{a[1], b[0], a[0]}, "Who wrote a diary?", PolicyKind::kCacheBlend}};
+  return {{a, "Who kept the lighthouse?", &find_policy("cachetune")},
+          {b, "When does the ferry leave?", &find_policy("full")},
+          {{b[1], a[0]}, "Where are tickets sold?", &find_policy("cachetune")},
+          {a, "When was it built?", &find_policy("reuse")},
+          {{}, "Say something.", &find_policy("full")},
+          {{a[1], b[0], a[0]}, "Who wrote a diary?", &find_policy("cacheblend")}};
 }
 
 SelectiveOptions sel_of(const Req& r) {

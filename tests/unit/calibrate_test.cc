@@ -245,7 +245,7 @@ TEST_F(CalibrateTest, AutoRatioFallsBackToRMinWithoutCalibration) {
   Engine eng(o);
   const CalibrationRequest req = requests()[0];
   SelectiveOptions sel;
-  sel.policy.kind = PolicyKind::kCacheTune;
+  sel.policy.kind = &find_policy("cachetune");
   sel.policy.ratio = 0.9;  // ignored in auto mode
   GenerateOptions gen;
   gen.max_tokens = 1;

@@ -56,7 +56,7 @@ class EngineRecoveryTest : public ::testing::Test {
 
   static Answer ask(Engine& eng) {
     SelectiveOptions sel;
-    sel.policy.kind = PolicyKind::kCacheTune;
+    sel.policy.kind = &find_policy("cachetune");
     sel.policy.ratio = 0.15;
     GenerateOptions gen;
     gen.max_tokens = 8;
@@ -276,7 +276,7 @@ TEST_F(EngineRecoveryTest, FullThenReadOnlyDiskKeepsServing) {
       kDocs[0], "A second lighthouse stood on the far side of the bay until the flood of 1920.",
       kDocs[2]};
   SelectiveOptions sel;
-  sel.policy.kind = PolicyKind::kCacheTune;
+  sel.policy.kind = &find_policy("cachetune");
   sel.policy.ratio = 0.15;
   GenerateOptions gen;
   gen.max_tokens = 8;

@@ -168,7 +168,7 @@ TEST_F(EvalTinyModelTest, CaptureAttentionMatchesSelectiveFullPrefill) {
   KVCache kv = m.make_cache(lay.n_total);
   Workspace ws;
   SelectiveOptions so;
-  so.policy.kind = PolicyKind::kFull;
+  so.policy.kind = &find_policy("full");
   std::vector<float> attn;
   so.query_attention = &attn;
   selective_prefill(m, req, so, kv, ws);

@@ -135,14 +135,14 @@ TEST_F(OfflinePolicyTest, EveryOfflinePolicySelectsExactlyItsBudget) {
   const ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(9, 6), probe_options());
   InMemoryChunk sa(a), sb(b);
   for (double r : {0.0, 0.15, 0.5, 1.0}) {
-    for (PolicyKind k : {PolicyKind::kHead, PolicyKind::kProbe, PolicyKind::kFreq,
-                         PolicyKind::kCacheTune}) {
+    for (const Policy* k : {&find_policy("head"), &find_policy("probe"), &find_policy("freq"),
+                         &find_policy("cachetune")}) {
       PolicyOptions po;
       po.kind = k;
       po.ratio = r;
       for (const ChunkSource* s : {(const ChunkSource*)&sa, (const ChunkSource*)&sb}) {
         const auto sel = select_offline(*s, po);
-        EXPECT_EQ((int)sel.size(), n_select(r, s->meta().n_tok)) << policy_name(k) << " r=" << r;
+        EXPECT_EQ((int)sel.size(), n_select(r, s->meta().n_tok)) << k->name() << " r=" << r;
         EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
         EXPECT_EQ(std::adjacent_find(sel.begin(), sel.end()), sel.end());
       }
@@ -151,14 +151,14 @@ TEST_F(OfflinePolicyTest, EveryOfflinePolicySelectsExactlyItsBudget) {
   // cachetune on a probe record is the top of the probe ranking; head is the chunk start.
   PolicyOptions po;
   po.ratio = 0.15;
-  po.kind = PolicyKind::kCacheTune;
+  po.kind = &find_policy("cachetune");
   const auto ct_sel = select_offline(sa, po);
-  po.kind = PolicyKind::kProbe;
+  po.kind = &find_policy("probe");
   EXPECT_EQ(select_offline(sa, po), ct_sel);
   std::vector<int32_t> top(a.meta.order.begin(), a.meta.order.begin() + n_select(0.15, 61));
   std::sort(top.begin(), top.end());
   EXPECT_EQ(ct_sel, top);
-  po.kind = PolicyKind::kHead;
+  po.kind = &find_policy("head");
   EXPECT_EQ(select_offline(sa, po), head_selection(61, 0.15));
 }
 
@@ -167,7 +167,7 @@ TEST_F(OfflinePolicyTest, RandomDrawIsPortableAndSeededByChunk) {
   a.meta.id = "portable-draw-chunk";
   InMemoryChunk s(a);
   PolicyOptions po;
-  po.kind = PolicyKind::kRandom;
+  po.kind = &find_policy("random");
   po.ratio = 0.25;
   po.seed = 7;
   const auto sel = select_offline(s, po);
@@ -186,7 +186,7 @@ TEST_F(OfflinePolicyTest, ProbeOnALowFreqRecordNeedsTheProbeRanking) {
   const ChunkKV a = encode_chunk(*model_, toks, lowfreq_options());
   InMemoryChunk s(a);
   PolicyOptions po;
-  po.kind = PolicyKind::kProbe;
+  po.kind = &find_policy("probe");
   EXPECT_THROW(select_offline(s, po), Error);
   const ChunkKV p = encode_chunk(*model_, toks, probe_options());
   remember_ranking(a.meta.id, "probe", p.meta.order);
@@ -221,7 +221,7 @@ TEST_F(OfflinePolicyTest, ProbeAndHeadRecordsRoundTripThroughADiskTier) {
     // The complement of cachetune's selection is one contiguous suffix of rank rows.
     InMemoryChunk s(*got);
     PolicyOptions po;
-    po.kind = PolicyKind::kCacheTune;
+    po.kind = &find_policy("cachetune");
     const auto sel = select_offline(s, po);
     std::vector<int32_t> top(got->meta.order.begin(), got->meta.order.begin() + sel.size());
     std::sort(top.begin(), top.end());
@@ -237,7 +237,7 @@ TEST_F(OfflinePolicyTest, OracleRecomputesExactlyTheGivenTokens) {
   ComposedRequest req{test::random_byte_tokens(3, 11), {&sa, &sb}, test::random_byte_tokens(4, 12)};
   const std::vector<std::vector<int32_t>> given = {{1, 5, 29}, {0, 11}};
   SelectiveOptions so;
-  so.policy.kind = PolicyKind::kOracle;
+  so.policy.kind = &find_policy("oracle");
   so.policy.oracle = &given;
   const RequestLayout lay = layout_request(req);
   KVCache kv = model_->make_cache(lay.n_total);

@@ -60,7 +60,7 @@ class PipelineTest : public ::testing::Test {
 
   // Prefill logits followed by the logits of a few greedy decode steps, so a difference anywhere
   // in the cache (not only at the last prompt row) shows up.
-  static std::vector<float> generate_logits(const ComposedRequest& req, PolicyKind kind, double r,
+  static std::vector<float> generate_logits(const ComposedRequest& req, const Policy* kind, double r,
                                             const PipelineOptions& p,
                                             PrefillBreakdown* bd = nullptr) {
     const RequestLayout lay = layout_request(req);
@@ -133,10 +133,10 @@ TEST_F(PipelineTest, EverySwitchCombinationGivesIdenticalLogits) {
   const ComposedRequest req = request(in_memory());
   // cachetune loads a contiguous rank suffix (sparse applies); the others scan every row, and
   // cacheblend starts its loader at layer 1.
-  for (PolicyKind kind : {PolicyKind::kCacheTune, PolicyKind::kReuse, PolicyKind::kRandom,
-                          PolicyKind::kCacheBlend, PolicyKind::kProphetKV}) {
+  for (const Policy* kind : {&find_policy("cachetune"), &find_policy("reuse"), &find_policy("random"),
+                          &find_policy("cacheblend"), &find_policy("prophetkv")}) {
     const std::vector<double> ratios =
-        kind == PolicyKind::kCacheTune ? std::vector<double>{0.15, 0.5} : std::vector<double>{0.15};
+        kind == &find_policy("cachetune") ? std::vector<double>{0.15, 0.5} : std::vector<double>{0.15};
     for (double r : ratios) {
       const auto pipes = all_pipelines();
       PrefillBreakdown bd0;
@@ -144,7 +144,7 @@ TEST_F(PipelineTest, EverySwitchCombinationGivesIdenticalLogits) {
       for (size_t i = 1; i < pipes.size(); ++i) {
         PrefillBreakdown bd;
         EXPECT_EQ(generate_logits(req, kind, r, pipes[i], &bd), want)
-            << policy_name(kind) << " r=" << r << " " << describe(pipes[i]);
+            << kind->name() << " r=" << r << " " << describe(pipes[i]);
         EXPECT_EQ(bd.n_loaded, bd0.n_loaded) << describe(pipes[i]);
         EXPECT_EQ(bd.n_active, bd0.n_active) << describe(pipes[i]);
       }
@@ -160,10 +160,10 @@ TEST_F(PipelineTest, DiskPoolMatchesMemoryUnderEverySwitchCombination) {
   PoolSources slow = pooled(disk_tier(slow_dir.path(), 50e6));
   const ComposedRequest mem_req = request(in_memory());
   for (const PipelineOptions& p : all_pipelines()) {
-    const auto want = generate_logits(mem_req, PolicyKind::kCacheTune, 0.15, p);
-    EXPECT_EQ(generate_logits(request(disk.srcs), PolicyKind::kCacheTune, 0.15, p), want)
+    const auto want = generate_logits(mem_req, &find_policy("cachetune"), 0.15, p);
+    EXPECT_EQ(generate_logits(request(disk.srcs), &find_policy("cachetune"), 0.15, p), want)
         << describe(p);
-    EXPECT_EQ(generate_logits(request(slow.srcs), PolicyKind::kCacheTune, 0.15, p), want)
+    EXPECT_EQ(generate_logits(request(slow.srcs), &find_policy("cachetune"), 0.15, p), want)
         << describe(p);
   }
   EXPECT_EQ(disk.pool->stat().misses, 0u);
@@ -175,16 +175,16 @@ TEST_F(PipelineTest, EveryTierGivesTheDeviceTierLogits) {
   PoolSources device = pooled(std::make_unique<store::MemoryTier>("device", SIZE_MAX));
   const ComposedRequest dev_req = request(device.srcs);
   const PipelineOptions full;  // overlap, sparse, RoPE in the loader
-  const auto want = generate_logits(dev_req, PolicyKind::kCacheTune, 0.15, full);
-  EXPECT_EQ(generate_logits(request(in_memory()), PolicyKind::kCacheTune, 0.15, full), want);
+  const auto want = generate_logits(dev_req, &find_policy("cachetune"), 0.15, full);
+  EXPECT_EQ(generate_logits(request(in_memory()), &find_policy("cachetune"), 0.15, full), want);
 
   PoolSources host = pooled(std::make_unique<store::MemoryTier>("host", SIZE_MAX));
-  EXPECT_EQ(generate_logits(request(host.srcs), PolicyKind::kCacheTune, 0.15, full), want)
+  EXPECT_EQ(generate_logits(request(host.srcs), &find_policy("cachetune"), 0.15, full), want)
       << "host tier";
 
   test::TempDir dir;
   PoolSources disk = pooled(disk_tier(dir.path()));
-  EXPECT_EQ(generate_logits(request(disk.srcs), PolicyKind::kCacheTune, 0.15, full), want)
+  EXPECT_EQ(generate_logits(request(disk.srcs), &find_policy("cachetune"), 0.15, full), want)
       << "disk tier";
 
   if (!test::RedisServer::available()) {
@@ -199,8 +199,8 @@ TEST_F(PipelineTest, EveryTierGivesTheDeviceTierLogits) {
       5000;  // generous: the machine may be loaded, and this is not a timeout test
   PoolSources redis = pooled(std::make_unique<store::RedisTier>(ro));
   for (const PipelineOptions& p : all_pipelines()) {
-    EXPECT_EQ(generate_logits(request(redis.srcs), PolicyKind::kCacheTune, 0.15, p),
-              generate_logits(dev_req, PolicyKind::kCacheTune, 0.15, p))
+    EXPECT_EQ(generate_logits(request(redis.srcs), &find_policy("cachetune"), 0.15, p),
+              generate_logits(dev_req, &find_policy("cachetune"), 0.15, p))
         << "redis tier, " << describe(p);
   }
   EXPECT_EQ(redis.pool->stat().misses, 0u);
@@ -217,9 +217,9 @@ TEST_F(PipelineTest, SparseLoadingReadsFewerBytesFromDisk) {
       test::random_byte_tokens(4, 12), {ps.srcs[0]}, test::random_byte_tokens(3, 13)};
   PipelineOptions dense{true, false, true}, sparse{true, true, true};
   const uint64_t b0 = disk->bytes_read();
-  const auto a = generate_logits(req, PolicyKind::kCacheTune, 0.5, dense);
+  const auto a = generate_logits(req, &find_policy("cachetune"), 0.5, dense);
   const uint64_t b1 = disk->bytes_read();
-  const auto b = generate_logits(req, PolicyKind::kCacheTune, 0.5, sparse);
+  const auto b = generate_logits(req, &find_policy("cachetune"), 0.5, sparse);
   const uint64_t b2 = disk->bytes_read();
   EXPECT_EQ(a, b);
   const ChunkMeta& m = (*chunks_)[0].meta;
@@ -241,7 +241,7 @@ TEST_F(PipelineTest, ALostChunkRaisesChunkReadErrorWithAndWithoutOverlap) {
     const std::string victim = ps.srcs[1]->meta().id;
     std::filesystem::remove(disk->path_of(victim));
     try {
-      generate_logits(request(ps.srcs), PolicyKind::kCacheTune, 0.15, p);
+      generate_logits(request(ps.srcs), &find_policy("cachetune"), 0.15, p);
       ADD_FAILURE() << "expected ChunkReadError, " << describe(p);
     } catch (const ChunkReadError& e) {
       EXPECT_EQ(e.chunk_id(), victim) << describe(p);
@@ -255,10 +255,10 @@ TEST_F(PipelineTest, ALostChunkRaisesChunkReadErrorWithAndWithoutOverlap) {
 TEST_F(PipelineTest, BreakdownCountsExposedLoadWork) {
   const ComposedRequest req = request(in_memory());
   PrefillBreakdown bd;
-  generate_logits(req, PolicyKind::kCacheTune, 0.15, {false, true, false}, &bd);
+  generate_logits(req, &find_policy("cachetune"), 0.15, {false, true, false}, &bd);
   EXPECT_EQ(bd.load_wait_ms, bd.load_ms);
   EXPECT_GT(bd.load_ms, 0.0);
-  generate_logits(req, PolicyKind::kCacheTune, 0.15, {true, true, false}, &bd);
+  generate_logits(req, &find_policy("cachetune"), 0.15, {true, true, false}, &bd);
   EXPECT_GT(bd.load_wait_ms, 0.0);  // at least the RoPE done on the compute thread
   EXPECT_LE(bd.load_wait_ms, bd.total_ms);
   EXPECT_GT(bd.n_loaded, 0);

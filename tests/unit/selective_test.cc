@@ -71,7 +71,7 @@ class SelectiveTest : public ::testing::TestWithParam<std::string> {
     return model_->prefill(toks.data(), (int)toks.size(), 0, kv, ws);
   }
 
-  static std::vector<float> run(const ComposedRequest& req, PolicyKind kind, double r,
+  static std::vector<float> run(const ComposedRequest& req, const Policy* kind, double r,
                                 SelectionReport* rep = nullptr, PrefixCache* pc = nullptr) {
     const RequestLayout lay = layout_request(req);
     KVCache kv = model_->make_cache(lay.n_total);
@@ -126,8 +126,8 @@ TEST_P(SelectiveTest, FullRatioEqualsFullRecomputeInAnyOrder) {
         std::vector<const ChunkSource*>{src(b), src(b), src(a)}}) {
     ComposedRequest req{prefix, order, query};
     const auto want = full_logits(layout_request(req).tokens);
-    EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 1.0), want), 1e-4f);
-    EXPECT_LT(max_abs_diff(run(req, PolicyKind::kFull, 0.15), want), 1e-4f);
+    EXPECT_LT(max_abs_diff(run(req, &find_policy("cachetune"), 1.0), want), 1e-4f);
+    EXPECT_LT(max_abs_diff(run(req, &find_policy("full"), 0.15), want), 1e-4f);
   }
 }
 
@@ -139,13 +139,13 @@ TEST_P(SelectiveTest, ZeroRatioLoneChunkAtOffsetZeroEqualsPlainPrefill) {
   ChunkKV a = encode_chunk(*model_, toks, eo);
   ComposedRequest req{{}, {src(a)}, query};
   const auto want = full_logits(layout_request(req).tokens);
-  EXPECT_LT(max_abs_diff(run(req, PolicyKind::kCacheTune, 0.0), want), 1e-4f);
-  EXPECT_LT(max_abs_diff(run(req, PolicyKind::kReuse, 0.0), want), 1e-4f);
+  EXPECT_LT(max_abs_diff(run(req, &find_policy("cachetune"), 0.0), want), 1e-4f);
+  EXPECT_LT(max_abs_diff(run(req, &find_policy("reuse"), 0.0), want), 1e-4f);
   // And with F16 storage the difference is only the storage rounding.
   eo.dtype = KvDtype::F16;
   ChunkKV a16 = encode_chunk(*model_, toks, eo);
   ComposedRequest req16{{}, {src(a16)}, query};
-  EXPECT_LT(max_abs_diff(run(req16, PolicyKind::kReuse, 0.0), want), 2e-2f);
+  EXPECT_LT(max_abs_diff(run(req16, &find_policy("reuse"), 0.0), want), 2e-2f);
 }
 
 TEST_P(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
@@ -189,9 +189,9 @@ TEST_P(SelectiveTest, ReorderingChangesOnlyPositions) {
   const auto query = test::random_byte_tokens(5, 12);
   SelectionReport r1, r2;
   run(ComposedRequest{test::random_byte_tokens(3, 13), {src(a), src(b)}, query},
-      PolicyKind::kCacheTune, 0.2, &r1);
+      &find_policy("cachetune"), 0.2, &r1);
   run(ComposedRequest{test::random_byte_tokens(300, 14), {src(b), src(a)}, query},
-      PolicyKind::kCacheTune, 0.2, &r2);
+      &find_policy("cachetune"), 0.2, &r2);
   EXPECT_EQ(record_hash(a), ha);
   EXPECT_EQ(record_hash(b), hb);
   EXPECT_EQ(r1.selected[0], r2.selected[1]);
@@ -222,21 +222,21 @@ TEST_P(SelectiveTest, EveryPolicySelectsItsBudget) {
   const double r = 0.15;
   ComposedRequest req{
       test::random_byte_tokens(4, 18), {src(a), src(b)}, test::random_byte_tokens(6, 19)};
-  for (PolicyKind k : all_policies()) {
-    if (k == PolicyKind::kPrefix) continue;  // reuses whole prefixes, no per-chunk selection
+  for (const Policy* k : all_policies()) {
+    if (k == &find_policy("prefix")) continue;  // reuses whole prefixes, no per-chunk selection
     // The probe ranking needs a probe-ranked record and the oracle a given selection; both are
     // covered by offline_policy_test.cc.
-    if (k == PolicyKind::kProbe || k == PolicyKind::kOracle) continue;
+    if (k == &find_policy("probe") || k == &find_policy("oracle")) continue;
     SelectionReport rep;
     run(req, k, r, &rep);
-    ASSERT_EQ(rep.selected.size(), 2u) << policy_name(k);
+    ASSERT_EQ(rep.selected.size(), 2u) << k->name();
     for (size_t i = 0; i < 2; ++i) {
       const int n = req.chunks[i]->meta().n_tok;
       int want = n_select(r, n);
-      if (k == PolicyKind::kFull) want = n;
-      if (k == PolicyKind::kReuse) want = 0;
-      if (k == PolicyKind::kEpic) want = std::min(16, n);  // EPIC: first k tokens, k = 16
-      EXPECT_EQ((int)rep.selected[i].size(), want) << policy_name(k) << " chunk " << i;
+      if (k == &find_policy("full")) want = n;
+      if (k == &find_policy("reuse")) want = 0;
+      if (k == &find_policy("epic")) want = std::min(16, n);  // EPIC: first k tokens, k = 16
+      EXPECT_EQ((int)rep.selected[i].size(), want) << k->name() << " chunk " << i;
       EXPECT_TRUE(std::is_sorted(rep.selected[i].begin(), rep.selected[i].end()));
     }
   }
@@ -246,7 +246,7 @@ TEST_P(SelectiveTest, CacheTuneRecomputesTheTopOfTheStoredRanking) {
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(100, 20), eo);
   SelectionReport rep;
-  run(ComposedRequest{{}, {src(a)}, test::random_byte_tokens(3, 21)}, PolicyKind::kCacheTune, 0.1,
+  run(ComposedRequest{{}, {src(a)}, test::random_byte_tokens(3, 21)}, &find_policy("cachetune"), 0.1,
       &rep);
   std::vector<int32_t> top(a.meta.order.begin(), a.meta.order.begin() + 10);
   std::sort(top.begin(), top.end());
@@ -261,13 +261,13 @@ TEST_P(SelectiveTest, PrefixPolicyReusesAnEarlierRequestExactly) {
   PrefixCache pc(2);
   ComposedRequest first{prefix, {src(a), src(b)}, test::random_byte_tokens(5, 25)};
   ComposedRequest second{prefix, {src(a), src(b)}, test::random_byte_tokens(5, 26)};
-  run(first, PolicyKind::kPrefix, 0, nullptr, &pc);
+  run(first, &find_policy("prefix"), 0, nullptr, &pc);
   const auto want = full_logits(layout_request(second).tokens);
   const RequestLayout lay = layout_request(second);
   KVCache kv = model_->make_cache(lay.n_total);
   Workspace ws;
   SelectiveOptions opt;
-  opt.policy.kind = PolicyKind::kPrefix;
+  opt.policy.kind = &find_policy("prefix");
   opt.prefix_cache = &pc;
   PrefillBreakdown bd;
   const auto got = selective_prefill(*model_, second, opt, kv, ws, &bd);
@@ -294,7 +294,7 @@ TEST_P(SelectiveTest, BadRequestsAreRejectedWithAReason) {
   ComposedRequest req2{{}, {src(wrong)}, test::random_byte_tokens(3, 29)};
   KVCache kv = model_->make_cache(20);
   EXPECT_THROW(selective_prefill(*model_, req2, opt, kv, ws), Error);
-  EXPECT_THROW(parse_policy("magic"), Error);
+  EXPECT_THROW(find_policy("magic"), Error);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ void expect_refused(const json& body, const std::string& param, const std::strin
 
 TEST(ServerApi, ParsesHistoryQuestionAndDefaults) {
   ApiLimits limits;
-  limits.default_policy.kind = PolicyKind::kCacheTune;
+  limits.default_policy.kind = &find_policy("cachetune");
   limits.default_policy.ratio = 0.2;
   const json body = {{"model", "whatever"},
                      {"messages",
@@ -60,7 +60,7 @@ TEST(ServerApi, ParsesHistoryQuestionAndDefaults) {
   EXPECT_EQ(r.answer.history[2].content, "ok");
   EXPECT_TRUE(r.chunks.empty());
   EXPECT_EQ(r.answer.instruction, "");  // plain chat without chunks
-  EXPECT_EQ(r.sel.policy.kind, PolicyKind::kCacheTune);
+  EXPECT_EQ(r.sel.policy.kind, &find_policy("cachetune"));
   EXPECT_DOUBLE_EQ(r.sel.policy.ratio, 0.2);
   EXPECT_EQ(r.gen.max_tokens, limits.default_max_tokens);
   EXPECT_FLOAT_EQ(r.gen.sampling.temperature, 0.0f);
@@ -80,7 +80,7 @@ TEST(ServerApi, ParsesTheChunkExtension) {
   const ChatRequest r = parse_chat_request(body, {});
   EXPECT_EQ(r.chunks, (std::vector<std::string>{"doc one", "doc two"}));
   EXPECT_EQ(r.answer.instruction, kQaInstruction);
-  EXPECT_EQ(r.sel.policy.kind, PolicyKind::kEpic);
+  EXPECT_EQ(r.sel.policy.kind, &find_policy("epic"));
   EXPECT_DOUBLE_EQ(r.sel.policy.ratio, 0.3);
   EXPECT_EQ(r.sel.policy.seed, 5u);
   EXPECT_FALSE(r.answer.auto_ratio.value_or(true));

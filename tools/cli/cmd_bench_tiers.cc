@@ -144,7 +144,7 @@ class Runner {
  public:
   Runner(const Model& m, double ratio) : m_(m), ratio_(ratio) {}
 
-  Sample run(const Prepared& p, PolicyKind kind, const PipelineOptions& pipe,
+  Sample run(const Prepared& p, const Policy* kind, const PipelineOptions& pipe,
              const store::DiskTier* disk) {
     SelectiveOptions sel;
     sel.policy.kind = kind;
@@ -383,10 +383,10 @@ void run_bench_tiers(const BenchTiersArgs& a) {
   if (!a.no_full) {
     std::vector<Sample> full_medians;
     for (const Prepared& p : mem_reqs) {
-      runner.run(p, PolicyKind::kFull, {}, nullptr);  // warm-up
+      runner.run(p, &find_policy("full"), {}, nullptr);  // warm-up
       std::vector<Sample> v;
       for (int r = 0; r < a.repeats; ++r)
-        v.push_back(runner.run(p, PolicyKind::kFull, {}, nullptr));
+        v.push_back(runner.run(p, &find_policy("full"), {}, nullptr));
       full_medians.push_back(median_of(v));
     }
     full = summarise(full_medians, mem_reqs);
@@ -437,13 +437,13 @@ void run_bench_tiers(const BenchTiersArgs& a) {
     // the position within a round hit every step alike.
     std::vector<std::vector<std::vector<Sample>>> samples(
         std::size(kSteps), std::vector<std::vector<Sample>>(reqs.size()));
-    for (const Prepared& p : reqs) runner.run(p, PolicyKind::kCacheTune, kSteps[0].pipe, t->disk);
+    for (const Prepared& p : reqs) runner.run(p, &find_policy("cachetune"), kSteps[0].pipe, t->disk);
     for (int r = 0; r < a.repeats; ++r) {
       for (size_t k = 0; k < std::size(kSteps); ++k) {
         const size_t si = (r + k) % std::size(kSteps);
         for (size_t q = 0; q < reqs.size(); ++q) {
           samples[si][q].push_back(
-              runner.run(reqs[q], PolicyKind::kCacheTune, kSteps[si].pipe, t->disk));
+              runner.run(reqs[q], &find_policy("cachetune"), kSteps[si].pipe, t->disk));
         }
       }
     }

@@ -93,7 +93,7 @@ void run_sweep(Engine& eng, const std::vector<CalibrationRequest>& reqs, const C
   const int repeats = a.cal.repeats;
   const double r_end = a.sweep_max > 0 ? std::min(a.sweep_max, a.cal.r_max) : a.cal.r_max;
   PolicyOptions pol;
-  pol.kind = PolicyKind::kCacheTune;
+  pol.kind = &find_policy("cachetune");
   pol.ratio = a.cal.r_min;
   work.mean_ttft_seconds(pol);  // untimed warm-up, as in calibration
   std::printf(
@@ -122,7 +122,7 @@ void run_sweep(Engine& eng, const std::vector<CalibrationRequest>& reqs, const C
   const double t_chosen = ttft_at(chosen_r);
   const double t_rmin = ttft_at(a.cal.r_min);
   PolicyOptions full;
-  full.kind = PolicyKind::kFull;
+  full.kind = &find_policy("full");
   const double t_full = work.mean_ttft_seconds(full, repeats);
   const double dr = std::fabs(chosen_r - best_r);
   const double dt = t_chosen / t_best - 1;

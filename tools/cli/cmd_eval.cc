@@ -65,9 +65,9 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<PolicyKind> parse_policies(const std::string& s) {
-  std::vector<PolicyKind> out;
-  for (const auto& n : split_list(s)) out.push_back(parse_policy(n));
+std::vector<const Policy*> parse_policies(const std::string& s) {
+  std::vector<const Policy*> out;
+  for (const auto& n : split_list(s)) out.push_back(&find_policy(n));
   CT_THROW_IF_NOT(!out.empty(), "empty policy list '{}'", s);
   return out;
 }

@@ -85,7 +85,7 @@ void run_chunked(const GenerateArgs& a) {
   double first_ttft = 0;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     SelectiveOptions sel;
-    sel.policy.kind = parse_policy(a.policies[i]);
+    sel.policy.kind = &find_policy(a.policies[i]);
     sel.policy.ratio = ratio;
     sel.policy.alpha = a.engine.alpha;
     std::printf("[%s r=%s] ", a.policies[i].c_str(),

@@ -52,7 +52,7 @@ void run_serve(ServeArgs a) {
   if (so.api_key.empty()) {
     if (const char* k = std::getenv("CACHETUNE_API_KEY")) so.api_key = k;
   }
-  so.limits.default_policy.kind = parse_policy(a.policy);
+  so.limits.default_policy.kind = &find_policy(a.policy);
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
   so.limits.default_auto_ratio = auto_ratio;

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "reuse/policy.h"
 
 namespace ct {
 
@@ -21,5 +22,23 @@ std::vector<int32_t> head_selection(int n_tok, double r) {
   std::iota(s.begin(), s.end(), 0);
   return s;
 }
+
+namespace policies {
+namespace {
+class Head final : public Policy {
+ public:
+  const char* name() const override { return "head"; }
+  const char* summary() const override { return "the first ceil(r*N) tokens of each chunk"; }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    return head_selection(c.meta().n_tok, p.ratio);
+  }
+};
+}  // namespace
+const Policy& head() {
+  static const Head p;
+  return p;
+}
+}  // namespace policies
 
 }  // namespace ct

@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "core/sha256.h"
+#include "reuse/encoder.h"
+#include "reuse/policy.h"
 
 namespace ct {
 
@@ -146,5 +148,35 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
                    [&](int32_t a, int32_t b) { return r.scores[a] > r.scores[b]; });
   return r;
 }
+
+namespace policies {
+namespace {
+// The top ceil(r*N) of the probe ranking: the stored order of a record ingested with rank mode
+// "probe", or one left by remember_ranking(id, "probe", ...) for a record laid out otherwise.
+class Probe final : public Policy {
+ public:
+  const char* name() const override { return "probe"; }
+  const char* summary() const override {
+    return "the top ceil(r*N) of the probe-drift ranking computed at ingest";
+  }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    const ChunkMeta& meta = c.meta();
+    const int k = n_select(p.ratio, meta.n_tok);
+    if (meta.rank_mode == rank_mode_name(RankMode::kProbe)) return top_of_order(meta.order, k);
+    const auto kept = remembered_ranking(meta.id, "probe");
+    CT_THROW_IF_NOT(kept && (int)kept->size() == meta.n_tok,
+                    "chunk {} was ingested with rank mode '{}', and the probe policy needs the "
+                    "probe ranking, which is computed at ingest: re-ingest with --rank probe",
+                    meta.id.substr(0, 12), meta.rank_mode);
+    return top_of_order(*kept, k);
+  }
+};
+}  // namespace
+const Policy& probe() {
+  static const Probe p;
+  return p;
+}
+}  // namespace policies
 
 }  // namespace ct

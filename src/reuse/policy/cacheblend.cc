@@ -1,0 +1,48 @@
+// `cacheblend` (CacheBlend, Yao et al. 2025; online): layer 0 recomputes every row, then the chunk
+// tokens whose fresh layer-0 K/V deviate most (squared L2 over K and V) from the stored ones,
+// ceil(r*N) per chunk, are the ones recomputed in the remaining layers.
+#include <vector>
+
+#include "reuse/policy.h"
+
+namespace ct::policies {
+namespace {
+class CacheBlend final : public Policy {
+ public:
+  const char* name() const override { return "cacheblend"; }
+  const char* summary() const override {
+    return "layer 0 in full, then the ceil(r*N) tokens whose K/V deviate most there";
+  }
+  PolicyStage stage() const override { return PolicyStage::kAfterLayer0; }
+  std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0, const float* v0,
+                                           const PolicyOptions& p) const override {
+    const ChunkMeta& meta = c.meta();
+    const int KV = meta.kv_dim;
+    const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
+    std::vector<uint8_t> sk(row_bytes * meta.n_tok), sv(row_bytes * meta.n_tok);
+    c.read_rows(0, 0, meta.n_tok, sk.data(), sv.data());
+    std::vector<float> stored(KV), dev(meta.n_tok);
+    for (int j = 0; j < meta.n_tok; ++j) {
+      const int t = meta.order[j];
+      double d = 0;
+      kv_unpack(meta.dtype, sk.data() + j * row_bytes, stored.data(), KV);
+      for (int i = 0; i < KV; ++i) {
+        const double e = k0[(size_t)t * KV + i] - stored[i];
+        d += e * e;
+      }
+      kv_unpack(meta.dtype, sv.data() + j * row_bytes, stored.data(), KV);
+      for (int i = 0; i < KV; ++i) {
+        const double e = v0[(size_t)t * KV + i] - stored[i];
+        d += e * e;
+      }
+      dev[t] = (float)d;
+    }
+    return top_r_by_score(dev, p.ratio);
+  }
+};
+}  // namespace
+const Policy& cacheblend() {
+  static const CacheBlend p;
+  return p;
+}
+}  // namespace ct::policies

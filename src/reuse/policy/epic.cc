@@ -1,0 +1,28 @@
+// `epic` (EPIC, Hu et al. 2024): recompute the first k tokens of each chunk, k = epic_k,
+// independent of r.
+#include <algorithm>
+#include <numeric>
+
+#include "reuse/policy.h"
+
+namespace ct::policies {
+namespace {
+class Epic final : public Policy {
+ public:
+  const char* name() const override { return "epic"; }
+  const char* summary() const override {
+    return "the first epic_k (16) tokens of each chunk, whatever r";
+  }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    std::vector<int32_t> first(std::min(p.epic_k, c.meta().n_tok));
+    std::iota(first.begin(), first.end(), 0);
+    return first;
+  }
+};
+}  // namespace
+const Policy& epic() {
+  static const Epic p;
+  return p;
+}
+}  // namespace ct::policies

@@ -1,0 +1,34 @@
+// `random`: ceil(r*N) tokens of each chunk uniformly at random, seeded by the policy seed and the
+// chunk id, so a chunk gets the same draw everywhere, on every platform and standard library
+// (core/random.h).
+#include <algorithm>
+#include <numeric>
+
+#include "core/random.h"
+#include "reuse/freq_rank.h"
+#include "reuse/policy.h"
+
+namespace ct::policies {
+namespace {
+class Random final : public Policy {
+ public:
+  const char* name() const override { return "random"; }
+  const char* summary() const override { return "ceil(r*N) tokens at random (seeded)"; }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    const ChunkMeta& meta = c.meta();
+    SplitMix64 rng(stream_seed((uint64_t)p.seed, meta.id));
+    std::vector<int32_t> all(meta.n_tok);
+    std::iota(all.begin(), all.end(), 0);
+    portable_shuffle(all, rng);
+    all.resize(n_select(p.ratio, meta.n_tok));
+    std::sort(all.begin(), all.end());
+    return all;
+  }
+};
+}  // namespace
+const Policy& random() {
+  static const Random p;
+  return p;
+}
+}  // namespace ct::policies

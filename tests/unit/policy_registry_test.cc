@@ -1,0 +1,185 @@
+// Policies as objects (issue 12 item 4): the registry knows every policy by a unique name and
+// lists them on an unknown one; traits agree with stages; a hook of another stage is refused; and
+// a policy written outside src/reuse (here, in the test) runs through selective_prefill's one
+// layer loop without any change there, at each of the stages that use the loop.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <set>
+
+#include "core/error.h"
+#include "reuse/encoder.h"
+#include "reuse/policy.h"
+#include "reuse/selective.h"
+#include "support/random_data.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
+  std::set<std::string> names;
+  for (const Policy* p : all_policies()) {
+    EXPECT_TRUE(names.insert(p->name()).second) << "duplicate policy name " << p->name();
+    EXPECT_EQ(&find_policy(p->name()), p);
+    EXPECT_GT(std::string(p->summary()).size(), 10u) << p->name();
+  }
+  const std::set<std::string> want = {"full",     "reuse",  "cachetune", "prefix", "cacheblend",
+                                      "epic",     "random", "l2",        "highfreq", "lfonly",
+                                      "prophetkv", "freq",  "head",      "probe",  "oracle"};
+  EXPECT_EQ(names, want);
+  EXPECT_STREQ(default_policy().name(), "cachetune");
+  EXPECT_EQ(PolicyOptions{}.kind, &default_policy());
+}
+
+TEST(PolicyRegistry, AnUnknownNameListsTheKnownOnes) {
+  try {
+    find_policy("magic");
+    FAIL() << "no error for an unknown policy";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'magic'"), std::string::npos) << msg;
+    for (const Policy* p : all_policies()) {
+      EXPECT_NE(msg.find(p->name()), std::string::npos) << msg;
+    }
+  }
+}
+
+TEST(PolicyRegistry, TraitsAgreeWithStages) {
+  for (const Policy* p : all_policies()) {
+    SCOPED_TRACE(p->name());
+    // The GPU path runs the layer loop with a selection known before it.
+    if (p->on_gpu()) {
+      EXPECT_TRUE(p->stage() == PolicyStage::kChunk || p->stage() == PolicyStage::kRequest);
+    }
+    // A token-list prefill has no per-chunk recompute set to score.
+    if (p->stage() == PolicyStage::kTokens) {
+      EXPECT_FALSE(p->scored());
+    }
+  }
+  EXPECT_TRUE(find_policy("cachetune").on_gpu());
+  EXPECT_TRUE(find_policy("oracle").on_gpu());
+  EXPECT_TRUE(find_policy("oracle").eval_only());
+  EXPECT_FALSE(find_policy("cacheblend").on_gpu());
+  EXPECT_FALSE(find_policy("prophetkv").on_gpu());
+  EXPECT_TRUE(find_policy("prefix").uses_prefix_cache());
+  EXPECT_EQ(find_policy("cacheblend").stage(), PolicyStage::kAfterLayer0);
+  EXPECT_EQ(find_policy("lfonly").stage(), PolicyStage::kTokens);
+}
+
+class PolicyInterfaceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test::TinyModelOptions o;
+    o.n_layer = 4;
+    const std::string path = (fs::temp_directory_path() / "ct_policy_registry_tiny.gguf").string();
+    test::write_tiny_model(path, o);
+    model_ = Model::load(path);
+    a_ = std::make_unique<ChunkKV>(encode_chunk(*model_, test::random_byte_tokens(41, 3), {}));
+    b_ = std::make_unique<ChunkKV>(encode_chunk(*model_, test::random_byte_tokens(23, 4), {}));
+    sa_ = std::make_unique<InMemoryChunk>(*a_);
+    sb_ = std::make_unique<InMemoryChunk>(*b_);
+  }
+  static void TearDownTestSuite() {
+    sa_.reset();
+    sb_.reset();
+    a_.reset();
+    b_.reset();
+    model_.reset();
+  }
+  static ComposedRequest request() {
+    return {test::random_byte_tokens(5, 1), {sa_.get(), sb_.get()}, test::random_byte_tokens(6, 2)};
+  }
+  static std::vector<float> run(const Policy& p, SelectionReport* rep,
+                                const std::vector<std::vector<int32_t>>* oracle = nullptr) {
+    const ComposedRequest req = request();
+    KVCache kv = model_->make_cache(layout_request(req).n_total);
+    Workspace ws;
+    SelectiveOptions so;
+    so.policy.kind = &p;
+    so.policy.ratio = 0.2;
+    so.policy.oracle = oracle;
+    return selective_prefill(*model_, req, so, kv, ws, nullptr, rep);
+  }
+  static std::unique_ptr<Model> model_;
+  static std::unique_ptr<ChunkKV> a_, b_;
+  static std::unique_ptr<InMemoryChunk> sa_, sb_;
+};
+std::unique_ptr<Model> PolicyInterfaceTest::model_;
+std::unique_ptr<ChunkKV> PolicyInterfaceTest::a_, PolicyInterfaceTest::b_;
+std::unique_ptr<InMemoryChunk> PolicyInterfaceTest::sa_, PolicyInterfaceTest::sb_;
+
+// Not registered anywhere: the last ceil(r*N) tokens of each chunk.
+class TailPolicy final : public Policy {
+ public:
+  const char* name() const override { return "tail"; }
+  const char* summary() const override { return "the last ceil(r*N) tokens (test only)"; }
+  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
+    const int n = c.meta().n_tok, k = n_select(p.ratio, n);
+    std::vector<int32_t> s(k);
+    std::iota(s.begin(), s.end(), n - k);
+    return s;
+  }
+};
+
+// Not registered: from layer 0's fresh K/V, the token whose key has the largest first channel.
+class Layer0Policy final : public Policy {
+ public:
+  const char* name() const override { return "layer0-argmax"; }
+  const char* summary() const override { return "largest layer-0 key channel 0 (test only)"; }
+  PolicyStage stage() const override { return PolicyStage::kAfterLayer0; }
+  std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0, const float*,
+                                           const PolicyOptions&) const override {
+    const int n = c.meta().n_tok, KV = c.meta().kv_dim;
+    int best = 0;
+    for (int t = 1; t < n; ++t) {
+      if (k0[(size_t)t * KV] > k0[(size_t)best * KV]) best = t;
+    }
+    seen.push_back(best);
+    return {best};
+  }
+  mutable std::vector<int32_t> seen;
+};
+
+TEST_F(PolicyInterfaceTest, AnUnregisteredChunkPolicyRunsThroughTheLayerLoop) {
+  TailPolicy tail;
+  SelectionReport rep;
+  const std::vector<float> got = run(tail, &rep);
+  ASSERT_EQ(rep.selected.size(), 2u);
+  EXPECT_EQ(rep.selected[0], tail.select_chunk(*sa_, PolicyOptions{&tail, 0.2}));
+  EXPECT_EQ(rep.selected[1], tail.select_chunk(*sb_, PolicyOptions{&tail, 0.2}));
+  // The same selection handed to the registered oracle gives the same logits, bit for bit: one
+  // layer loop serves both.
+  SelectionReport orep;
+  const std::vector<float> want = run(find_policy("oracle"), &orep, &rep.selected);
+  EXPECT_EQ(orep.selected, rep.selected);
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(PolicyInterfaceTest, AnUnregisteredLayer0PolicyChoosesAfterLayerZero) {
+  Layer0Policy p;
+  SelectionReport rep;
+  run(p, &rep);
+  ASSERT_EQ(p.seen.size(), 2u);  // called once per chunk
+  ASSERT_EQ(rep.selected.size(), 2u);
+  EXPECT_EQ(rep.selected[0], std::vector<int32_t>{p.seen[0]});
+  EXPECT_EQ(rep.selected[1], std::vector<int32_t>{p.seen[1]});
+}
+
+TEST_F(PolicyInterfaceTest, HooksOfAnotherStageAreRefused) {
+  const PolicyOptions po;
+  EXPECT_THROW(find_policy("cacheblend").select_chunk(*sa_, po), Error);
+  EXPECT_THROW(find_policy("prophetkv").select_chunk(*sa_, po), Error);
+  EXPECT_THROW(find_policy("cachetune").select_after_layer0(*sa_, nullptr, nullptr, po), Error);
+  // The oracle without its given selection names what is missing.
+  SelectionReport rep;
+  EXPECT_THROW(run(find_policy("oracle"), &rep), Error);
+}
+
+}  // namespace
+}  // namespace ct
