@@ -153,6 +153,11 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
       } catch (const Error& e) {
         bad("cachetune.policy", e.what());
       }
+      if (r.sel.policy.kind->eval_only()) {
+        bad("cachetune.policy", fmt::format("policy '{}' needs the full prefill's true drift and "
+                                            "runs only in `cachetune eval`",
+                                            r.sel.policy.kind->name()));
+      }
     }
     if (const json* ratio = field(*ct, "ratio")) {
       if (ratio->is_string() && ratio->get<std::string>() == "auto") {

@@ -151,6 +151,8 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", {user("q")}}, {"chunks", {""}}}, "chunks", "non-empty string");
   expect_refused({{"messages", {user("q")}}, {"cachetune", {{"policy", "magic"}}}},
                  "cachetune.policy", "unknown policy");
+  expect_refused({{"messages", {user("q")}}, {"cachetune", {{"policy", "oracle"}}}},
+                 "cachetune.policy", "runs only in `cachetune eval`");
   expect_refused({{"messages", {user("q")}}, {"cachetune", {{"ratio", 1.5}}}}, "ratio", "[0, 1]");
   expect_refused({{"messages", {user("q")}}, {"cachetune", {{"ratoi", 0.1}}}}, "cachetune",
                  "not a known option");

@@ -223,7 +223,8 @@ void register_eval(CLI::App& app) {
       "eval", "Run data files through the reuse policies: task score, fidelity to full, TTFT");
   add_model_option(c, &a->model);
   c->add_option("--data", a->data, "JSONL data file(s) or a directory of them")->required();
-  c->add_option("--policies", a->policies, "Comma-separated policies (full is always run)")
+  c->add_option("--policies", a->policies,
+                "Comma-separated policies (full is always run): " + policy_names())
       ->capture_default_str();
   c->add_option("--ratio", a->ratio, "Recompute ratio r")->capture_default_str();
   c->add_option("--alpha", a->alpha, "Low-frequency cutoff of the stored ranking")

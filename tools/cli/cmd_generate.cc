@@ -182,8 +182,7 @@ void register_generate(CLI::App& app) {
   c->add_option("--chunk", a->chunks, "Document file reused as a chunk (repeatable; chunk mode)");
   c->add_option("-q,--question", a->question, "Question over the chunks (chunk mode)");
   c->add_option("--policy", a->policies,
-                "Reuse policies to run in turn, first is the speedup baseline: full, reuse, "
-                "cachetune, prefix, cacheblend, epic, random, l2, highfreq, lfonly, prophetkv")
+                "Reuse policies to run in turn, first is the speedup baseline: " + policy_names())
       ->delimiter(',')
       ->capture_default_str();
   c->add_option("-r,--ratio", a->ratio,

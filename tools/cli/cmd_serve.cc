@@ -129,7 +129,7 @@ void register_serve(CLI::App& app) {
   a->engine.add(c);
   c->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   c->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
-  c->add_option("--policy", a->policy, "Default reuse policy of requests without one")
+  c->add_option("--policy", a->policy, "Default reuse policy of requests without one: " + policy_names())
       ->capture_default_str();
   c->add_option("-r,--ratio", a->ratio,
                 "Default recompute ratio, or 'auto' (the calibrated ratio of the chunks' tier)")
