@@ -1,16 +1,15 @@
 // The backend registry (registry.h). The only file that tests CT_HAVE_CUDA: with CUDA it forwards
-// to backend/cuda; without, it defines the GPU decoder's members so that code using it still
-// links, each throwing kNoCudaMessage (the constructor first, so no decoder can exist).
+// to backend/cuda; without, it defines the GPU decoder's and band norms' members so that code
+// using them still links, each throwing kNoCudaMessage (the constructor first, so no object can
+// exist).
 #include "backend/registry.h"
 
 #include <memory>
 #include <mutex>
 
+#include "backend/cuda/band_norms.h"
 #include "backend/cuda/decoder.h"
 #include "core/error.h"
-#ifdef CT_HAVE_CUDA
-#include "backend/cuda/band_norms.h"
-#endif
 
 namespace ct::backend {
 
@@ -84,6 +83,22 @@ std::pair<void*, void*> Decoder::reused_staging(int) { CT_NO_DECODER; }
 void Decoder::write_reused(int) { CT_NO_DECODER; }
 void Decoder::read_kv(int, int, float*, float*) const { CT_NO_DECODER; }
 #undef CT_NO_DECODER
+
+int device_count() { return 0; }
+
+// Likewise for the ranking's band norms: the constructor throws.
+struct BandNorms::Impl {};
+BandNorms::BandNorms(int, int, int) { CT_THROW("GPU band norms: {}", backend::kNoCudaMessage); }
+BandNorms::~BandNorms() = default;
+#define CT_NO_BAND_NORMS                               \
+  ::ct::abort_invariant(__FILE__, __LINE__, "no CUDA", \
+                        "GPU band norms exist in a build without CUDA")
+int BandNorms::n_mat() const { CT_NO_BAND_NORMS; }
+int BandNorms::n_tok() const { CT_NO_BAND_NORMS; }
+int BandNorms::kv_dim() const { CT_NO_BAND_NORMS; }
+void BandNorms::upload(const std::vector<const float*>&) { CT_NO_BAND_NORMS; }
+std::vector<float> BandNorms::run(bool, int, int) { CT_NO_BAND_NORMS; }
+#undef CT_NO_BAND_NORMS
 
 }  // namespace ct::cuda
 

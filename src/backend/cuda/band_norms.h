@@ -2,7 +2,8 @@
 // channel of many [n_tok][kv_dim] matrices along the token axis with cuFFT and take each token's
 // L2 norm over the channels. The scoring that turns these norms into a ranking stays in
 // reuse/freq_rank.cc, shared with the CPU path. This header has no CUDA types, so the layers
-// above compile with the plain C++ compiler; it exists only in CT_CUDA builds (CT_HAVE_CUDA).
+// above compile with the plain C++ compiler. In a build without CUDA (backend/registry.cc) the
+// constructor throws the "no CUDA backend" error and device_count() is 0.
 #pragma once
 
 #include <memory>
