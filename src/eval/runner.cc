@@ -29,6 +29,7 @@
 #include "model/sampler.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
+#include "reuse/first_token.h"
 #include "reuse/prompt.h"
 #include "reuse/selective.h"
 
@@ -357,7 +358,6 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
                    int max_tokens, bool want_attn,
                    const std::function<std::vector<int32_t>(const DecodeResult&)>& forced_of,
                    KVCache& kv, Workspace& ws) {
-  const int V = m.config().n_vocab;
   // The prefix policy reuses the instruction head from an earlier request with the same head,
   // simulated by a cache seeded with a prefill of exactly that head (deterministic, and the
   // same whether or not the run was resumed).
@@ -367,21 +367,17 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
     m.prefill(req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
     pc.remember(req.prefix, pkv);
   }
-  // Rankings a policy computes from the stored K/V on first use (l2, highfreq, freq on a record
-  // laid out otherwise) would be stored offline by a deployment, like cachetune's, so
-  // Policy::prepare computes them before the timer: TTFT compares selections, not where a
-  // baseline's ranking comes from.
-  for (const ChunkSource* c : req.chunks) po.kind->prepare(*c, po);
   SelectiveOptions so;
   so.policy = po;
   so.prefix_cache = &pc;
   Outcome out;
   kv.n_pos = 0;
-  Timer t;
-  std::vector<float> logits = selective_prefill(m, req, so, kv, ws, &out.bd, &out.sel);
-  const int32_t first = argmax(logits.data(), V);
-  out.ttft_ms = t.ms();
-  (void)first;  // decode() samples it again; the sample is part of TTFT by definition
+  // TTFT as every measuring tool defines it (reuse/first_token.h); rankings a deployment would
+  // store (l2, highfreq, freq on a record laid out otherwise) are computed before the timer.
+  FirstToken ft = run_to_first_token(m, req, so, kv, ws, &out.sel);
+  out.ttft_ms = ft.ttft_ms;
+  out.bd = ft.bd;
+  std::vector<float> logits = std::move(ft.logits);
   const int n_prompt = kv.n_pos;
   GenerateOptions g;
   g.max_tokens = max_tokens;

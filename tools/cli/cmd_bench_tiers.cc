@@ -19,7 +19,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "engine/engine.h"
-#include "model/sampler.h"
+#include "reuse/first_token.h"
 #include "reuse/pooled_chunk.h"
 #include "reuse/prompt.h"
 #include "sched/calibration_store.h"
@@ -156,12 +156,9 @@ class Runner {
     Sample s;
     const uint64_t b0 = disk ? disk->bytes_read() : 0;
     const double cpu0 = process_cpu_ms();
-    Timer t;
-    const std::vector<float> logits = selective_prefill(m_, p.req, sel, kv, ws_, &s.bd);
-    const int32_t first = argmax(logits.data(), (int)logits.size());
-    // The first token's text is part of TTFT (what a streaming client waits for).
-    const std::string piece = m_.tokenizer().token_to_piece(first);
-    s.ttft_ms = t.ms();
+    const FirstToken ft = run_to_first_token(m_, p.req, sel, kv, ws_);  // reuse/first_token.h
+    s.ttft_ms = ft.ttft_ms;
+    s.bd = ft.bd;
     s.cpu_ms = process_cpu_ms() - cpu0;
     if (disk) s.bytes_read = disk->bytes_read() - b0;
     return s;
