@@ -258,27 +258,24 @@ std::optional<std::vector<RedisClient::Reply>> RedisClient::exchange(
 // ---------------------------------------------------------------------------------------------
 // redis_ping and LocalRedisServer
 
-namespace {
-
-// A loopback TCP port that was free a moment ago.
-int pick_free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  CT_THROW_IF_NOT(fd >= 0, "cannot create a socket to find a free port");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, (sockaddr*)&addr, sizeof(addr)) == 0 &&
-      ::getsockname(fd, (sockaddr*)&addr, &len) == 0) {
-    port = ntohs(addr.sin_port);
+int pick_free_port(int lo, int hi) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    CT_THROW_IF_NOT(fd >= 0, "cannot create a socket to find a free port");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    int port = 0;
+    if (::bind(fd, (sockaddr*)&addr, sizeof(addr)) == 0 &&
+        ::getsockname(fd, (sockaddr*)&addr, &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    ::close(fd);
+    if (port >= lo && port <= hi) return port;
   }
-  ::close(fd);
-  CT_THROW_IF_NOT(port > 0, "cannot bind a loopback socket to find a free port");
-  return port;
+  CT_THROW("found no free loopback port in [{}, {}] in 100 tries", lo, hi);
 }
-
-}  // namespace
 
 bool redis_ping(const std::string& host, int port, int timeout_ms) {
   redisContext* c = redisConnectWithTimeout(host.c_str(), port, to_timeval(timeout_ms));
@@ -294,20 +291,31 @@ bool redis_ping(const std::string& host, int port, int timeout_ms) {
 }
 
 std::unique_ptr<LocalRedisServer> LocalRedisServer::start(const std::string& work_dir,
-                                                          std::string* why) {
+                                                          std::string* why, const Options& opt) {
   auto r = std::unique_ptr<LocalRedisServer>(new LocalRedisServer());
-  r->port_ = pick_free_port();
-  const std::string port = std::to_string(r->port_);
+  r->port_ = opt.port > 0 ? opt.port : pick_free_port();
+  const std::string log = work_dir + "/redis.log";
+  std::vector<std::string> args{"redis-server", "--port", std::to_string(r->port_), "--bind",
+                                "127.0.0.1",    "--save", "",  "--appendonly",  "no",
+                                "--dir",        work_dir};
+  if (opt.log_file) {
+    args.push_back("--logfile");
+    args.push_back(log);
+  }
+  args.insert(args.end(), opt.extra_args.begin(), opt.extra_args.end());
   r->pid_ = ::fork();
   if (r->pid_ == 0) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     const int devnull = ::open("/dev/null", O_RDWR);
     ::dup2(devnull, 1);
     ::dup2(devnull, 2);
-    ::execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", work_dir.c_str(), (char*)nullptr);
+    ::execvp("redis-server", argv.data());
     ::_exit(127);
   }
   if (r->pid_ < 0) {
+    r->pid_ = -1;
     *why = "fork failed";
     return nullptr;
   }
@@ -319,17 +327,18 @@ std::unique_ptr<LocalRedisServer> LocalRedisServer::start(const std::string& wor
       r->pid_ = -1;
       *why = WIFEXITED(status) && WEXITSTATUS(status) == 127
                  ? "redis-server is not on PATH (install the redis-server package)"
-                 : "redis-server exited at start";
+                 : "redis-server exited at start" + (opt.log_file ? " (see " + log + ")" : "");
       return nullptr;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   *why = "redis-server did not answer PING within 10 s";
-  return nullptr;
+  return nullptr;  // the destructor kills it
 }
 
 LocalRedisServer::~LocalRedisServer() {
   if (pid_ <= 0) return;
+  ::kill(pid_, SIGCONT);
   ::kill(pid_, SIGKILL);
   int status = 0;
   ::waitpid(pid_, &status, 0);

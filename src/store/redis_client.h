@@ -84,16 +84,33 @@ class RedisClient {
 // True when a server at host:port answers PING with PONG within timeout_ms.
 bool redis_ping(const std::string& host, int port, int timeout_ms = 200);
 
-// A throwaway redis-server child (no persistence) on a free loopback port, killed on destruction:
-// what `cachetune bench-tiers` measures against when no --redis server is given.
+// A loopback TCP port in [lo, hi] that was free a moment ago (bind port 0, read it, close; up to
+// 100 tries for one in range). Throws ct::Error when none is found.
+int pick_free_port(int lo = 1024, int hi = 65535);
+
+// A throwaway redis-server child (no persistence) on a loopback port, killed on destruction:
+// what `cachetune bench-tiers` measures against when no --redis server is given, and what the
+// tests start (tests/support wraps it with restart, pause and raw commands).
 class LocalRedisServer {
  public:
-  // Null when redis-server cannot be started; *why says what went wrong.
-  static std::unique_ptr<LocalRedisServer> start(const std::string& work_dir, std::string* why);
-  ~LocalRedisServer();
+  struct Options {
+    int port = 0;                         // 0: a free port
+    std::vector<std::string> extra_args;  // appended to the command line (e.g. cluster mode)
+    bool log_file = false;                // log to WORK_DIR/redis.log instead of nowhere
+  };
+  // `redis-server --port P --bind 127.0.0.1 --save '' --appendonly no --dir WORK_DIR ...`,
+  // waiting until it answers PING (10 s at most). Null when redis-server cannot be started;
+  // *why says what went wrong.
+  static std::unique_ptr<LocalRedisServer> start(const std::string& work_dir, std::string* why,
+                                                 const Options& opt);
+  static std::unique_ptr<LocalRedisServer> start(const std::string& work_dir, std::string* why) {
+    return start(work_dir, why, Options{});
+  }
+  ~LocalRedisServer();  // SIGCONT (in case it was stopped), SIGKILL, reap
   LocalRedisServer(const LocalRedisServer&) = delete;
   LocalRedisServer& operator=(const LocalRedisServer&) = delete;
   int port() const { return port_; }
+  pid_t pid() const { return pid_; }
 
  private:
   LocalRedisServer() = default;

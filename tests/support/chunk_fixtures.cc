@@ -115,24 +115,6 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-int pick_free_port(int lo, int hi) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-      port = ntohs(addr.sin_port);
-    ::close(fd);
-    if (port >= lo && port <= hi) return port;
-  }
-  return -1;
-}
-
 namespace {
 
 std::string find_on_path(const std::string& exe) {
@@ -198,72 +180,21 @@ bool RedisServer::restart(std::string* err) {
 bool RedisServer::start_once(int port, const std::vector<std::string>& extra_args,
                              std::string* err) {
   stop();
-  const std::string exe = find_on_path("redis-server");
-  if (exe.empty()) {
-    if (err) *err = "redis-server is not on PATH";
-    return false;
-  }
   port_ = port;
-  std::vector<std::string> args{exe,
-                                "--port",
-                                std::to_string(port_),
-                                "--bind",
-                                "127.0.0.1",
-                                "--save",
-                                "",
-                                "--appendonly",
-                                "no",
-                                "--dir",
-                                dir_.path(),
-                                "--logfile",
-                                dir_.path() + "/redis.log"};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
-  pid_ = ::fork();
-  if (pid_ == 0) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int devnull = ::open("/dev/null", O_RDWR);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
-    ::execv(exe.c_str(), argv.data());
-    ::_exit(127);
-  }
-  if (pid_ < 0) {
-    if (err) *err = "fork failed";
-    return false;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (ping()) return true;
-    int status = 0;
-    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      if (err) *err = "redis-server exited at start (see " + dir_.path() + "/redis.log)";
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (err) *err = "redis-server did not answer PING within 10 s";
-  stop();
-  return false;
+  std::string why;
+  srv_ = store::LocalRedisServer::start(dir_.path(), &why, {port, extra_args, true});
+  if (!srv_ && err) *err = why;
+  return srv_ != nullptr;
 }
 
-void RedisServer::stop() {
-  if (pid_ <= 0) return;
-  ::kill(pid_, SIGCONT);
-  ::kill(pid_, SIGKILL);
-  int status = 0;
-  ::waitpid(pid_, &status, 0);
-  pid_ = -1;
-}
+void RedisServer::stop() { srv_.reset(); }
 
 void RedisServer::pause() {
-  if (pid_ > 0) ::kill(pid_, SIGSTOP);
+  if (srv_) ::kill(srv_->pid(), SIGSTOP);
 }
 
 void RedisServer::resume() {
-  if (pid_ > 0) ::kill(pid_, SIGCONT);
+  if (srv_) ::kill(srv_->pid(), SIGCONT);
 }
 
 bool RedisServer::ping() const { return command({"PING"}) == "PONG"; }

@@ -7,10 +7,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "store/chunk.h"
+#include "store/redis_client.h"
 
 namespace ct::test {
 
@@ -41,12 +43,13 @@ class TempDir {
   std::string path_;
 };
 
-// A loopback TCP port that was free a moment ago (bind port 0, read it, close). lo/hi bound the
-// accepted range (a cluster node's bus port must also be a valid port).
-int pick_free_port(int lo = 1024, int hi = 65535);
+// A loopback TCP port that was free a moment ago; lo/hi bound the accepted range (a cluster
+// node's bus port must also be a valid port). The product's (store/redis_client.h).
+using store::pick_free_port;
 
-// redis-server as a child process: `redis-server --port P --bind 127.0.0.1 --save '' --appendonly
-// no` plus extra arguments, in its own working directory. start() waits until PING answers.
+// redis-server as a child process (store::LocalRedisServer, the product's launcher) in its own
+// working directory, logging to redis.log there, with what fault-injection tests need on top:
+// restart on the same port, SIGSTOP/SIGCONT, raw commands.
 class RedisServer {
  public:
   // False when redis-server is not on PATH (tests GTEST_SKIP then).
@@ -73,7 +76,7 @@ class RedisServer {
   std::string command(const std::vector<std::string>& args) const;
 
   int port() const { return port_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return srv_ ? srv_->pid() : -1; }
   const std::string& dir() const { return dir_.path(); }
 
  private:
@@ -81,7 +84,7 @@ class RedisServer {
 
   TempDir dir_;
   int port_ = 0;
-  pid_t pid_ = -1;
+  std::unique_ptr<store::LocalRedisServer> srv_;
   std::vector<std::string> extra_args_;
 };
 
