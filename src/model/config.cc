@@ -40,21 +40,21 @@ void read_rope_scaling(const GgufFile& f, const std::string& a, ModelConfig& c) 
         f.path(), type_key, type);
   }
 
-  const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight");
+  const char* name = c.traits->tensors->rope_freqs;
+  const GgufTensorInfo* t = f.find_tensor(name);
   if (t == nullptr) return;
   const int half = c.n_rot / 2;
   CT_THROW_IF_NOT(t->type == GgmlType::F32 && t->ne.size() == 1 && t->ne[0] == half,
-                  "{}: tensor rope_freqs.weight is {} with {} dims (ne[0]={}), expected F32 [{}] "
+                  "{}: tensor {} is {} with {} dims (ne[0]={}), expected F32 [{}] "
                   "(rope.dimension_count / 2)",
-                  f.path(), ggml_type_name(t->type), t->ne.size(), t->ne.empty() ? 0 : t->ne[0],
+                  f.path(), name, ggml_type_name(t->type), t->ne.size(), t->ne.empty() ? 0 : t->ne[0],
                   half);
   c.rope_freq_factors.resize(half);
   std::memcpy(c.rope_freq_factors.data(), t->data, half * sizeof(float));
   for (int i = 0; i < half; ++i) {
     const float v = c.rope_freq_factors[i];
     CT_THROW_IF_NOT(std::isfinite(v) && v > 0,
-                    "{}: rope_freqs.weight[{}] is {}, expected a positive finite factor", f.path(),
-                    i, v);
+                    "{}: {}[{}] is {}, expected a positive finite factor", f.path(), name, i, v);
   }
 }
 
@@ -85,10 +85,8 @@ int64_t rows_of(const GgufFile& f, const std::string& name, int64_t cols, const 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
   ModelConfig c;
   c.arch = f.get_string("general.architecture");
-  if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "mistral") {
-    CT_THROW("{}: general.architecture is '{}', expected one of llama, mistral, qwen2", f.path(),
-             c.arch);
-  }
+  c.traits = &find_arch(c.arch, f.path());
+  const TensorNames& tn = *c.traits->tensors;
   const std::string a = c.arch + ".";
   c.n_layer = read_size(f, a + "block_count", 1, kMaxLayers);
   c.n_embd = read_size(f, a + "embedding_length", 1, kMaxWidth);
@@ -124,38 +122,55 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                   "{}: {}rope.dimension_count={} must be even and <= head_dim={} "
                   "({}attention.key_length)",
                   f.path(), a, c.n_rot, c.head_dim, a);
-  c.rope_style = c.arch == "qwen2" ? cpu::RopeStyle::kNeox : cpu::RopeStyle::kNorm;
+  c.rope_style = c.traits->rope_style;
   read_rope_scaling(f, a, c);
 
   // The hyper-parameters must describe the tensors: checked on layer 0 here (every layer's shapes
   // are checked again when its weights are loaded), before any buffer is sized from them.
-  const int64_t vocab = rows_of(f, "token_embd.weight", c.n_embd, "embedding_length");
+  const int64_t vocab = rows_of(f, tn.token_embd, c.n_embd, "embedding_length");
   CT_THROW_IF_NOT(vocab >= 1 && vocab <= (int64_t)INT32_MAX - 1,
-                  "{}: token_embd.weight has {} rows, expected 1 to 2^31-2 tokens", f.path(),
+                  "{}: {} has {} rows, expected 1 to 2^31-2 tokens", f.path(), tn.token_embd,
                   vocab);
   c.n_vocab = (int)vocab;
-  const std::string l0 = "blk.0.";
-  const int64_t q_rows = rows_of(f, l0 + "attn_q.weight", c.n_embd, "embedding_length");
+  const std::string q0 = layer_tensor(0, tn.attn_q), k0 = layer_tensor(0, tn.attn_k),
+                    g0 = layer_tensor(0, tn.ffn_gate);
+  const int64_t q_rows = rows_of(f, q0, c.n_embd, "embedding_length");
   CT_THROW_IF_NOT(q_rows == (int64_t)c.q_dim(),
-                  "{}: tensor {}attn_q.weight has {} rows, expected head_count*key_length = {}",
-                  f.path(), l0, q_rows, c.q_dim());
-  const int64_t k_rows = rows_of(f, l0 + "attn_k.weight", c.n_embd, "embedding_length");
+                  "{}: tensor {} has {} rows, expected head_count*key_length = {}", f.path(), q0,
+                  q_rows, c.q_dim());
+  const int64_t k_rows = rows_of(f, k0, c.n_embd, "embedding_length");
   CT_THROW_IF_NOT(k_rows == (int64_t)c.kv_dim(),
-                  "{}: tensor {}attn_k.weight has {} rows, expected head_count_kv*key_length = {}",
-                  f.path(), l0, k_rows, c.kv_dim());
-  const int64_t ff_rows = rows_of(f, l0 + "ffn_gate.weight", c.n_embd, "embedding_length");
+                  "{}: tensor {} has {} rows, expected head_count_kv*key_length = {}", f.path(), k0,
+                  k_rows, c.kv_dim());
+  const int64_t ff_rows = rows_of(f, g0, c.n_embd, "embedding_length");
   CT_THROW_IF_NOT(ff_rows == (int64_t)c.n_ff,
-                  "{}: tensor {}ffn_gate.weight has {} rows, expected {}feed_forward_length = {}",
-                  f.path(), l0, ff_rows, a, c.n_ff);
-  const std::string last = "blk." + std::to_string(c.n_layer - 1) + ".attn_norm.weight";
+                  "{}: tensor {} has {} rows, expected {}feed_forward_length = {}", f.path(), g0,
+                  ff_rows, a, c.n_ff);
+  const std::string last = layer_tensor(c.n_layer - 1, tn.attn_norm);
   CT_THROW_IF_NOT(f.find_tensor(last) != nullptr, "{}: {}block_count={} but tensor {} is missing",
                   f.path(), a, c.n_layer, last);
-  const std::string extra = "blk." + std::to_string(c.n_layer) + ".attn_norm.weight";
+  const std::string extra = layer_tensor(c.n_layer, tn.attn_norm);
   CT_THROW_IF_NOT(f.find_tensor(extra) == nullptr,
                   "{}: {}block_count={} but the file has tensor {}: the count is wrong", f.path(),
                   a, c.n_layer, extra);
-  c.tied_output = f.find_tensor("output.weight") == nullptr;
-  c.has_qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.tied_output = f.find_tensor(tn.output) == nullptr;
+  const std::string qb0 = layer_tensor(0, tn.attn_q_bias);
+  const bool bias_in_file = f.find_tensor(qb0) != nullptr;
+  switch (c.traits->qkv_bias) {
+    case BiasRule::kNone:
+      CT_THROW_IF_NOT(!bias_in_file, "{}: architecture {} has no Q/K/V biases, but the file has {}",
+                      f.path(), c.arch, qb0);
+      c.has_qkv_bias = false;
+      break;
+    case BiasRule::kOptional:
+      c.has_qkv_bias = bias_in_file;
+      break;
+    case BiasRule::kRequired:
+      CT_THROW_IF_NOT(bias_in_file, "{}: architecture {} needs Q/K/V biases; tensor {} is missing",
+                      f.path(), c.arch, qb0);
+      c.has_qkv_bias = true;
+      break;
+  }
   return c;
 }
 

@@ -6,13 +6,15 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "model/arch.h"
 
 namespace ct {
 
 class GgufFile;
 
 struct ModelConfig {
-  std::string arch;  // "llama" (also Mistral/SmolLM2 GGUFs) or "qwen2"
+  std::string arch;  // general.architecture: "llama" (also Mistral/SmolLM2 GGUFs), "qwen2", ...
+  const ArchTraits* traits = nullptr;  // its row of the architecture table (model/arch.h)
   int n_layer = 0;
   int n_embd = 0;
   int n_head = 0;

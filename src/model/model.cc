@@ -168,30 +168,31 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
   m->rope_ = cpu::Rope(c.head_dim, c.n_rot, c.rope_theta, c.rope_style, c.rope_freq_scale,
                        c.rope_freq_factors);
   const int64_t E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
-  m->tok_embd_ = load_matrix(*f, "token_embd.weight", E, c.n_vocab);
-  m->output_ = c.tied_output ? m->tok_embd_ : load_matrix(*f, "output.weight", E, c.n_vocab);
-  m->out_norm_ = load_vec(*f, "output_norm.weight", {E});
+  const TensorNames& tn = *c.traits->tensors;
+  m->tok_embd_ = load_matrix(*f, tn.token_embd, E, c.n_vocab);
+  m->output_ = c.tied_output ? m->tok_embd_ : load_matrix(*f, tn.output, E, c.n_vocab);
+  m->out_norm_ = load_vec(*f, tn.output_norm, {E});
   m->layers_.resize(c.n_layer);
   for (int l = 0; l < c.n_layer; ++l) {
     LayerWeights& w = m->layers_[l];
-    const std::string p = "blk." + std::to_string(l) + ".";
-    w.attn_norm = load_vec(*f, p + "attn_norm.weight", {E});
-    w.wq = load_matrix(*f, p + "attn_q.weight", E, Q);
-    w.wk = load_matrix(*f, p + "attn_k.weight", E, KV);
-    w.wv = load_matrix(*f, p + "attn_v.weight", E, KV);
+    auto name = [l](const char* suffix) { return layer_tensor(l, suffix); };
+    w.attn_norm = load_vec(*f, name(tn.attn_norm), {E});
+    w.wq = load_matrix(*f, name(tn.attn_q), E, Q);
+    w.wk = load_matrix(*f, name(tn.attn_k), E, KV);
+    w.wv = load_matrix(*f, name(tn.attn_v), E, KV);
     if (c.has_qkv_bias) {
       w.bqkv.reserve(Q + 2 * KV);
-      for (const auto& [name, len] :
-           {std::pair{"attn_q.bias", Q}, {"attn_k.bias", KV}, {"attn_v.bias", KV}}) {
-        const std::vector<float> b = load_vec(*f, p + name, {len});
+      for (const auto& [bias, len] :
+           {std::pair{tn.attn_q_bias, Q}, {tn.attn_k_bias, KV}, {tn.attn_v_bias, KV}}) {
+        const std::vector<float> b = load_vec(*f, layer_tensor(l, bias), {len});
         w.bqkv.insert(w.bqkv.end(), b.begin(), b.end());
       }
     }
-    w.wo = load_matrix(*f, p + "attn_output.weight", Q, E);
-    w.ffn_norm = load_vec(*f, p + "ffn_norm.weight", {E});
-    w.w_gate = load_matrix(*f, p + "ffn_gate.weight", E, F);
-    w.w_up = load_matrix(*f, p + "ffn_up.weight", E, F);
-    w.w_down = load_matrix(*f, p + "ffn_down.weight", F, E);
+    w.wo = load_matrix(*f, name(tn.attn_output), Q, E);
+    w.ffn_norm = load_vec(*f, name(tn.ffn_norm), {E});
+    w.w_gate = load_matrix(*f, name(tn.ffn_gate), E, F);
+    w.w_up = load_matrix(*f, name(tn.ffn_up), E, F);
+    w.w_down = load_matrix(*f, name(tn.ffn_down), F, E);
   }
   m->fingerprint_ = compute_fingerprint(*f);
   m->file_ = std::move(f);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 
 namespace ct::test {
@@ -93,9 +94,7 @@ TinyVocab tiny_vocab() {
 
 std::string write_tiny_model(const std::string& path, const TinyModelOptions& o) {
   const std::string& a = o.arch;
-  CT_THROW_IF_NOT(a == "llama" || a == "qwen2",
-                  "{}: tiny model arch '{}' is not supported, expected 'llama' or 'qwen2'", path,
-                  a);
+  find_arch(a, path);  // throws for an architecture the engine does not know
   CT_THROW_IF_NOT(o.n_layer > 0 && o.n_embd > 0 && o.n_head > 0 && o.n_head_kv > 0 &&
                       o.head_dim > 0 && o.n_ff > 0,
                   "{}: tiny model dimensions must be positive", path);
@@ -163,7 +162,7 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
     add(p + "attn_q.weight", o.weight_type, {e, n_q}, 0.0f, 0.05f);
     add(p + "attn_k.weight", o.weight_type, {e, n_kv}, 0.0f, 0.05f);
     add(p + "attn_v.weight", o.weight_type, {e, n_kv}, 0.0f, 0.05f);
-    if (a == "qwen2") {
+    if (o.qkv_bias.value_or(a == "qwen2")) {
       add(p + "attn_q.bias", GgmlType::F32, {n_q}, 0.0f, 0.02f);
       add(p + "attn_k.bias", GgmlType::F32, {n_kv}, 0.0f, 0.02f);
       add(p + "attn_v.bias", GgmlType::F32, {n_kv}, 0.0f, 0.02f);

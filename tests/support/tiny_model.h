@@ -13,8 +13,8 @@
 namespace ct::test {
 
 struct TinyModelOptions {
-  // "llama" or "qwen2". qwen2 writes its keys as qwen2.* and adds F32 biases
-  // blk.N.attn_{q,k,v}.bias; otherwise the two are identical.
+  // general.architecture, any row of model/arch.h ("llama", "mistral", "qwen2"); the metadata
+  // keys are written as {arch}.*.
   std::string arch = "llama";
   int n_layer = 3;
   int n_embd = 64;
@@ -43,6 +43,9 @@ struct TinyModelOptions {
   bool tied_output = true;
   uint32_t seed = 1234;  // std::mt19937 seed; equal options give byte-identical files
   uint32_t gguf_version = 3;
+  // F32 biases blk.N.attn_{q,k,v}.bias; unset: exactly when arch is "qwen2" (as Qwen2 files).
+  // Last, so that positional initialisers of the fields above keep their meaning.
+  std::optional<bool> qkv_bias;
 };
 
 // The tokenizer written into every tiny model, for tests that check token ids.

@@ -962,7 +962,7 @@ TEST_F(TinyModelTest, SeedDeterminesTheFileAndOptionsAreValidated) {
   o = {};
   o.arch = "gpt2";
   EXPECT_TRUE(contains_all(error_of([&] { test::write_tiny_model(dir_.file("x.gguf"), o); }),
-                           {"'gpt2'", "expected 'llama' or 'qwen2'"}));
+                           {"'gpt2'", "expected one of llama, mistral, qwen2"}));
   o = {};
   o.n_ff = 100;
   o.weight_type = GgmlType::Q4_0;
