@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "backend/cuda/band_norms.h"
 #include "backend/gpu_decoder.h"
 #include "backend/registry.h"
 #include "core/error.h"
@@ -41,6 +42,9 @@ TEST(BackendRegistry, WithoutCudaEveryGpuEntryPointNamesTheMissingBackend) {
               backend::cuda_band_norms({&x}, 1, 1, true, 0, 1);
             }).find(backend::kNoCudaMessage),
             std::string::npos);
+  EXPECT_NE(message_of([&] { cuda::BandNorms bn(2, 8, 4); }).find(backend::kNoCudaMessage),
+            std::string::npos);
+  EXPECT_EQ(cuda::device_count(), 0);
   test::TempDir dir;
   const std::string model = test::write_tiny_model(dir.path() + "/m.gguf", {});
   const auto m = Model::load(model);
