@@ -2,8 +2,9 @@
 // SmolLM2-135M's layer shapes (30 layers, 576 wide, 9/3 heads of 64, FFN 1536; F32 weights, the
 // tiny test vocabulary): the plain prefill, and a composed request (32-token prefix, six
 // 500-token chunks held in host memory, 32-token query) with full recompute and with cachetune
-// at r = 0.15 (the paper's CPU-cache setting). The GPU cases skip ("no CUDA device") in a build
-// without CUDA or on a machine without a device; the CPU cases run everywhere.
+// at r = 0.15 (the paper's CPU-cache setting). Built where bench/CMakeLists.txt defines
+// CT_BENCH_TINY_MODEL (CT_CUDA builds: a CPU/GPU comparison; it writes a ~430 MB model); the GPU
+// cases skip ("no CUDA device") on a machine without a device.
 #if defined(CT_BENCH_TINY_MODEL)
 #include <benchmark/benchmark.h>
 

@@ -648,6 +648,9 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
                 {"task_score",
                  has_gold ? json(task_metric_max(spec, r.answer.text, ex.answers)) : json(nullptr)},
                 {"ttft_ms", r.ttft_ms},
+                // 2: reuse/first_token.h (the first token's text included, every policy's
+                // ingest-time ranking computed before the timer); records without it are 1.
+                {"ttft_def", 2},
                 {"decode_ms", r.answer.decode_s * 1e3},
                 {"breakdown", breakdown_json(r.bd)}};
       // Identical answers are fully faithful even when the metric scores "" vs "" as 0.

@@ -64,6 +64,8 @@ struct TokenPlan {
   int n_reused = 0;
   // Per chunk, the tokens kept (the selection report); nullopt: no per-chunk selection.
   std::optional<std::vector<std::vector<int32_t>>> selected;
+  double load_ms = 0;  // time plan_tokens spent placing the reused rows
+
 };
 
 class Policy {

@@ -498,7 +498,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     Timer st;
     const TokenPlan tp = pol.plan_tokens(preq, kv);
     bd.select_ms += st.ms();
-    if (tp.n_reused > 0) bd.load_ms += st.ms();
+    bd.load_ms += tp.load_ms;
     if (report) {
       report->selected.clear();
       if (tp.selected) report->selected = *tp.selected;

@@ -303,11 +303,13 @@ std::unique_ptr<LocalRedisServer> LocalRedisServer::start(const std::string& wor
     args.push_back(log);
   }
   args.insert(args.end(), opt.extra_args.begin(), opt.extra_args.end());
+  // argv is built before fork: the child of a multi-threaded process may only make
+  // async-signal-safe calls (no allocation) before exec.
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   r->pid_ = ::fork();
   if (r->pid_ == 0) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     const int devnull = ::open("/dev/null", O_RDWR);
     ::dup2(devnull, 1);
     ::dup2(devnull, 2);

@@ -4,6 +4,8 @@
 // layer loop without any change there, at each of the stages that use the loop.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -141,9 +143,11 @@ class Layer0Policy final : public Policy {
       if (k0[(size_t)t * KV] > k0[(size_t)best * KV]) best = t;
     }
     seen.push_back(best);
+    k0_rows.emplace_back(k0, k0 + (size_t)n * KV);
     return {best};
   }
   mutable std::vector<int32_t> seen;
+  mutable std::vector<std::vector<float>> k0_rows;  // per call, the rows the hook was given
 };
 
 TEST_F(PolicyInterfaceTest, AnUnregisteredChunkPolicyRunsThroughTheLayerLoop) {
@@ -169,6 +173,22 @@ TEST_F(PolicyInterfaceTest, AnUnregisteredLayer0PolicyChoosesAfterLayerZero) {
   ASSERT_EQ(rep.selected.size(), 2u);
   EXPECT_EQ(rep.selected[0], std::vector<int32_t>{p.seen[0]});
   EXPECT_EQ(rep.selected[1], std::vector<int32_t>{p.seen[1]});
+  // The hook got each chunk's own rows: layer-0 pre-RoPE keys depend on the token alone, so they
+  // equal the stored ones of the isolated encoding up to the F16 storage rounding. Rows of other
+  // positions (a wrong offset) would differ by about the keys' own size.
+  for (int c = 0; c < 2; ++c) {
+    const ChunkKV& rec = c == 0 ? *a_ : *b_;
+    const int n = rec.meta.n_tok, KV = rec.meta.kv_dim;
+    const ChunkKVF32 f = unpack_text_order(rec);
+    const float* want = f.k_layer(0, n, KV);
+    ASSERT_EQ(p.k0_rows[c].size(), (size_t)n * KV);
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < p.k0_rows[c].size(); ++i) {
+      worst = std::max(worst, std::fabs(p.k0_rows[c][i] - want[i]));
+      scale = std::max(scale, std::fabs(want[i]));
+    }
+    EXPECT_LT(worst, 1e-2f * scale + 1e-4f) << "chunk " << c << ", key scale " << scale;
+  }
 }
 
 TEST_F(PolicyInterfaceTest, HooksOfAnotherStageAreRefused) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <thread>
 
+#include "core/error.h"
 #include "core/paths.h"
 #include "server/server.h"
 #include "tools/cli/commands.h"
@@ -53,6 +54,10 @@ void run_serve(ServeArgs a) {
     if (const char* k = std::getenv("CACHETUNE_API_KEY")) so.api_key = k;
   }
   so.limits.default_policy.kind = &find_policy(a.policy);
+  CT_THROW_IF_NOT(!so.limits.default_policy.kind->eval_only(),
+                  "--policy {}: this policy needs the full prefill's true drift and runs only in "
+                  "`cachetune eval`",
+                  a.policy);
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
   so.limits.default_auto_ratio = auto_ratio;

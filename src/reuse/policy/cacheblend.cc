@@ -42,7 +42,7 @@ class CacheBlend final : public Policy {
 };
 }  // namespace
 const Policy& cacheblend() {
-  static const CacheBlend p;
-  return p;
+  static const CacheBlend* p = new CacheBlend();
+  return *p;
 }
 }  // namespace ct::policies

@@ -19,7 +19,7 @@ class CacheTune final : public Policy {
 };
 }  // namespace
 const Policy& cachetune() {
-  static const CacheTune p;
-  return p;
+  static const CacheTune* p = new CacheTune();
+  return *p;
 }
 }  // namespace ct::policies

@@ -22,7 +22,7 @@ class Epic final : public Policy {
 };
 }  // namespace
 const Policy& epic() {
-  static const Epic p;
-  return p;
+  static const Epic* p = new Epic();
+  return *p;
 }
 }  // namespace ct::policies

@@ -19,7 +19,7 @@ class Full final : public Policy {
 };
 }  // namespace
 const Policy& full() {
-  static const Full p;
-  return p;
+  static const Full* p = new Full();
+  return *p;
 }
 }  // namespace ct::policies

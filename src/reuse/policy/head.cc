@@ -36,8 +36,8 @@ class Head final : public Policy {
 };
 }  // namespace
 const Policy& head() {
-  static const Head p;
-  return p;
+  static const Head* p = new Head();
+  return *p;
 }
 }  // namespace policies
 

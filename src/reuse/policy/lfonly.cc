@@ -31,7 +31,7 @@ class LfOnly final : public Policy {
 };
 }  // namespace
 const Policy& lfonly() {
-  static const LfOnly p;
-  return p;
+  static const LfOnly* p = new LfOnly();
+  return *p;
 }
 }  // namespace ct::policies

@@ -33,7 +33,7 @@ class Oracle final : public Policy {
 };
 }  // namespace
 const Policy& oracle() {
-  static const Oracle p;
-  return p;
+  static const Oracle* p = new Oracle();
+  return *p;
 }
 }  // namespace ct::policies

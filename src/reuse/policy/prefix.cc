@@ -26,7 +26,11 @@ class Prefix final : public Policy {
     auto [n, entry] = r.opt.prefix_cache->longest_match(plan.tokens);
     // The last token always runs, for the logits.
     plan.n_reused = std::min(n, (int)plan.tokens.size() - 1);
-    if (plan.n_reused > 0) r.opt.prefix_cache->copy_rows(entry, plan.n_reused, kv);
+    if (plan.n_reused > 0) {
+      Timer t;
+      r.opt.prefix_cache->copy_rows(entry, plan.n_reused, kv);
+      plan.load_ms = t.ms();
+    }
     return plan;
   }
   void after_tokens(const PolicyRequest& r, const std::vector<int32_t>& tokens,
@@ -36,7 +40,7 @@ class Prefix final : public Policy {
 };
 }  // namespace
 const Policy& prefix() {
-  static const Prefix p;
-  return p;
+  static const Prefix* p = new Prefix();
+  return *p;
 }
 }  // namespace ct::policies

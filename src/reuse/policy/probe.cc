@@ -174,8 +174,8 @@ class Probe final : public Policy {
 };
 }  // namespace
 const Policy& probe() {
-  static const Probe p;
-  return p;
+  static const Probe* p = new Probe();
+  return *p;
 }
 }  // namespace policies
 

@@ -27,7 +27,7 @@ class ProphetKV final : public Policy {
 };
 }  // namespace
 const Policy& prophetkv() {
-  static const ProphetKV p;
-  return p;
+  static const ProphetKV* p = new ProphetKV();
+  return *p;
 }
 }  // namespace ct::policies

@@ -28,7 +28,7 @@ class Random final : public Policy {
 };
 }  // namespace
 const Policy& random() {
-  static const Random p;
-  return p;
+  static const Random* p = new Random();
+  return *p;
 }
 }  // namespace ct::policies

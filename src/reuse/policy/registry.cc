@@ -1,6 +1,8 @@
 // The policy registry: one line per policy. A policy is a class in its own file in this folder
 // with a factory `const Policy& NAME()` in namespace ct::policies; adding it to CT_POLICIES below
-// is the only other change (the order is that of listings such as `--policies all`).
+// is the only other change (the order is that of listings such as `--policies all`). Policies
+// are never destroyed (`static const X* p = new X()`), so a thread still running at exit can
+// use them.
 #include <string>
 
 #include "core/error.h"
@@ -32,9 +34,9 @@ CT_POLICIES(CT_DECLARE_POLICY)
 
 const std::vector<const Policy*>& all_policies() {
 #define CT_LIST_POLICY(f) &policies::f(),
-  static const std::vector<const Policy*> all = {CT_POLICIES(CT_LIST_POLICY)};
+  static const auto* all = new std::vector<const Policy*>{CT_POLICIES(CT_LIST_POLICY)};
 #undef CT_LIST_POLICY
-  return all;
+  return *all;
 }
 
 const Policy& default_policy() { return policies::cachetune(); }

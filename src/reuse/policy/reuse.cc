@@ -15,7 +15,7 @@ class Reuse final : public Policy {
 };
 }  // namespace
 const Policy& reuse() {
-  static const Reuse p;
-  return p;
+  static const Reuse* p = new Reuse();
+  return *p;
 }
 }  // namespace ct::policies

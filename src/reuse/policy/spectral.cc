@@ -44,17 +44,20 @@ class Spectral final : public Policy {
 };
 }  // namespace
 const Policy& freq() {
-  static const Spectral p("freq", "the paper's low-frequency ranking (cutoff alpha)",
-                          RankMode::kLowFreq);
-  return p;
+  static const Spectral* p =
+      new Spectral("freq", "the paper's low-frequency ranking (cutoff alpha)",
+                   RankMode::kLowFreq);
+  return *p;
 }
 const Policy& l2() {
-  static const Spectral p("l2", "top ceil(r*N) by joint K/V norm", RankMode::kL2);
-  return p;
+  static const Spectral* p =
+      new Spectral("l2", "top ceil(r*N) by joint K/V norm", RankMode::kL2);
+  return *p;
 }
 const Policy& highfreq() {
-  static const Spectral p("highfreq", "top ceil(r*N) by the high-frequency reconstruction",
-                          RankMode::kHighFreq);
-  return p;
+  static const Spectral* p =
+      new Spectral("highfreq", "top ceil(r*N) by the high-frequency reconstruction",
+                   RankMode::kHighFreq);
+  return *p;
 }
 }  // namespace ct::policies
