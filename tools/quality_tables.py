@@ -14,7 +14,8 @@ import os
 import sys
 
 ORDER = ["full", "reuse", "freq", "cachetune", "head", "probe", "random", "epic", "cacheblend",
-         "prophetkv", "oracle", "highfreq", "l2", "lfonly", "prefix"]
+         "prophetkv", "probe-shared", "oracle", "oracle-shared", "highfreq", "l2", "lfonly",
+         "prefix"]
 
 
 def fmt_ci(s, digits=2):

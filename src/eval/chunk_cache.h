@@ -29,7 +29,7 @@ class ChunkCache {
   int misses() const { return misses_; }
   double encode_ms() const { return encode_ms_; }  // total time spent encoding misses
   // Parts of encode_ms: the isolated prefill, the stored ranking, the EncodeOptions::also ones
-  // (whose orders are left with remember_ranking under ranking_name()).
+  // (whose rankings are left with remember_ranking under ranking_name()).
   double forward_ms() const { return forward_ms_; }
   double rank_ms() const { return rank_ms_; }
   double also_ms() const { return also_ms_; }

@@ -732,11 +732,10 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
       po.ratio = s->ratio;
       po.alpha = s->alpha;
       po.seed = o_.seed;
-      std::vector<std::vector<int32_t>> oracle;
       if (k->eval_only()) {
-        CT_THROW_IF_NOT(drift.size() == req.chunks.size(), "oracle: no drift of the chunks");
-        for (const auto& d : drift) oracle.push_back(top_r_by_score(d, s->ratio));
-        po.oracle = &oracle;
+        CT_THROW_IF_NOT(drift.size() == req.chunks.size(), "{}: no drift of the chunks",
+                        k->name());
+        po.drift = &drift;
       }
       Outcome r = run_policy(
           m_, req, po, max_tokens, o_.attention, [&](const DecodeResult&) { return ref.forced; },

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "reuse/chunk_source.h"
+#include "reuse/freq_rank.h"
 #include "store/chunk.h"
 
 namespace ct {
@@ -33,8 +34,9 @@ struct PolicyOptions {
   double alpha = 0.5;  // cutoff for the l2/highfreq/freq rankings computed on demand
   int epic_k = 16;
   uint64_t seed = 0;
-  // oracle: per chunk of the request, in prompt order, the token indices to recompute.
-  const std::vector<std::vector<int32_t>>* oracle = nullptr;
+  // oracle policies: per chunk of the request, in prompt order, each token's true drift against
+  // the full prefill (F32 [n_tok], text order), which only the eval harness knows.
+  const std::vector<std::vector<float>>* drift = nullptr;
 };
 
 // Where a policy's decision is made, and so which hook selective_prefill calls.
@@ -84,7 +86,7 @@ class Policy {
   virtual bool scored() const { return true; }
   // Needs SelectiveOptions::prefix_cache.
   virtual bool uses_prefix_cache() const { return false; }
-  // Needs PolicyOptions::oracle, the true drift that only the eval harness knows.
+  // Needs PolicyOptions::drift, the true drift that only the eval harness knows.
   virtual bool eval_only() const { return false; }
 
   // kChunk: tokens of chunk c (text-order indices, ascending) to recompute.
@@ -120,14 +122,22 @@ std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& p
 // Rankings kept next to the stored one, by chunk id and name ("probe", "lowfreq/<alpha>", ...):
 // policies look here for a ranking the record was not laid out in before computing it.
 // Encoders that produce several rankings at once (the eval harness) leave the others here.
-void remember_ranking(const std::string& chunk_id, const std::string& name,
-                      std::vector<int32_t> order);
-std::optional<std::vector<int32_t>> remembered_ranking(const std::string& chunk_id,
-                                                       const std::string& name);
+void remember_ranking(const std::string& chunk_id, const std::string& name, ChunkRanking r);
+std::optional<ChunkRanking> remembered_ranking(const std::string& chunk_id,
+                                               const std::string& name);
 
 // Top ceil(r*N) indices of `scores` (ties to the lower index), ascending.
 std::vector<int32_t> top_r_by_score(const std::vector<float>& scores, double r);
+// Top k indices of `scores` (ties to the lower index), ascending.
+std::vector<int32_t> top_k_by_score(const std::vector<float>& scores, int k);
 // The first k entries of a ranking order, ascending.
 std::vector<int32_t> top_of_order(const std::vector<int32_t>& order, int k);
+
+// One budget for a whole request instead of ceil(r*N) per chunk: the same total, the sum over
+// chunks of n_select(r, N_c), goes to the highest scores of all chunks together (ties: the
+// earlier chunk, then the lower index). scores[c] is chunk c's F32 [N_c] in text order, on a
+// scale comparable across chunks. Returns each chunk's count; chunk c then recomputes its own
+// top count[c] by score, which for a ranking sorted by score is a prefix of its order.
+std::vector<int> shared_budget(const std::vector<const std::vector<float>*>& scores, double r);
 
 }  // namespace ct

@@ -32,7 +32,7 @@ struct ChunkMeta {
   bool sink = false;      // encoded after a BOS/attention-sink token (not stored)
   std::string rank_mode;  // "lowfreq" | "highfreq" | "l2" | "head" | "probe"
   double alpha = 0.5;
-  // Settings of a non-spectral ranking that are part of the id ("probe1:layers=6:text=..." for
+  // Settings of a non-spectral ranking that are part of the id ("probe2:layers=6:text=..." for
   // "probe"; see reuse/policy/probe.h); "" for the others. Optional in the record's meta JSON, so
   // records written before it existed read back with "".
   std::string rank_params;

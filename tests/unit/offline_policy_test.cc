@@ -1,9 +1,12 @@
 // The offline policies of issue 15 on tiny random models: head and probe rank deterministically,
 // select exactly n_select(r, N) tokens, and their ranking travels with the record (rank mode,
-// rank_params, order) through a disk tier and back; oracle recomputes exactly what it is given.
+// rank_params, order) through a disk tier and back; the oracles recompute the true top drift; the
+// shared budgets (probe-shared, oracle-shared) keep the request's total and give it to the top
+// scores of all chunks together.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -189,7 +192,7 @@ TEST_F(OfflinePolicyTest, ProbeOnALowFreqRecordNeedsTheProbeRanking) {
   po.kind = &find_policy("probe");
   EXPECT_THROW(select_offline(s, po), Error);
   const ChunkKV p = encode_chunk(*model_, toks, probe_options());
-  remember_ranking(a.meta.id, "probe", p.meta.order);
+  remember_ranking(a.meta.id, "probe", ChunkRanking{p.meta.scores, p.meta.order});
   std::vector<int32_t> top(p.meta.order.begin(), p.meta.order.begin() + n_select(0.15, 20));
   std::sort(top.begin(), top.end());
   EXPECT_EQ(select_offline(s, po), top);
@@ -230,26 +233,134 @@ TEST_F(OfflinePolicyTest, ProbeAndHeadRecordsRoundTripThroughADiskTier) {
   fs::remove_all(dir);
 }
 
-TEST_F(OfflinePolicyTest, OracleRecomputesExactlyTheGivenTokens) {
+// n_select(r, N) of chunk c's drift, with ties to the lower index, from a brute-force sort.
+std::vector<int32_t> brute_top(const std::vector<float>& d, int k) {
+  std::vector<int32_t> idx(d.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return d[a] > d[b]; });
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+TEST_F(OfflinePolicyTest, OraclesRecomputeTheTrueTopDrift) {
   const ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(30, 9), EncodeOptions());
   const ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(12, 10), EncodeOptions());
   InMemoryChunk sa(a), sb(b);
   ComposedRequest req{test::random_byte_tokens(3, 11), {&sa, &sb}, test::random_byte_tokens(4, 12)};
-  const std::vector<std::vector<int32_t>> given = {{1, 5, 29}, {0, 11}};
+  // Chunk b drifts far more than chunk a.
+  std::vector<std::vector<float>> drift(2);
+  for (int t = 0; t < 30; ++t) drift[0].push_back((float)((t * 7) % 11));
+  for (int t = 0; t < 12; ++t) drift[1].push_back(100.0f + (float)((t * 5) % 12));
+  const double r = 0.4;
   SelectiveOptions so;
-  so.policy.kind = &find_policy("oracle");
-  so.policy.oracle = &given;
+  so.policy.ratio = r;
+  so.policy.drift = &drift;
   const RequestLayout lay = layout_request(req);
   KVCache kv = model_->make_cache(lay.n_total);
   Workspace ws;
   SelectionReport rep;
+  so.policy.kind = &find_policy("oracle");
   selective_prefill(*model_, req, so, kv, ws, nullptr, &rep);
-  EXPECT_EQ(rep.selected, given);
-  // Without a selection per chunk it is refused.
-  const std::vector<std::vector<int32_t>> short_given = {{1}};
-  so.policy.oracle = &short_given;
+  EXPECT_EQ(rep.selected[0], brute_top(drift[0], n_select(r, 30)));
+  EXPECT_EQ(rep.selected[1], brute_top(drift[1], n_select(r, 12)));
+  // Shared: the same total (12 + 5), and chunk b's 12 tokens outrank all of a's.
+  so.policy.kind = &find_policy("oracle-shared");
   kv.n_pos = 0;
-  EXPECT_THROW(selective_prefill(*model_, req, so, kv, ws, nullptr, &rep), Error);
+  selective_prefill(*model_, req, so, kv, ws, nullptr, &rep);
+  EXPECT_EQ(rep.selected[1], brute_top(drift[1], 12));
+  EXPECT_EQ(rep.selected[0], brute_top(drift[0], n_select(r, 30) + n_select(r, 12) - 12));
+  // Without the drift of every chunk both are refused.
+  const std::vector<std::vector<float>> short_drift = {drift[0]};
+  for (const char* n : {"oracle", "oracle-shared"}) {
+    so.policy.kind = &find_policy(n);
+    so.policy.drift = &short_drift;
+    kv.n_pos = 0;
+    EXPECT_THROW(selective_prefill(*model_, req, so, kv, ws, nullptr, &rep), Error) << n;
+    so.policy.drift = nullptr;
+    EXPECT_THROW(selective_prefill(*model_, req, so, kv, ws, nullptr, &rep), Error) << n;
+  }
+}
+
+TEST(SharedBudget, KeepsTheTotalAndFollowsTheScoresAcrossChunks) {
+  const std::vector<float> lo = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, hi = {50, 40, 30};
+  const std::vector<float> mid = {5.5f, 5.5f, 5.5f, 5.5f};
+  // Totals: ceil(0.3 * 10) + ceil(0.3 * 3) + ceil(0.3 * 4) = 3 + 1 + 2 = 6 go to 50, 40, 30,
+  // 10, 9, 8: hi gets all three, lo three, mid none.
+  EXPECT_EQ(shared_budget({&lo, &hi, &mid}, 0.3), (std::vector<int>{3, 3, 0}));
+  // Equal scores go to the earlier chunk, then the lower index.
+  const std::vector<float> same = {1, 1, 1, 1};
+  EXPECT_EQ(shared_budget({&same, &same}, 0.25), (std::vector<int>{2, 0}));
+  EXPECT_EQ(shared_budget({&same, &same}, 1.0), (std::vector<int>{4, 4}));
+  EXPECT_EQ(shared_budget({&same, &same}, 0.0), (std::vector<int>{0, 0}));
+  EXPECT_TRUE(shared_budget({}, 0.3).empty());
+  const std::vector<float> bad = {1, std::nanf("")};
+  EXPECT_THROW(shared_budget({&bad}, 0.5), Error);
+}
+
+TEST_F(OfflinePolicyTest, ProbeSharedSpendsTheRequestBudgetOnTheTopProbeScores) {
+  const ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(37, 21), probe_options());
+  const ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(23, 22), probe_options());
+  const ChunkKV c = encode_chunk(*model_, test::random_byte_tokens(9, 23), probe_options());
+  InMemoryChunk sa(a), sb(b), sc(c);
+  ComposedRequest req{
+      test::random_byte_tokens(3, 24), {&sa, &sb, &sc}, test::random_byte_tokens(4, 25)};
+  const RequestLayout lay = layout_request(req);
+  for (double r : {0.15, 0.4}) {
+    SelectiveOptions so;
+    so.policy.kind = &find_policy("probe-shared");
+    so.policy.ratio = r;
+    KVCache kv = model_->make_cache(lay.n_total);
+    Workspace ws;
+    SelectionReport rep;
+    selective_prefill(*model_, req, so, kv, ws, nullptr, &rep);
+    ASSERT_EQ(rep.selected.size(), 3u);
+    // The selection is the request's top n_select sum of all probe scores, chunk by chunk...
+    struct Cand {
+      float s;
+      int c, t;
+    };
+    std::vector<Cand> all;
+    int total = 0;
+    const ChunkKV* recs[] = {&a, &b, &c};
+    for (int k = 0; k < 3; ++k) {
+      total += n_select(r, recs[k]->meta.n_tok);
+      for (int t = 0; t < recs[k]->meta.n_tok; ++t) all.push_back({recs[k]->meta.scores[t], k, t});
+    }
+    std::stable_sort(all.begin(), all.end(), [](const Cand& x, const Cand& y) { return x.s > y.s; });
+    std::vector<std::vector<int32_t>> want(3);
+    for (int i = 0; i < total; ++i) want[all[i].c].push_back(all[i].t);
+    for (auto& w : want) std::sort(w.begin(), w.end());
+    EXPECT_EQ(rep.selected, want) << "r " << r;
+    // ...and, for each chunk, a prefix of its stored order (one contiguous read of the rest).
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(rep.selected[k], top_of_order(recs[k]->meta.order, (int)want[k].size()));
+    }
+  }
+  // Records without the probe ranking are refused with the reason.
+  const ChunkKV lf = encode_chunk(*model_, test::random_byte_tokens(20, 26), lowfreq_options());
+  InMemoryChunk slf(lf);
+  ComposedRequest bad{test::random_byte_tokens(3, 24), {&sa, &slf}, test::random_byte_tokens(4, 25)};
+  SelectiveOptions so;
+  so.policy.kind = &find_policy("probe-shared");
+  KVCache kv = model_->make_cache(layout_request(bad).n_total);
+  Workspace ws;
+  EXPECT_THROW(selective_prefill(*model_, bad, so, kv, ws), Error);
+}
+
+TEST_F(OfflinePolicyTest, ProbeScoresShareOneScaleAcrossChunks) {
+  // The mean score of a chunk is its mean probe drift (not 1, as a per-chunk normalisation
+  // would make it), so chunks differ; the order within a chunk follows the scores.
+  std::vector<double> means;
+  for (uint64_t seed : {31, 32, 33}) {
+    const ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(30, seed), probe_options());
+    double m = 0;
+    for (float v : a.meta.scores) m += v;
+    means.push_back(m / a.meta.n_tok);
+    EXPECT_GT(means.back(), 0.0);
+  }
+  EXPECT_FALSE(std::fabs(means[0] - means[1]) < 1e-6 && std::fabs(means[1] - means[2]) < 1e-6);
+  EXPECT_EQ(probe_params(ProbeOptions()).rfind("probe2:", 0), 0u);
 }
 
 }  // namespace

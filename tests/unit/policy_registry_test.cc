@@ -30,9 +30,10 @@ TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
     EXPECT_EQ(&find_policy(p->name()), p);
     EXPECT_GT(std::string(p->summary()).size(), 10u) << p->name();
   }
-  const std::set<std::string> want = {"full",     "reuse",  "cachetune", "prefix", "cacheblend",
-                                      "epic",     "random", "l2",        "highfreq", "lfonly",
-                                      "prophetkv", "freq",  "head",      "probe",  "oracle"};
+  const std::set<std::string> want = {
+      "full", "reuse",     "cachetune", "prefix", "cacheblend",   "epic",   "random",       "l2",
+      "highfreq", "lfonly", "prophetkv", "freq",   "head",         "probe",  "probe-shared",
+      "oracle", "oracle-shared"};
   EXPECT_EQ(names, want);
   EXPECT_STREQ(default_policy().name(), "cachetune");
   EXPECT_EQ(PolicyOptions{}.kind, &default_policy());
@@ -97,14 +98,14 @@ class PolicyInterfaceTest : public ::testing::Test {
     return {test::random_byte_tokens(5, 1), {sa_.get(), sb_.get()}, test::random_byte_tokens(6, 2)};
   }
   static std::vector<float> run(const Policy& p, SelectionReport* rep,
-                                const std::vector<std::vector<int32_t>>* oracle = nullptr) {
+                                const std::vector<std::vector<float>>* drift = nullptr) {
     const ComposedRequest req = request();
     KVCache kv = model_->make_cache(layout_request(req).n_total);
     Workspace ws;
     SelectiveOptions so;
     so.policy.kind = &p;
     so.policy.ratio = 0.2;
-    so.policy.oracle = oracle;
+    so.policy.drift = drift;
     return selective_prefill(*model_, req, so, kv, ws, nullptr, rep);
   }
   static std::unique_ptr<Model> model_;
@@ -157,10 +158,15 @@ TEST_F(PolicyInterfaceTest, AnUnregisteredChunkPolicyRunsThroughTheLayerLoop) {
   ASSERT_EQ(rep.selected.size(), 2u);
   EXPECT_EQ(rep.selected[0], tail.select_chunk(*sa_, PolicyOptions{&tail, 0.2}));
   EXPECT_EQ(rep.selected[1], tail.select_chunk(*sb_, PolicyOptions{&tail, 0.2}));
-  // The same selection handed to the registered oracle gives the same logits, bit for bit: one
-  // layer loop serves both.
+  // The same selection made by the registered oracle (a drift of 1 on exactly those tokens)
+  // gives the same logits, bit for bit: one layer loop serves both.
+  std::vector<std::vector<float>> drift;
+  for (size_t c = 0; c < 2; ++c) {
+    drift.emplace_back(request().chunks[c]->meta().n_tok, 0.0f);
+    for (int32_t t : rep.selected[c]) drift[c][t] = 1.0f;
+  }
   SelectionReport orep;
-  const std::vector<float> want = run(find_policy("oracle"), &orep, &rep.selected);
+  const std::vector<float> want = run(find_policy("oracle"), &orep, &drift);
   EXPECT_EQ(orep.selected, rep.selected);
   EXPECT_EQ(got, want);
 }
@@ -196,7 +202,7 @@ TEST_F(PolicyInterfaceTest, HooksOfAnotherStageAreRefused) {
   EXPECT_THROW(find_policy("cacheblend").select_chunk(*sa_, po), Error);
   EXPECT_THROW(find_policy("prophetkv").select_chunk(*sa_, po), Error);
   EXPECT_THROW(find_policy("cachetune").select_after_layer0(*sa_, nullptr, nullptr, po), Error);
-  // The oracle without its given selection names what is missing.
+  // The oracle without the true drift names what is missing.
   SelectionReport rep;
   EXPECT_THROW(run(find_policy("oracle"), &rep), Error);
 }

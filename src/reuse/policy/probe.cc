@@ -12,6 +12,7 @@
 #include "core/sha256.h"
 #include "reuse/encoder.h"
 #include "reuse/policy.h"
+#include "reuse/selective.h"
 
 namespace ct {
 
@@ -28,7 +29,7 @@ int probe_layers(const ProbeOptions& o, int n_layer) {
 std::string probe_params(const ProbeOptions& o) {
   Sha256 h;
   h.update(o.text);
-  return fmt::format("probe1:layers={}:text={}",
+  return fmt::format("probe2:layers={}:text={}",
                      o.layers > 0 ? std::to_string(o.layers) : std::string("auto"),
                      h.hex_digest().substr(0, 16));
 }
@@ -122,6 +123,7 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   std::vector<float> kp((size_t)n * KV), vp((size_t)n * KV);
   std::vector<double> score(n, 0.0), dk, dv;
   int n_scored = 0;
+  double scale = 0;  // the chunk's mean drift, averaged over the scored layers
   for (int l = 0; l < layers; ++l) {
     LayerTap tap;
     tap.k_pre_rope = kp.data();
@@ -133,12 +135,13 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
     for (int t = 0; t < n; ++t) {
       score[t] += 0.5 * (mk > 0 ? dk[t] / mk : 0.0) + 0.5 * (mv > 0 ? dv[t] / mv : 0.0);
     }
+    scale += 0.5 * (mk + mv);
     ++n_scored;
   }
   ChunkRanking r;
   r.scores.resize(n);
   for (int t = 0; t < n; ++t) {
-    const double s = n_scored > 0 ? score[t] / n_scored : 0.0;
+    const double s = n_scored > 0 ? score[t] / n_scored * (scale / n_scored) : 0.0;
     CT_THROW_IF_NOT(std::isfinite(s), "probe ranking: non-finite drift at token {}", t);
     r.scores[t] = (float)s;
   }
@@ -149,10 +152,24 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   return r;
 }
 
+namespace {
+// The stored probe ranking of a chunk: its own order when ingested with rank mode "probe", else
+// one left by remember_ranking(id, "probe", ...).
+ChunkRanking probe_ranking_of(const ChunkSource& c) {
+  const ChunkMeta& meta = c.meta();
+  if (meta.rank_mode == rank_mode_name(RankMode::kProbe)) return {meta.scores, meta.order};
+  auto kept = remembered_ranking(meta.id, "probe");
+  CT_THROW_IF_NOT(kept && (int)kept->order.size() == meta.n_tok,
+                  "chunk {} was ingested with rank mode '{}', and the probe policies need the "
+                  "probe ranking, which is computed at ingest: re-ingest with --rank probe",
+                  meta.id.substr(0, 12), meta.rank_mode);
+  return std::move(*kept);
+}
+}  // namespace
+
 namespace policies {
 namespace {
-// The top ceil(r*N) of the probe ranking: the stored order of a record ingested with rank mode
-// "probe", or one left by remember_ranking(id, "probe", ...) for a record laid out otherwise.
+// The top ceil(r*N) of each chunk's probe ranking (probe_ranking_of).
 class Probe final : public Policy {
  public:
   const char* name() const override { return "probe"; }
@@ -161,20 +178,39 @@ class Probe final : public Policy {
   }
   PolicyStage stage() const override { return PolicyStage::kChunk; }
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
-    const ChunkMeta& meta = c.meta();
-    const int k = n_select(p.ratio, meta.n_tok);
-    if (meta.rank_mode == rank_mode_name(RankMode::kProbe)) return top_of_order(meta.order, k);
-    const auto kept = remembered_ranking(meta.id, "probe");
-    CT_THROW_IF_NOT(kept && (int)kept->size() == meta.n_tok,
-                    "chunk {} was ingested with rank mode '{}', and the probe policy needs the "
-                    "probe ranking, which is computed at ingest: re-ingest with --rank probe",
-                    meta.id.substr(0, 12), meta.rank_mode);
-    return top_of_order(*kept, k);
+    return top_of_order(probe_ranking_of(c).order, n_select(p.ratio, c.meta().n_tok));
+  }
+};
+
+// The same probe scores with one budget for the request (shared_budget): a chunk whose tokens
+// drift more in the probe pass gets more of the request's sum of ceil(r*N_c), and each chunk
+// still recomputes a prefix of its stored order, so the reused rows stay one contiguous read.
+class ProbeShared final : public Policy {
+ public:
+  const char* name() const override { return "probe-shared"; }
+  const char* summary() const override {
+    return "the probe-drift ranking with one budget shared across the request's chunks";
+  }
+  PolicyStage stage() const override { return PolicyStage::kRequest; }
+  bool on_gpu() const override { return true; }
+  std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
+    std::vector<ChunkRanking> ranks;
+    for (const ChunkSource* c : r.req.chunks) ranks.push_back(probe_ranking_of(*c));
+    std::vector<const std::vector<float>*> scores;
+    for (const ChunkRanking& k : ranks) scores.push_back(&k.scores);
+    const std::vector<int> count = shared_budget(scores, r.opt.policy.ratio);
+    std::vector<std::vector<int32_t>> out;
+    for (size_t b = 0; b < ranks.size(); ++b) out.push_back(top_of_order(ranks[b].order, count[b]));
+    return out;
   }
 };
 }  // namespace
 const Policy& probe() {
   static const Probe* p = new Probe();
+  return *p;
+}
+const Policy& probe_shared() {
+  static const ProbeShared* p = new ProbeShared();
   return *p;
 }
 }  // namespace policies

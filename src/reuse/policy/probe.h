@@ -34,7 +34,7 @@ struct ProbeOptions {
 // else max(2, ceil(n_layer / 5)).
 int probe_layers(const ProbeOptions& o, int n_layer);
 
-// A short description that identifies the ranking's settings: "probe1:layers=<N or auto>:text=
+// A short description that identifies the ranking's settings: "probe2:layers=<N or auto>:text=
 // <16 hex of SHA-256 of the text>" (with the model fingerprint in the id, "auto" is one number
 // per model). Part of the chunk id and stored in the record (ChunkMeta::rank_params).
 std::string probe_params(const ProbeOptions& o);
@@ -42,9 +42,12 @@ std::string probe_params(const ProbeOptions& o);
 // Scores the chunk `tokens` (without the sink) from its isolated encoding: k_iso[l], v_iso[l]
 // are F32 [n_tok][kv_dim] pre-RoPE K and V of layer l (at least probe_layers() layers). `sink`
 // says whether the isolated encoding had a BOS before the chunk; the probe pass then starts with
-// a BOS as well. score(t) = mean over layers 1..layers-1 of
+// a BOS as well. score(t) = S * mean over layers 1..layers-1 of
 // 0.5 * |dK_t| / mean_t |dK| + 0.5 * |dV_t| / mean_t |dV| (L2 norms over the kv_dim channels;
-// a layer with no drift contributes 0). Deterministic; ties go to the lower index.
+// a layer with no drift contributes 0), where S, the mean over the same layers of
+// 0.5 * (mean_t |dK| + mean_t |dV|), puts the chunks of one model on one scale (the order within
+// a chunk does not depend on it; "probe2": "probe1" records had S = 1). Deterministic; ties go to
+// the lower index.
 ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                         const std::vector<const float*>& k_iso,
                         const std::vector<const float*>& v_iso, const ProbeOptions& o);

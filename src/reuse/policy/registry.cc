@@ -23,7 +23,9 @@
   X(freq)              \
   X(head)              \
   X(probe)             \
-  X(oracle)
+  X(probe_shared)      \
+  X(oracle)            \
+  X(oracle_shared)
 
 namespace ct {
 namespace policies {

@@ -33,9 +33,10 @@ class Spectral final : public Policy {
     if (meta.rank_mode == rank_mode_name(mode_) && (mode_ == RankMode::kL2 || meta.alpha == p.alpha))
       return meta.order;
     const std::string key = std::string(rank_mode_name(mode_)) + "/" + std::to_string(p.alpha);
-    if (auto kept = remembered_ranking(meta.id, key)) return *kept;
-    std::vector<int32_t> order = rank_stored_chunk(read_whole_chunk(c), ro).order;
-    remember_ranking(meta.id, key, order);
+    if (auto kept = remembered_ranking(meta.id, key)) return kept->order;
+    ChunkRanking r = rank_stored_chunk(read_whole_chunk(c), ro);
+    std::vector<int32_t> order = r.order;
+    remember_ranking(meta.id, key, std::move(r));
     return order;
   }
   const char* name_;
