@@ -7,16 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"  // LayerBackend, PipelineOptions
 #include "model/model.h"
 #include "reuse/chunk_source.h"
 #include "reuse/policy.h"
 #include "store/chunk.h"
 
 namespace ct {
-
-namespace cuda {
-class Decoder;  // backend/cuda/decoder.h (CT_CUDA builds)
-}
 
 struct ComposedRequest {
   std::vector<int32_t> prefix;             // recomputed (system prompt, template head)
@@ -70,13 +67,6 @@ class PrefixCache {
   };
   int capacity_;
   std::vector<Entry> entries_;  // most recent last
-};
-
-// How the complement is loaded (paper App. B.2); the switches exist for the ablation benchmark.
-struct PipelineOptions {
-  bool overlap = true;         // a loader thread prefetches layer l+1 while layer l computes
-  bool sparse = true;          // read only the complement's contiguous rank-row suffix
-  bool rope_in_loader = true;  // deferred RoPE on the loader thread (else on the compute thread)
 };
 
 struct SelectiveOptions {

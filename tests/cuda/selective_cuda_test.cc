@@ -45,7 +45,8 @@ TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
     auto dec = make_cuda_decoder(*m, n_total + 8);
     for (const Policy* kind :
          {&find_policy("full"), &find_policy("reuse"), &find_policy("cachetune"), &find_policy("epic"),
-          &find_policy("random"), &find_policy("l2"), &find_policy("highfreq")}) {
+          &find_policy("random"), &find_policy("l2"), &find_policy("highfreq"),
+          &find_policy("head"), &find_policy("probe"), &find_policy("probe-shared")}) {
       for (bool sparse : {true, false}) {
         SCOPED_TRACE(std::string(kind->name()) + " " + kv_dtype_name(dtype) +
                      (sparse ? " sparse" : " dense"));

@@ -1,0 +1,97 @@
+// The per-layer compute seam: what the selective prefill's one layer loop (reuse/selective.cc)
+// runs on. A LayerBackend holds one request's active rows (the recomputed tokens plus prefix and
+// query) and its KV cache; per layer, the reused chunk rows are placed in the cache (unpacked,
+// rotated to their global positions: deferred RoPE) before the layer computes the active rows over
+// the whole, causally masked sequence. Two implementations: the CPU (Model::forward_layer on a host
+// KVCache, with a loader thread working ahead of the loop) and the GPU (cuda::Decoder, the rows
+// staged in pinned memory and unpacked on the device). caps() says what a backend supports; the
+// loop asks it instead of testing which backend it has.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "store/chunk.h"
+
+namespace ct {
+
+namespace cuda {
+class Decoder;
+}
+
+// How the reused rows are loaded on the CPU (paper App. B.2); the switches exist for the
+// ablation benchmark. The GPU always reads the rows on the calling thread while the device
+// computes the previous layer.
+struct PipelineOptions {
+  bool overlap = true;         // a loader thread prefetches layer l+1 while layer l computes
+  bool sparse = true;          // read only the complement's contiguous rank-row suffix
+  bool rope_in_loader = true;  // deferred RoPE on the loader thread (else on the compute thread)
+};
+
+// A request's reused rows, the same in every layer: segments of raw rows as stored (one per chunk
+// occurrence read), concatenated; raw row r goes to global position pos[r], or nowhere when
+// pos[r] < 0 (a recomputed token inside a range read whole).
+struct ReusedRows {
+  struct Segment {
+    KvDtype dtype = KvDtype::F16;
+    int n_rows = 0;
+    std::string label;  // names the segment's source in errors (a chunk id)
+  };
+  std::vector<Segment> segments;
+  std::vector<int32_t> pos;  // [sum of n_rows]
+  // Reads segment s's raw rows of layer l into k and v ([n_rows][kv_dim] of its dtype each).
+  // Called from the backend's loader thread as well; throws what the source throws.
+  std::function<void(int l, int s, void* k, void* v)> read;
+  int n_placed() const;  // rows with pos >= 0
+};
+
+struct BackendCaps {
+  const char* name = "";  // "cpu", "cuda"
+  bool taps = false;      // layer() fills LayerTap (K/V before RoPE, query attention)
+  bool keep_rows = false;  // keep_rows() is available (a selection made after layer 0)
+};
+
+// Where a pass's time went, added up by the backend.
+struct LayerTimes {
+  double load_ms = 0;       // reading, unpacking and rotating the reused rows
+  double load_wait_ms = 0;  // the part the layer loop waited for or did itself
+  double compute_ms = 0;    // the layers (on the GPU: everything but load, logits included)
+  double logits_ms = 0;
+  double kv_to_host_ms = 0;  // GPU: the finished cache copied back to the host
+};
+
+class LayerBackend {
+ public:
+  virtual ~LayerBackend() = default;
+  virtual BackendCaps caps() const = 0;
+  // Starts a pass on n active rows: tokens at global positions pos (strictly increasing).
+  virtual void begin(const int32_t* tokens, const int32_t* pos, int n) = 0;
+  // The reused rows of layers [first_layer, n_layer): each layer's are in place when layer(l)
+  // runs. Replaces rows set before (layers below first_layer are not touched again).
+  virtual void set_reused(const ReusedRows& rows, int first_layer) = 0;
+  // One decoder layer on the active rows. tap: only with caps().taps (else null).
+  virtual void layer(int l, LayerTap* tap) = 0;
+  // Keeps the active rows whose positions are listed (a subset of the current ones, ascending).
+  virtual void keep_rows(const std::vector<int32_t>& pos) = 0;
+  // After the last layer: the last active row's logits, F32 [n_vocab].
+  virtual std::vector<float> finish() = 0;
+  const LayerTimes& times() const { return times_; }
+
+ protected:
+  LayerTimes times_;
+};
+
+// The CPU backend: the layers of m on the host cache kv (at least as long as the prompt).
+std::unique_ptr<LayerBackend> make_cpu_layers(const Model& m, KVCache& kv, Workspace& ws,
+                                              const PipelineOptions& opt);
+// The GPU backend on dec (built from m, n_ctx >= the prompt; one K/V type per request). With
+// kv_to_host, finish() copies the finished cache into it (which must hold the prompt); else the
+// host cache is not touched. sparse: as PipelineOptions::sparse (the caller builds the rows).
+std::unique_ptr<LayerBackend> make_cuda_layers(const Model& m, cuda::Decoder& dec,
+                                               KVCache* kv_to_host);
+
+}  // namespace ct

@@ -1,0 +1,221 @@
+// The CPU LayerBackend (backend.h): Model::forward_layer on a host KVCache. The reused rows are
+// read from their sources into a staging buffer, the placed ones unpacked to F32 at their global
+// positions and rotated there (deferred RoPE). With overlap, a loader thread works ahead of the
+// layer loop and hands layers over through per-layer ready flags (the CPU counterpart of the
+// paper's transfer stream and per-layer events); without, layer l is loaded on the calling thread.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/timer.h"
+
+namespace ct {
+
+int ReusedRows::n_placed() const {
+  int n = 0;
+  for (int32_t g : pos) n += g >= 0;
+  return n;
+}
+
+namespace {
+
+class LayerLoader {
+ public:
+  LayerLoader(const Model& m, const ReusedRows& rows, KVCache& kv, const PipelineOptions& opt,
+              int first_layer)
+      : m_(m), rows_(rows), kv_(kv), opt_(opt), n_layer_(m.config().n_layer), ready_(n_layer_, 0) {
+    for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
+    for (int32_t g : rows_.pos) {
+      if (g >= 0) pos_.push_back(g);
+    }
+    if (opt_.overlap) {
+      thread_ = std::thread([this, first_layer] {
+        omp_set_num_threads(1);  // the compute thread's OpenMP team owns the cores
+        for (int l = first_layer; l < n_layer_ && !stop_; ++l) {
+          try {
+            load(l, opt_.rope_in_loader);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(mu_);
+            error_ = std::current_exception();
+            cv_.notify_all();
+            return;
+          }
+          std::lock_guard<std::mutex> lock(mu_);
+          ready_[l] = 1;
+          cv_.notify_all();
+        }
+      });
+    }
+  }
+  ~LayerLoader() {
+    stop_ = true;
+    join();
+  }
+  // Waits for the loader thread to end (after the last wait(), it has loaded every layer).
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Blocks until layer l's rows are in the cache (rotated), loading it here when not overlapped.
+  void wait(int l) {
+    if (!opt_.overlap) {
+      if (!ready_[l]) load(l, true);
+      ready_[l] = 1;
+      return;
+    }
+    Timer t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return ready_[l] || error_; });
+      if (error_) std::rethrow_exception(error_);
+    }
+    if (!opt_.rope_in_loader) {
+      // RoPE on the compute thread is load work that the layer loop pays for in full.
+      Timer rt;
+      rope(l);
+      rope_on_caller_ms_ += rt.ms();
+    }
+    wait_ms += t.ms();
+  }
+
+  // All load work (read, unpack, RoPE) on whichever thread did it; valid after the last wait().
+  double load_ms() const { return loader_ms_ + rope_on_caller_ms_; }
+  double wait_ms = 0;  // compute-side time spent waiting for, or doing, load work
+
+ private:
+  void load(int l, bool do_rope) {
+    Timer t;
+    const int KV = kv_.kv_dim();
+    float* kc = kv_.k(l);
+    float* vc = kv_.v(l);
+    size_t r = 0;
+    for (size_t s = 0; s < rows_.segments.size(); ++s) {
+      const ReusedRows::Segment& seg = rows_.segments[s];
+      const size_t row_bytes = (size_t)KV * kv_dtype_size(seg.dtype);
+      const size_t bytes = row_bytes * seg.n_rows;
+      if (bytes == 0) continue;
+      if (stage_k_.size() < bytes) {
+        stage_k_.resize(bytes);
+        stage_v_.resize(bytes);
+      }
+      rows_.read(l, (int)s, stage_k_.data(), stage_v_.data());
+      for (int j = 0; j < seg.n_rows; ++j, ++r) {
+        const int32_t g = rows_.pos[r];
+        if (g < 0) continue;
+        kv_unpack(seg.dtype, stage_k_.data() + row_bytes * j, kc + (size_t)g * KV, KV);
+        kv_unpack(seg.dtype, stage_v_.data() + row_bytes * j, vc + (size_t)g * KV, KV);
+      }
+    }
+    if (do_rope) rope(l);
+    loader_ms_ += t.ms();
+  }
+  // Only one thread ever calls rope() in a given loader (the loader thread with rope_in_loader
+  // and overlap, else the caller), so the tables filled on the first call need no lock.
+  void rope(int l) {
+    if (rope_cos_.empty() && !pos_.empty()) {
+      m_.rope().angle_table(pos_.data(), (int)pos_.size(), rope_cos_, rope_sin_);
+    }
+    m_.rope().apply_at_positions(kv_.k(l), kv_.kv_dim(), m_.config().n_head_kv, pos_.data(),
+                                 (int)pos_.size(), rope_cos_.data(), rope_sin_.data());
+  }
+
+  const Model& m_;
+  const ReusedRows& rows_;
+  KVCache& kv_;
+  PipelineOptions opt_;
+  int n_layer_;
+  std::vector<char> ready_;
+  // loader_ms_ is written by whichever thread runs load() (the loader thread, published to the
+  // caller with ready_ under mu_); rope_on_caller_ms_ only by the caller.
+  double loader_ms_ = 0;
+  double rope_on_caller_ms_ = 0;
+  std::vector<uint8_t> stage_k_, stage_v_;  // reusable staging buffers (loader thread only)
+  std::vector<int32_t> pos_;  // global positions of the placed rows (same in every layer)
+  std::vector<float> rope_cos_, rope_sin_;  // F32 [n_placed][n_rot/2]: their RoPE angles, once
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::exception_ptr error_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class CpuLayers final : public LayerBackend {
+ public:
+  CpuLayers(const Model& m, KVCache& kv, Workspace& ws, const PipelineOptions& opt)
+      : m_(m), kv_(kv), ws_(ws), opt_(opt) {}
+  ~CpuLayers() override { loader_.reset(); }  // joins the loader thread before rows_ go
+  BackendCaps caps() const override { return {"cpu", true, true}; }
+  void begin(const int32_t* tokens, const int32_t* pos, int n) override {
+    CT_THROW_IF_NOT(n > 0, "a pass needs at least one active row");
+    act_.assign(pos, pos + n);
+    x_.resize((size_t)n * m_.config().n_embd);
+    m_.embed(tokens, n, x_.data());
+  }
+  void set_reused(const ReusedRows& rows, int first_layer) override {
+    retire_loader();
+    rows_ = rows;
+    loader_ = std::make_unique<LayerLoader>(m_, rows_, kv_, opt_, first_layer);
+  }
+  void layer(int l, LayerTap* tap) override {
+    if (loader_) loader_->wait(l);
+    Timer t;
+    m_.forward_layer(l, x_.data(), act_.data(), (int)act_.size(), kv_, ws_, tap);
+    times_.compute_ms += t.ms();
+  }
+  void keep_rows(const std::vector<int32_t>& to) override {
+    const int E = m_.config().n_embd;
+    size_t w = 0;
+    for (size_t i = 0; i < act_.size() && w < to.size(); ++i) {
+      if (act_[i] != to[w]) continue;
+      if (i != w) std::memmove(x_.data() + w * E, x_.data() + i * E, E * sizeof(float));
+      ++w;
+    }
+    CT_ASSERT(w == to.size(), "active set is not a subset ({} of {})", w, to.size());
+    x_.resize(w * E);
+    act_ = to;
+  }
+  std::vector<float> finish() override {
+    retire_loader();
+    Timer t;
+    std::vector<float> logits(m_.config().n_vocab);
+    m_.logits(x_.data() + (act_.size() - 1) * m_.config().n_embd, 1, logits.data(), ws_);
+    times_.logits_ms += t.ms();
+    return logits;
+  }
+
+ private:
+  // Adds a finished loader's times and ends it.
+  void retire_loader() {
+    if (!loader_) return;
+    loader_->join();
+    times_.load_ms += loader_->load_ms();
+    times_.load_wait_ms += loader_->wait_ms;
+    if (!opt_.overlap) times_.load_wait_ms += loader_->load_ms();
+    loader_.reset();
+  }
+  const Model& m_;
+  KVCache& kv_;
+  Workspace& ws_;
+  PipelineOptions opt_;
+  std::vector<int32_t> act_;
+  std::vector<float> x_;
+  ReusedRows rows_;
+  std::unique_ptr<LayerLoader> loader_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerBackend> make_cpu_layers(const Model& m, KVCache& kv, Workspace& ws,
+                                              const PipelineOptions& opt) {
+  return std::make_unique<CpuLayers>(m, kv, ws, opt);
+}
+
+}  // namespace ct
