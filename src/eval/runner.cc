@@ -705,6 +705,23 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         j["encode_rank_ms"] = encode_rank_ms;
         j["encode_probe_ms"] = encode_probe_ms;
         if (layout == Layout::kBase) j["band_energy"] = band_energy(recs, o_.n_bands);
+        // Per chunk in prompt order: the mean true drift, and the mean stored probe score (the
+        // chunk's probe drift), for analysing how a shared budget should split across chunks.
+        json drift_mean = json::array(), probe_mean = json::array();
+        for (size_t b = 0; b < ref.drift.size(); ++b) {
+          const auto& d = ref.drift[b];
+          double sum = 0;
+          for (float v : d) sum += v;
+          drift_mean.push_back(d.empty() ? 0.0 : sum / d.size());
+          const ChunkMeta& mt = recs[order[b]]->meta;
+          if (mt.rank_mode == rank_mode_name(RankMode::kProbe) && !mt.scores.empty()) {
+            double ps = 0;
+            for (float v : mt.scores) ps += v;
+            probe_mean.push_back(ps / mt.scores.size());
+          }
+        }
+        j["chunk_drift_mean"] = drift_mean;
+        if (probe_mean.size() == ref.drift.size()) j["chunk_probe_mean"] = probe_mean;
         out_->append(j);
         done_.insert(unit_key(ex.id, ref_name, "full"));
         finish_unit(ex.id, ref_name, &find_policy("full"));
@@ -744,12 +761,15 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
       if (k->scored() && !drift.empty()) {
         RecallCount rc;
         int n_sel = 0;
+        json per_chunk = json::array();
         CT_ASSERT(r.sel.selected.size() == drift.size(), "selection of {} chunks, drift of {}",
                   r.sel.selected.size(), drift.size());
         for (size_t b = 0; b < drift.size(); ++b) {
           rc += recall_at(r.sel.selected[b], drift[b], s->ratio);
           n_sel += (int)r.sel.selected[b].size();
+          per_chunk.push_back((int)r.sel.selected[b].size());
         }
+        j["selected_per_chunk"] = per_chunk;
         j["recall"] = rc.recall();
         j["recall_hits"] = rc.hits;
         j["recall_ref"] = rc.n_ref;
