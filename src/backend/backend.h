@@ -50,8 +50,8 @@ struct ReusedRows {
 };
 
 struct BackendCaps {
-  const char* name = "";  // "cpu", "cuda"
-  bool taps = false;      // layer() fills LayerTap (K/V before RoPE, query attention)
+  const char* name = "";   // "cpu", "cuda"
+  bool taps = false;       // layer() fills LayerTap (K/V before RoPE, query attention)
   bool keep_rows = false;  // keep_rows() is available (a selection made after layer 0)
 };
 

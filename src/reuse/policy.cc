@@ -99,10 +99,6 @@ std::vector<int> shared_budget(const std::vector<const std::vector<float>*>& sco
   return count;
 }
 
-std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& p) {
-  return p.kind->select_chunk(c, p);
-}
-
 std::vector<int32_t> Policy::select_chunk(const ChunkSource&, const PolicyOptions&) const {
   wrong_stage(*this, "per-chunk selection: it selects inside the prefill");
 }

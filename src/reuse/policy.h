@@ -67,15 +67,19 @@ struct TokenPlan {
   // Per chunk, the tokens kept (the selection report); nullopt: no per-chunk selection.
   std::optional<std::vector<std::vector<int32_t>>> selected;
   double load_ms = 0;  // time plan_tokens spent placing the reused rows
-
 };
 
 class Policy {
  public:
+  // summary: one line, for --help and error messages.
+  Policy(const char* name, const char* summary, PolicyStage stage)
+      : name_(name), summary_(summary), stage_(stage) {}
   virtual ~Policy() = default;
-  virtual const char* name() const = 0;
-  virtual const char* summary() const = 0;  // one line, for --help and error messages
-  virtual PolicyStage stage() const = 0;
+  Policy(const Policy&) = delete;
+  Policy& operator=(const Policy&) = delete;
+  const char* name() const { return name_; }
+  const char* summary() const { return summary_; }
+  PolicyStage stage() const { return stage_; }
 
   // Traits callers ask instead of testing names.
   // Runs with GPU compute (SelectiveOptions::gpu): today the selection must be known before the
@@ -105,7 +109,20 @@ class Policy {
   virtual TokenPlan plan_tokens(const PolicyRequest& r, KVCache& kv) const;
   virtual void after_tokens(const PolicyRequest& r, const std::vector<int32_t>& tokens,
                             const KVCache& kv) const;
+
+ private:
+  const char* name_;
+  const char* summary_;
+  PolicyStage stage_;
 };
+
+// The one instance of policy class P (default-constructible), never destroyed, so that a thread
+// still running at exit can use it: a policy file's factory is `return instance<P>();`.
+template <class P>
+const Policy& instance() {
+  static const P* p = new P();
+  return *p;
+}
 
 // The policy of that name; ct::Error listing the known names otherwise.
 const Policy& find_policy(std::string_view name);
@@ -113,9 +130,6 @@ const Policy& find_policy(std::string_view name);
 const std::vector<const Policy*>& all_policies();
 // "full, reuse, cachetune, ..." for help texts.
 std::string policy_names();
-
-// p.kind->select_chunk(c, p).
-std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& p);
 
 // --- for policy implementations -----------------------------------------------------------
 

@@ -278,15 +278,14 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     if (opt.gpu) return make_cuda_layers(m, *opt.gpu, opt.gpu_kv_to_host ? &kv : nullptr);
     return make_cpu_layers(m, kv, ws, opt.pipeline);
   };
-  const PolicyRequest preq{m, req, lay, opt, [&] {
-                             // Pass 1 of a two-pass policy: full reuse, query attention tapped.
-                             for (ChunkPlan& p : plans) set_selection(p, {});
-                             PrefillBreakdown bd1;
-                             const auto be = layers();
-                             return run_pass(m, *be, lay, plans, true, nullptr,
-                                             opt.pipeline.sparse, bd1)
-                                 .attn;
-                           }};
+  const PolicyRequest preq{
+      m, req, lay, opt, [&] {
+        // Pass 1 of a two-pass policy: full reuse, query attention tapped.
+        for (ChunkPlan& p : plans) set_selection(p, {});
+        PrefillBreakdown bd1;
+        const auto be = layers();
+        return run_pass(m, *be, lay, plans, true, nullptr, opt.pipeline.sparse, bd1).attn;
+      }};
 
   if (pol.stage() == PolicyStage::kTokens) {
     // A plain prefill of a token list on top of the rows the policy placed.

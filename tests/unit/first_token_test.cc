@@ -18,9 +18,8 @@ namespace {
 // Counts prepare() calls and the selections made after them (cachetune's selection otherwise).
 class CountingPolicy final : public Policy {
  public:
-  const char* name() const override { return "counting"; }
-  const char* summary() const override { return "cachetune, counting prepare() (test only)"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  CountingPolicy()
+      : Policy("counting", "cachetune, counting prepare() (test only)", PolicyStage::kChunk) {}
   void prepare(const ChunkSource&, const PolicyOptions&) const override { ++prepared; }
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     EXPECT_EQ(prepared, 2) << "prepare() ran for every chunk before any selection";
@@ -38,8 +37,8 @@ TEST(FirstToken, IsTheGreedyTokenOfTheSelectivePrefill) {
   const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(30, 1), {});
   const ChunkKV b = encode_chunk(*m, test::random_byte_tokens(20, 2), {});
   InMemoryChunk sa(a), sb(b);
-  const ComposedRequest req{test::random_byte_tokens(4, 3), {&sa, &sb},
-                            test::random_byte_tokens(5, 4)};
+  const ComposedRequest req{
+      test::random_byte_tokens(4, 3), {&sa, &sb}, test::random_byte_tokens(5, 4)};
   const int n = layout_request(req).n_total;
   CountingPolicy pol;
   SelectiveOptions so;

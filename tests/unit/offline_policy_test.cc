@@ -50,6 +50,11 @@ class OfflinePolicyTest : public ::testing::Test {
 };
 std::unique_ptr<Model> OfflinePolicyTest::model_;
 
+// What the policy po.kind selects in chunk c alone.
+std::vector<int32_t> select_offline(const ChunkSource& c, const PolicyOptions& po) {
+  return po.kind->select_chunk(c, po);
+}
+
 bool is_permutation_of_n(const std::vector<int32_t>& o, int n) {
   std::vector<int32_t> s = o;
   std::sort(s.begin(), s.end());

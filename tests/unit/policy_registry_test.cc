@@ -31,9 +31,9 @@ TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
     EXPECT_GT(std::string(p->summary()).size(), 10u) << p->name();
   }
   const std::set<std::string> want = {
-      "full", "reuse",     "cachetune", "prefix", "cacheblend",   "epic",   "random",       "l2",
-      "highfreq", "lfonly", "prophetkv", "freq",   "head",         "probe",  "probe-shared",
-      "oracle", "oracle-shared"};
+      "full",   "reuse", "cachetune",    "prefix", "cacheblend",   "epic",
+      "random", "l2",    "highfreq",     "lfonly", "prophetkv",    "freq",
+      "head",   "probe", "probe-shared", "oracle", "oracle-shared"};
   EXPECT_EQ(names, want);
   EXPECT_STREQ(default_policy().name(), "cachetune");
   EXPECT_EQ(PolicyOptions{}.kind, &default_policy());
@@ -119,9 +119,7 @@ std::unique_ptr<InMemoryChunk> PolicyInterfaceTest::sa_, PolicyInterfaceTest::sb
 // Not registered anywhere: the last ceil(r*N) tokens of each chunk.
 class TailPolicy final : public Policy {
  public:
-  const char* name() const override { return "tail"; }
-  const char* summary() const override { return "the last ceil(r*N) tokens (test only)"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  TailPolicy() : Policy("tail", "the last ceil(r*N) tokens (test only)", PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     const int n = c.meta().n_tok, k = n_select(p.ratio, n);
     std::vector<int32_t> s(k);
@@ -133,9 +131,9 @@ class TailPolicy final : public Policy {
 // Not registered: from layer 0's fresh K/V, the token whose key has the largest first channel.
 class Layer0Policy final : public Policy {
  public:
-  const char* name() const override { return "layer0-argmax"; }
-  const char* summary() const override { return "largest layer-0 key channel 0 (test only)"; }
-  PolicyStage stage() const override { return PolicyStage::kAfterLayer0; }
+  Layer0Policy()
+      : Policy("layer0-argmax", "largest layer-0 key channel 0 (test only)",
+               PolicyStage::kAfterLayer0) {}
   std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0, const float*,
                                            const PolicyOptions&) const override {
     const int n = c.meta().n_tok, KV = c.meta().kv_dim;

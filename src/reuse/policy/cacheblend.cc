@@ -9,11 +9,10 @@ namespace ct::policies {
 namespace {
 class CacheBlend final : public Policy {
  public:
-  const char* name() const override { return "cacheblend"; }
-  const char* summary() const override {
-    return "layer 0 in full, then the ceil(r*N) tokens whose K/V deviate most there";
-  }
-  PolicyStage stage() const override { return PolicyStage::kAfterLayer0; }
+  CacheBlend()
+      : Policy("cacheblend",
+               "layer 0 in full, then the ceil(r*N) tokens whose K/V deviate most there",
+               PolicyStage::kAfterLayer0) {}
   std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0, const float* v0,
                                            const PolicyOptions& p) const override {
     const ChunkMeta& meta = c.meta();
@@ -41,8 +40,5 @@ class CacheBlend final : public Policy {
   }
 };
 }  // namespace
-const Policy& cacheblend() {
-  static const CacheBlend* p = new CacheBlend();
-  return *p;
-}
+const Policy& cacheblend() { return instance<CacheBlend>(); }
 }  // namespace ct::policies

@@ -8,18 +8,14 @@ namespace ct::policies {
 namespace {
 class CacheTune final : public Policy {
  public:
-  const char* name() const override { return "cachetune"; }
-  const char* summary() const override {
-    return "the top ceil(r*N) of the ranking stored with each chunk (the product default)";
-  }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  CacheTune()
+      : Policy("cachetune",
+               "the top ceil(r*N) of the ranking stored with each chunk (the product default)",
+               PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     return top_of_order(c.meta().order, n_select(p.ratio, c.meta().n_tok));
   }
 };
 }  // namespace
-const Policy& cachetune() {
-  static const CacheTune* p = new CacheTune();
-  return *p;
-}
+const Policy& cachetune() { return instance<CacheTune>(); }
 }  // namespace ct::policies

@@ -9,11 +9,9 @@ namespace ct::policies {
 namespace {
 class Epic final : public Policy {
  public:
-  const char* name() const override { return "epic"; }
-  const char* summary() const override {
-    return "the first epic_k (16) tokens of each chunk, whatever r";
-  }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Epic()
+      : Policy("epic", "the first epic_k (16) tokens of each chunk, whatever r",
+               PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     std::vector<int32_t> first(std::min(p.epic_k, c.meta().n_tok));
     std::iota(first.begin(), first.end(), 0);
@@ -21,8 +19,5 @@ class Epic final : public Policy {
   }
 };
 }  // namespace
-const Policy& epic() {
-  static const Epic* p = new Epic();
-  return *p;
-}
+const Policy& epic() { return instance<Epic>(); }
 }  // namespace ct::policies

@@ -7,9 +7,7 @@ namespace ct::policies {
 namespace {
 class Full final : public Policy {
  public:
-  const char* name() const override { return "full"; }
-  const char* summary() const override { return "recompute every chunk token (the reference)"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Full() : Policy("full", "recompute every chunk token (the reference)", PolicyStage::kChunk) {}
   bool scored() const override { return false; }
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions&) const override {
     std::vector<int32_t> all(c.meta().n_tok);
@@ -18,8 +16,5 @@ class Full final : public Policy {
   }
 };
 }  // namespace
-const Policy& full() {
-  static const Full* p = new Full();
-  return *p;
-}
+const Policy& full() { return instance<Full>(); }
 }  // namespace ct::policies

@@ -27,18 +27,13 @@ namespace policies {
 namespace {
 class Head final : public Policy {
  public:
-  const char* name() const override { return "head"; }
-  const char* summary() const override { return "the first ceil(r*N) tokens of each chunk"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Head() : Policy("head", "the first ceil(r*N) tokens of each chunk", PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     return head_selection(c.meta().n_tok, p.ratio);
   }
 };
 }  // namespace
-const Policy& head() {
-  static const Head* p = new Head();
-  return *p;
-}
+const Policy& head() { return instance<Head>(); }
 }  // namespace policies
 
 }  // namespace ct

@@ -9,11 +9,9 @@ namespace ct::policies {
 namespace {
 class LfOnly final : public Policy {
  public:
-  const char* name() const override { return "lfonly"; }
-  const char* summary() const override {
-    return "prefill only the selected tokens of each chunk, drop the rest (ablation)";
-  }
-  PolicyStage stage() const override { return PolicyStage::kTokens; }
+  LfOnly()
+      : Policy("lfonly", "prefill only the selected tokens of each chunk, drop the rest (ablation)",
+               PolicyStage::kTokens) {}
   bool scored() const override { return false; }
   TokenPlan plan_tokens(const PolicyRequest& r, KVCache&) const override {
     TokenPlan plan;
@@ -30,8 +28,5 @@ class LfOnly final : public Policy {
   }
 };
 }  // namespace
-const Policy& lfonly() {
-  static const LfOnly* p = new LfOnly();
-  return *p;
-}
+const Policy& lfonly() { return instance<LfOnly>(); }
 }  // namespace ct::policies

@@ -12,10 +12,7 @@ namespace {
 class Oracle final : public Policy {
  public:
   Oracle(const char* name, const char* summary, bool shared)
-      : name_(name), summary_(summary), shared_(shared) {}
-  const char* name() const override { return name_; }
-  const char* summary() const override { return summary_; }
-  PolicyStage stage() const override { return PolicyStage::kRequest; }
+      : Policy(name, summary, PolicyStage::kRequest), shared_(shared) {}
   bool on_gpu() const override { return true; }
   bool eval_only() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
@@ -23,12 +20,12 @@ class Oracle final : public Policy {
     const size_t n = r.req.chunks.size();
     CT_THROW_IF_NOT(drift != nullptr && drift->size() == n,
                     "the {} policy needs the true drift of each of the {} chunks (eval only)",
-                    name_, n);
+                    name(), n);
     std::vector<const std::vector<float>*> scores;
     for (size_t b = 0; b < n; ++b) {
       const int n_tok = r.req.chunks[b]->meta().n_tok;
       CT_THROW_IF_NOT((int)(*drift)[b].size() == n_tok,
-                      "{}: the drift of chunk {} has {} entries, the chunk {} tokens", name_, b,
+                      "{}: the drift of chunk {} has {} entries, the chunk {} tokens", name(), b,
                       (*drift)[b].size(), n_tok);
       scores.push_back(&(*drift)[b]);
     }
@@ -45,14 +42,13 @@ class Oracle final : public Policy {
   }
 
  private:
-  const char* name_;
-  const char* summary_;
   bool shared_;
 };
 }  // namespace
 const Policy& oracle() {
   static const Oracle* p = new Oracle(
-      "oracle", "the true top drift tokens of each chunk, from the full prefill (eval only)", false);
+      "oracle", "the true top drift tokens of each chunk, from the full prefill (eval only)",
+      false);
   return *p;
 }
 const Policy& oracle_shared() {

@@ -12,11 +12,9 @@ namespace ct::policies {
 namespace {
 class Prefix final : public Policy {
  public:
-  const char* name() const override { return "prefix"; }
-  const char* summary() const override {
-    return "reuse the longest prefix matching an earlier request (prefix caching)";
-  }
-  PolicyStage stage() const override { return PolicyStage::kTokens; }
+  Prefix()
+      : Policy("prefix", "reuse the longest prefix matching an earlier request (prefix caching)",
+               PolicyStage::kTokens) {}
   bool scored() const override { return false; }
   bool uses_prefix_cache() const override { return true; }
   TokenPlan plan_tokens(const PolicyRequest& r, KVCache& kv) const override {
@@ -39,8 +37,5 @@ class Prefix final : public Policy {
   }
 };
 }  // namespace
-const Policy& prefix() {
-  static const Prefix* p = new Prefix();
-  return *p;
-}
+const Policy& prefix() { return instance<Prefix>(); }
 }  // namespace ct::policies

@@ -46,8 +46,8 @@ std::shared_ptr<const ProbePrefix> probe_prefix(const Model& m, const ProbeOptio
                                                 int layers) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const ProbePrefix>> memo;
-  const std::string key = m.fingerprint() + "|" + probe_params(o) + "|" +
-                          std::to_string(layers) + "|" + (sink ? "sink" : "nosink") + "|" + o.text;
+  const std::string key = m.fingerprint() + "|" + probe_params(o) + "|" + std::to_string(layers) +
+                          "|" + (sink ? "sink" : "nosink") + "|" + o.text;
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = memo.find(key); it != memo.end()) return it->second;
   std::vector<int32_t> toks;
@@ -172,11 +172,9 @@ namespace {
 // The top ceil(r*N) of each chunk's probe ranking (probe_ranking_of).
 class Probe final : public Policy {
  public:
-  const char* name() const override { return "probe"; }
-  const char* summary() const override {
-    return "the top ceil(r*N) of the probe-drift ranking computed at ingest";
-  }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Probe()
+      : Policy("probe", "the top ceil(r*N) of the probe-drift ranking computed at ingest",
+               PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     return top_of_order(probe_ranking_of(c).order, n_select(p.ratio, c.meta().n_tok));
   }
@@ -187,11 +185,10 @@ class Probe final : public Policy {
 // still recomputes a prefix of its stored order, so the reused rows stay one contiguous read.
 class ProbeShared final : public Policy {
  public:
-  const char* name() const override { return "probe-shared"; }
-  const char* summary() const override {
-    return "the probe-drift ranking with one budget shared across the request's chunks";
-  }
-  PolicyStage stage() const override { return PolicyStage::kRequest; }
+  ProbeShared()
+      : Policy("probe-shared",
+               "the probe-drift ranking with one budget shared across the request's chunks",
+               PolicyStage::kRequest) {}
   bool on_gpu() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     std::vector<ChunkRanking> ranks;
@@ -205,14 +202,8 @@ class ProbeShared final : public Policy {
   }
 };
 }  // namespace
-const Policy& probe() {
-  static const Probe* p = new Probe();
-  return *p;
-}
-const Policy& probe_shared() {
-  static const ProbeShared* p = new ProbeShared();
-  return *p;
-}
+const Policy& probe() { return instance<Probe>(); }
+const Policy& probe_shared() { return instance<ProbeShared>(); }
 }  // namespace policies
 
 }  // namespace ct

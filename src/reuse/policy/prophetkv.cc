@@ -8,11 +8,10 @@ namespace ct::policies {
 namespace {
 class ProphetKV final : public Policy {
  public:
-  const char* name() const override { return "prophetkv"; }
-  const char* summary() const override {
-    return "a full-reuse pass's query attention picks ceil(r*N) per chunk (sees the query)";
-  }
-  PolicyStage stage() const override { return PolicyStage::kRequest; }
+  ProphetKV()
+      : Policy("prophetkv",
+               "a full-reuse pass's query attention picks ceil(r*N) per chunk (sees the query)",
+               PolicyStage::kRequest) {}
   bool on_gpu() const override { return false; }  // needs the attention tap
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     const std::vector<float> attn = r.reuse_pass_attention();
@@ -26,8 +25,5 @@ class ProphetKV final : public Policy {
   }
 };
 }  // namespace
-const Policy& prophetkv() {
-  static const ProphetKV* p = new ProphetKV();
-  return *p;
-}
+const Policy& prophetkv() { return instance<ProphetKV>(); }
 }  // namespace ct::policies

@@ -1,10 +1,11 @@
 // `random`: ceil(r*N) tokens of each chunk uniformly at random, seeded by the policy seed and the
 // chunk id, so a chunk gets the same draw everywhere, on every platform and standard library
 // (core/random.h).
+#include "core/random.h"
+
 #include <algorithm>
 #include <numeric>
 
-#include "core/random.h"
 #include "reuse/freq_rank.h"
 #include "reuse/policy.h"
 
@@ -12,9 +13,7 @@ namespace ct::policies {
 namespace {
 class Random final : public Policy {
  public:
-  const char* name() const override { return "random"; }
-  const char* summary() const override { return "ceil(r*N) tokens at random (seeded)"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Random() : Policy("random", "ceil(r*N) tokens at random (seeded)", PolicyStage::kChunk) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     const ChunkMeta& meta = c.meta();
     SplitMix64 rng(stream_seed((uint64_t)p.seed, meta.id));
@@ -27,8 +26,5 @@ class Random final : public Policy {
   }
 };
 }  // namespace
-const Policy& random() {
-  static const Random* p = new Random();
-  return *p;
-}
+const Policy& random() { return instance<Random>(); }
 }  // namespace ct::policies

@@ -1,8 +1,9 @@
 // The policy registry: one line per policy. A policy is a class in its own file in this folder
-// with a factory `const Policy& NAME()` in namespace ct::policies; adding it to CT_POLICIES below
-// is the only other change (the order is that of listings such as `--policies all`). Policies
-// are never destroyed (`static const X* p = new X()`), so a thread still running at exit can
-// use them.
+// (its name, summary and stage given to the Policy constructor) with a factory
+// `const Policy& NAME()` in namespace ct::policies, usually `return instance<X>();` (policy.h:
+// never destroyed, so a thread still running at exit can use it); adding it to CT_POLICIES below
+// is the only other change (the order is that of listings such as `--policies all`). The factory
+// is the policy's name with '-' written '_' (probe_shared for "probe-shared").
 #include <string>
 
 #include "core/error.h"

@@ -5,17 +5,12 @@ namespace ct::policies {
 namespace {
 class Reuse final : public Policy {
  public:
-  const char* name() const override { return "reuse"; }
-  const char* summary() const override { return "recompute no chunk token (full reuse)"; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+  Reuse() : Policy("reuse", "recompute no chunk token (full reuse)", PolicyStage::kChunk) {}
   bool scored() const override { return false; }
   std::vector<int32_t> select_chunk(const ChunkSource&, const PolicyOptions&) const override {
     return {};
   }
 };
 }  // namespace
-const Policy& reuse() {
-  static const Reuse* p = new Reuse();
-  return *p;
-}
+const Policy& reuse() { return instance<Reuse>(); }
 }  // namespace ct::policies

@@ -14,10 +14,7 @@ namespace {
 class Spectral final : public Policy {
  public:
   Spectral(const char* name, const char* summary, RankMode mode)
-      : name_(name), summary_(summary), mode_(mode) {}
-  const char* name() const override { return name_; }
-  const char* summary() const override { return summary_; }
-  PolicyStage stage() const override { return PolicyStage::kChunk; }
+      : Policy(name, summary, PolicyStage::kChunk), mode_(mode) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
     return top_of_order(ranking(c, p), n_select(p.ratio, c.meta().n_tok));
   }
@@ -30,7 +27,8 @@ class Spectral final : public Policy {
     RankOptions ro;
     ro.mode = mode_;
     ro.alpha = p.alpha;
-    if (meta.rank_mode == rank_mode_name(mode_) && (mode_ == RankMode::kL2 || meta.alpha == p.alpha))
+    if (meta.rank_mode == rank_mode_name(mode_) &&
+        (mode_ == RankMode::kL2 || meta.alpha == p.alpha))
       return meta.order;
     const std::string key = std::string(rank_mode_name(mode_)) + "/" + std::to_string(p.alpha);
     if (auto kept = remembered_ranking(meta.id, key)) return kept->order;
@@ -39,26 +37,21 @@ class Spectral final : public Policy {
     remember_ranking(meta.id, key, std::move(r));
     return order;
   }
-  const char* name_;
-  const char* summary_;
   RankMode mode_;
 };
 }  // namespace
 const Policy& freq() {
   static const Spectral* p =
-      new Spectral("freq", "the paper's low-frequency ranking (cutoff alpha)",
-                   RankMode::kLowFreq);
+      new Spectral("freq", "the paper's low-frequency ranking (cutoff alpha)", RankMode::kLowFreq);
   return *p;
 }
 const Policy& l2() {
-  static const Spectral* p =
-      new Spectral("l2", "top ceil(r*N) by joint K/V norm", RankMode::kL2);
+  static const Spectral* p = new Spectral("l2", "top ceil(r*N) by joint K/V norm", RankMode::kL2);
   return *p;
 }
 const Policy& highfreq() {
-  static const Spectral* p =
-      new Spectral("highfreq", "top ceil(r*N) by the high-frequency reconstruction",
-                   RankMode::kHighFreq);
+  static const Spectral* p = new Spectral(
+      "highfreq", "top ceil(r*N) by the high-frequency reconstruction", RankMode::kHighFreq);
   return *p;
 }
 }  // namespace ct::policies
