@@ -1,5 +1,6 @@
 // HTTP transport of the OpenAI-compatible server (cpp-httplib); the format is in api.cc.
 #include "server/server.h"
+#include "server/task_queue.h"
 
 #include <arpa/inet.h>
 #include <httplib.h>
@@ -165,13 +166,16 @@ struct Server::Impl {
   std::map<std::string, std::chrono::steady_clock::time_point> conn_idle_since;
   std::thread watchdog;
   std::atomic<uint64_t> slow_closed{0};
+  std::atomic<uint64_t> http_rejected{0};  // 503s of the connection queue's overflow worker
 
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), batcher(e, opt.batching) {
     const size_t n = (size_t)std::max(2, opt.http_threads);
-    http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
+    const size_t q = (size_t)std::max(0, opt.http_queue);
+    http.new_task_queue = [n, q] { return new BoundedTaskQueue(n, q); };
     metrics.collect_pool(engine);
     metrics.collect_server([this] { return cancelled.load(); },
-                           [this] { return slow_closed.load(); });
+                           [this] { return slow_closed.load(); },
+                           [this] { return http_rejected.load(); });
     batcher.set_step_observer([this](int rows) { metrics.batch_rows.observe(rows); });
     metrics.registry.add_collector([this] {
       const SchedulerStats st = batcher.stats();
@@ -286,6 +290,17 @@ struct Server::Impl {
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       conn_enter(peer_of(req));  // left in the post-routing handler, which every request reaches
+      if (BoundedTaskQueue::in_overflow()) {
+        // Arrived while every worker was busy and the connection queue full (task_queue.h).
+        ++http_rejected;
+        res.set_header("Retry-After", "1");
+        res.set_header("Connection", "close");
+        send_error(res, 503,
+                   fmt::format("server overloaded: all {} connection workers are busy and {} "
+                               "connections are waiting; retry later",
+                               std::max(2, opt.http_threads), opt.http_queue));
+        return httplib::Server::HandlerResponse::Handled;
+      }
       if (refused(req, res)) return httplib::Server::HandlerResponse::Handled;
       if (req.has_header("Origin"))
         res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
@@ -621,6 +636,7 @@ void Server::serve() {
 void Server::stop() { impl_->http.stop(); }
 
 uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.load(); }
+uint64_t Server::overload_rejected() const { return impl_->http_rejected.load(); }
 
 SchedulerStats Server::batch_stats() const { return impl_->batcher.stats(); }
 

@@ -31,6 +31,9 @@ struct ServerOptions {
   // Connection workers; a slow client holds at most one, and so does every request running or
   // waiting in the scheduler, so there must be more than batching.max_running + max_queue.
   int http_threads = 128;
+  // Accepted connections waiting for a worker; a connection beyond them is answered 503 with
+  // Retry-After by a separate overflow worker (server/task_queue.h) instead of waiting unboundedly.
+  int http_queue = 256;
   double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
   int listen_backlog = 512;       // pending connections the kernel queues
   // Continuous batching: the K/V budget (bytes), the most requests decoding at once, and the
@@ -58,6 +61,8 @@ class Server {
   uint64_t cancelled_requests() const;
   // Connections closed because they took longer than request_timeout_s to send a request.
   uint64_t slow_connections_closed() const;
+  // Requests answered 503 because the connection queue (http_queue) was full.
+  uint64_t overload_rejected() const;
   // Queue, batch and K/V budget figures of the scheduler.
   SchedulerStats batch_stats() const;
   Scheduler& scheduler();  // e.g. for tests that hold it (Scheduler::run) to fill the queue

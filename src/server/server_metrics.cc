@@ -60,6 +60,9 @@ ServerMetrics::ServerMetrics()
       slow_closed(registry.counter("cachetune_slow_connections_closed_total",
                                    "Connections closed because they took longer than "
                                    "--request-timeout to send a request")),
+      http_rejected(registry.counter("cachetune_http_overload_rejected_total",
+                                     "Requests answered 503 because every connection worker was "
+                                     "busy and the connection queue (--http-queue) full")),
       queue_length(
           registry.gauge("cachetune_queue_length", "Requests waiting for admission into the running batch")),
       running_sequences(
@@ -121,12 +124,15 @@ void ServerMetrics::collect_pool(Engine& engine) {
 }
 
 void ServerMetrics::collect_server(std::function<uint64_t()> cancelled_requests,
-                                   std::function<uint64_t()> slow_connections_closed) {
-  registry.add_collector(
-      [this, c = std::move(cancelled_requests), s = std::move(slow_connections_closed)] {
-        cancelled.set({}, (double)c());
-        slow_closed.set({}, (double)s());
-      });
+                                   std::function<uint64_t()> slow_connections_closed,
+                                   std::function<uint64_t()> overload_rejected) {
+  registry.add_collector([this, c = std::move(cancelled_requests),
+                          s = std::move(slow_connections_closed),
+                          o = std::move(overload_rejected)] {
+    cancelled.set({}, (double)c());
+    slow_closed.set({}, (double)s());
+    http_rejected.set({}, (double)o());
+  });
 }
 
 void TokenClock::tick() {

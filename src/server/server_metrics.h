@@ -40,6 +40,7 @@ class ServerMetrics {
   Gauge& tier_used_bytes;     // cachetune_tier_used_bytes{tier}            (collected)
   Counter& cancelled;         // cachetune_requests_cancelled_total         (collected)
   Counter& slow_closed;       // cachetune_slow_connections_closed_total    (collected)
+  Counter& http_rejected;     // cachetune_http_overload_rejected_total     (collected)
   Gauge& queue_length;        // set by the scheduler, see above
   Gauge& running_sequences;
   Gauge& kv_budget_bytes_in_use;
@@ -59,7 +60,8 @@ class ServerMetrics {
   // (labelled by the configured tier kinds) and the server's own counts.
   void collect_pool(Engine& engine);
   void collect_server(std::function<uint64_t()> cancelled_requests,
-                      std::function<uint64_t()> slow_connections_closed);
+                      std::function<uint64_t()> slow_connections_closed,
+                      std::function<uint64_t()> overload_rejected);
 };
 
 // Measures the gaps between generated tokens of one request into the inter-token histogram:

@@ -31,6 +31,7 @@ EXPECTED = {  # family name as the parser reports it -> type
     "cachetune_tier_used_bytes": "gauge",
     "cachetune_requests_cancelled": "counter",
     "cachetune_slow_connections_closed": "counter",
+    "cachetune_http_overload_rejected": "counter",
     "cachetune_queue_length": "gauge",
     "cachetune_running_sequences": "gauge",
     "cachetune_kv_budget_bytes_in_use": "gauge",

@@ -477,6 +477,61 @@ TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
   t.join();
 }
 
+// Overload: with every connection worker busy and the connection queue full, a further request
+// is answered at once with 503 and Retry-After instead of waiting; once the workers are free the
+// server answers normally again. A server of its own with 2 workers and a queue of 1; idle
+// connections (which send nothing) hold the workers.
+TEST(ServerOverload, AFullConnectionQueueAnswers503) {
+  test::TempDir dir;
+  test::TinyModelOptions o;
+  o.n_layer = 1;
+  EngineOptions eo;
+  eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
+  eo.tiers = {parse_tier_spec("host:16M")};
+  Engine engine(eo);
+  ServerOptions so;
+  so.port = 0;
+  so.http_threads = 2;
+  so.http_queue = 1;
+  Server server(engine, so);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  std::vector<int> idle;
+  for (int i = 0; i < 3; ++i) {  // two hold the workers, the third waits in the queue
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    idle.push_back(fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // taken by a worker first
+  }
+  {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(3, 0);  // well below the 5 s an idle connection holds a worker
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r) << "no answer while the workers were busy";
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_NE(r->body.find("overloaded"), std::string::npos) << r->body;
+  }
+  EXPECT_EQ(server.overload_rejected(), 1u);
+  for (int fd : idle) ::close(fd);
+  // The workers are free again: an ordinary request is served.
+  bool ok = false;
+  for (int i = 0; i < 50 && !ok; ++i) {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(10, 0);
+    auto r = c.Get("/health");
+    ok = r && r->status == 200;
+    if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(ok);
+  server.stop();
+  t.join();
+}
+
 TEST(ServerSocket, PeerCloseIsSeenAndAnOpenPeerIsNot) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);

@@ -75,6 +75,7 @@ void run_serve(ServeArgs a) {
                   "--http-threads {}; expected at least --max-batch + --max-queue + 8 = {} (each "
                   "running or waiting request holds a connection worker)",
                   so.http_threads, min_threads);
+  CT_THROW_IF_NOT(so.http_queue >= 0, "--http-queue {}; expected >= 0", so.http_queue);
   CT_THROW_IF_NOT(so.request_timeout_s >= 0 && std::isfinite(so.request_timeout_s),
                   "--request-timeout {}; expected seconds >= 0", so.request_timeout_s);
   CT_THROW_IF_NOT(so.max_body_bytes >= 1, "--max-body {}; expected at least one byte", a.max_body);
@@ -161,6 +162,10 @@ void register_serve(CLI::App& app) {
                 "$CACHETUNE_API_KEY; none: no key needed)");
   c->add_option("--http-threads", a->server.http_threads,
                 "Connection worker threads (a slow client holds at most one)")
+      ->capture_default_str();
+  c->add_option("--http-queue", a->server.http_queue,
+                "Accepted connections that may wait for a worker; beyond them each request is "
+                "answered 503 with Retry-After")
       ->capture_default_str();
   c->add_option("--request-timeout", a->server.request_timeout_s,
                 "Seconds a connection may take to send one request before it is closed (0: no "
