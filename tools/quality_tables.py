@@ -14,7 +14,7 @@ import os
 import sys
 
 ORDER = ["full", "reuse", "freq", "cachetune", "head", "probe", "random", "epic", "cacheblend",
-         "prophetkv", "probe-shared", "oracle", "oracle-shared", "highfreq", "l2", "lfonly",
+         "prophetkv", "probe-shared", "probe-pos", "oracle", "oracle-shared", "highfreq", "l2", "lfonly",
          "prefix"]
 
 

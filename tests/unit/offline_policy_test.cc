@@ -144,7 +144,7 @@ TEST_F(OfflinePolicyTest, EveryOfflinePolicySelectsExactlyItsBudget) {
   InMemoryChunk sa(a), sb(b);
   for (double r : {0.0, 0.15, 0.5, 1.0}) {
     for (const Policy* k : {&find_policy("head"), &find_policy("probe"), &find_policy("freq"),
-                         &find_policy("cachetune")}) {
+                            &find_policy("cachetune")}) {
       PolicyOptions po;
       po.kind = k;
       po.ratio = r;
@@ -332,7 +332,8 @@ TEST_F(OfflinePolicyTest, ProbeSharedSpendsTheRequestBudgetOnTheTopProbeScores) 
       total += n_select(r, recs[k]->meta.n_tok);
       for (int t = 0; t < recs[k]->meta.n_tok; ++t) all.push_back({recs[k]->meta.scores[t], k, t});
     }
-    std::stable_sort(all.begin(), all.end(), [](const Cand& x, const Cand& y) { return x.s > y.s; });
+    std::stable_sort(all.begin(), all.end(),
+                     [](const Cand& x, const Cand& y) { return x.s > y.s; });
     std::vector<std::vector<int32_t>> want(3);
     for (int i = 0; i < total; ++i) want[all[i].c].push_back(all[i].t);
     for (auto& w : want) std::sort(w.begin(), w.end());
@@ -345,12 +346,54 @@ TEST_F(OfflinePolicyTest, ProbeSharedSpendsTheRequestBudgetOnTheTopProbeScores) 
   // Records without the probe ranking are refused with the reason.
   const ChunkKV lf = encode_chunk(*model_, test::random_byte_tokens(20, 26), lowfreq_options());
   InMemoryChunk slf(lf);
-  ComposedRequest bad{test::random_byte_tokens(3, 24), {&sa, &slf}, test::random_byte_tokens(4, 25)};
+  ComposedRequest bad{
+      test::random_byte_tokens(3, 24), {&sa, &slf}, test::random_byte_tokens(4, 25)};
   SelectiveOptions so;
   so.policy.kind = &find_policy("probe-shared");
   KVCache kv = model_->make_cache(layout_request(bad).n_total);
   Workspace ws;
   EXPECT_THROW(selective_prefill(*model_, bad, so, kv, ws), Error);
+}
+
+TEST_F(OfflinePolicyTest, ProbePosWeighsEachChunkByItsPosition) {
+  // Two copies of one chunk: equal probe scores, so probe-shared gives the earlier copy every
+  // tie, while probe-pos weighs the later copy by ln(1 + its middle position) and gives it more.
+  const ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(40, 41), probe_options());
+  InMemoryChunk sa(a);
+  ComposedRequest req{test::random_byte_tokens(2, 42), {&sa, &sa}, test::random_byte_tokens(4, 43)};
+  const RequestLayout lay = layout_request(req);
+  const double r = 0.2;
+  const int total = 2 * n_select(r, 40);
+  auto run = [&](const char* name) {
+    SelectiveOptions so;
+    so.policy.kind = &find_policy(name);
+    so.policy.ratio = r;
+    KVCache kv = model_->make_cache(lay.n_total);
+    Workspace ws;
+    SelectionReport rep;
+    selective_prefill(*model_, req, so, kv, ws, nullptr, &rep);
+    return rep.selected;
+  };
+  const auto shared = run("probe-shared"), pos = run("probe-pos");
+  EXPECT_GE(shared[0].size(), shared[1].size());
+  EXPECT_GT(pos[1].size(), pos[0].size());
+  EXPECT_EQ((int)(pos[0].size() + pos[1].size()), total);
+  // The same selection as a brute force over the weighted scores, each a prefix of the order.
+  struct Cand {
+    float s;
+    int c, t;
+  };
+  std::vector<Cand> all;
+  for (int c = 0; c < 2; ++c) {
+    const float w = (float)std::log1p(lay.chunk_offset[c] + 0.5 * 40);
+    for (int t = 0; t < 40; ++t) all.push_back({a.meta.scores[t] * w, c, t});
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Cand& x, const Cand& y) { return x.s > y.s; });
+  std::vector<std::vector<int32_t>> want(2);
+  for (int i = 0; i < total; ++i) want[all[i].c].push_back(all[i].t);
+  for (auto& w : want) std::sort(w.begin(), w.end());
+  EXPECT_EQ(pos, want);
+  for (int c = 0; c < 2; ++c) EXPECT_EQ(pos[c], top_of_order(a.meta.order, (int)pos[c].size()));
 }
 
 TEST_F(OfflinePolicyTest, ProbeScoresShareOneScaleAcrossChunks) {

@@ -31,9 +31,9 @@ TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
     EXPECT_GT(std::string(p->summary()).size(), 10u) << p->name();
   }
   const std::set<std::string> want = {
-      "full",   "reuse", "cachetune",    "prefix", "cacheblend",   "epic",
-      "random", "l2",    "highfreq",     "lfonly", "prophetkv",    "freq",
-      "head",   "probe", "probe-shared", "oracle", "oracle-shared"};
+      "full",   "reuse", "cachetune",    "prefix",    "cacheblend", "epic",
+      "random", "l2",    "highfreq",     "lfonly",    "prophetkv",  "freq",
+      "head",   "probe", "probe-shared", "probe-pos", "oracle",     "oracle-shared"};
   EXPECT_EQ(names, want);
   EXPECT_STREQ(default_policy().name(), "cachetune");
   EXPECT_EQ(PolicyOptions{}.kind, &default_policy());

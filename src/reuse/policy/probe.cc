@@ -183,16 +183,26 @@ class Probe final : public Policy {
 // The same probe scores with one budget for the request (shared_budget): a chunk whose tokens
 // drift more in the probe pass gets more of the request's sum of ceil(r*N_c), and each chunk
 // still recomputes a prefix of its stored order, so the reused rows stay one contiguous read.
+// With the position prior (`probe-pos`), chunk c's scores are first weighted by ln(1 + m_c), m_c
+// the global position of its middle token: the probe pass puts one short context before every
+// chunk, while in a request a chunk's drift grows with the context before it (the first chunk,
+// after only the prefix, drifts least; docs/RESULTS.md). One factor per chunk, so the order
+// within a chunk, and with it the contiguous read, is unchanged.
 class ProbeShared final : public Policy {
  public:
-  ProbeShared()
-      : Policy("probe-shared",
-               "the probe-drift ranking with one budget shared across the request's chunks",
-               PolicyStage::kRequest) {}
+  ProbeShared(const char* name, const char* summary, bool position_prior)
+      : Policy(name, summary, PolicyStage::kRequest), position_prior_(position_prior) {}
   bool on_gpu() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     std::vector<ChunkRanking> ranks;
     for (const ChunkSource* c : r.req.chunks) ranks.push_back(probe_ranking_of(*c));
+    if (position_prior_) {
+      for (size_t b = 0; b < ranks.size(); ++b) {
+        const double mid = r.lay.chunk_offset[b] + 0.5 * (double)ranks[b].scores.size();
+        const float w = (float)std::log1p(mid);
+        for (float& v : ranks[b].scores) v *= w;
+      }
+    }
     std::vector<const std::vector<float>*> scores;
     for (const ChunkRanking& k : ranks) scores.push_back(&k.scores);
     const std::vector<int> count = shared_budget(scores, r.opt.policy.ratio);
@@ -200,10 +210,25 @@ class ProbeShared final : public Policy {
     for (size_t b = 0; b < ranks.size(); ++b) out.push_back(top_of_order(ranks[b].order, count[b]));
     return out;
   }
+
+ private:
+  bool position_prior_;
 };
 }  // namespace
 const Policy& probe() { return instance<Probe>(); }
-const Policy& probe_shared() { return instance<ProbeShared>(); }
+const Policy& probe_shared() {
+  static const ProbeShared* p = new ProbeShared(
+      "probe-shared", "the probe-drift ranking with one budget shared across the request's chunks",
+      false);
+  return *p;
+}
+const Policy& probe_pos() {
+  static const ProbeShared* p = new ProbeShared(
+      "probe-pos",
+      "probe-shared with each chunk's scores weighted by ln(1 + its middle token's position)",
+      true);
+  return *p;
+}
 }  // namespace policies
 
 }  // namespace ct

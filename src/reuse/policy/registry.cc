@@ -25,6 +25,7 @@
   X(head)              \
   X(probe)             \
   X(probe_shared)      \
+  X(probe_pos)         \
   X(oracle)            \
   X(oracle_shared)
 
