@@ -106,6 +106,15 @@ std::vector<OwnSocket> own_sockets(int local_port) {
   return out;
 }
 
+// Whether fd is still the connection `peer` ("addr:port") seen by an earlier scan: between the
+// scan and a shutdown its worker may have closed it and a new connection reused the number.
+bool still_peer(int fd, const std::string& peer) {
+  sockaddr_storage p{};
+  socklen_t pl = sizeof(p);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl) != 0) return false;
+  return fmt::format("{}:{}", addr_of(p), port_of(p)) == peer;
+}
+
 }  // namespace
 
 int connection_socket(int local_port, int remote_port) {
@@ -219,7 +228,10 @@ struct Server::Impl {
         const auto since = it == conn_idle_since.end() ? now : it->second;
         seen[o.peer] = since;
         if (conn_busy.count(o.peer) || now - since < limit) continue;
-        ::shutdown(o.fd, SHUT_RDWR);  // the worker's read fails and it closes the socket
+        // The worker's read fails and it closes the socket. The number is checked again first,
+        // which narrows (not closes) the window in which it could now be another connection's.
+        if (!still_peer(o.fd, o.peer)) continue;
+        ::shutdown(o.fd, SHUT_RDWR);
         slow_closed.fetch_add(1);
       }
       conn_idle_since.swap(seen);  // forget connections that are gone
