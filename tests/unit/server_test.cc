@@ -416,33 +416,47 @@ TEST_F(LiveServerTest, AbandonedRequestsAreCancelled) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
-// Slow clients (slowloris): connections that dribble a request header one byte at a time are
-// closed once they pass the request timeout, and while they hang on, an ordinary request is
-// served (each holds one worker at most). A server of its own, with a 1-second timeout.
-TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
-  test::TempDir dir;
+// A one-layer tiny model's engine with a small host tier, for tests that run a server of their
+// own with special options.
+std::unique_ptr<Engine> tiny_engine(const test::TempDir& dir) {
   test::TinyModelOptions o;
   o.n_layer = 1;
   EngineOptions eo;
   eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
   eo.tiers = {parse_tier_spec("host:16M")};
-  Engine engine(eo);
+  return std::make_unique<Engine>(eo);
+}
+
+// A TCP connection to 127.0.0.1:port that sends nothing yet.
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons((uint16_t)port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  if (fd >= 0) ::close(fd);
+  return -1;
+}
+
+// Slow clients (slowloris): connections that dribble a request header one byte at a time are
+// closed once they pass the request timeout, and while they hang on, an ordinary request is
+// served (each holds one worker at most). A server of its own, with a 1-second timeout.
+TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
+  test::TempDir dir;
+  const auto engine = tiny_engine(dir);
   ServerOptions so;
   so.port = 0;
   so.request_timeout_s = 1;
   so.http_threads = 16;
-  Server server(engine, so);
+  Server server(*engine, so);
   const int port = server.bind();
   std::thread t([&] { server.serve(); });
   constexpr int kSlow = 10;
   std::vector<int> fds;
   for (int i = 0; i < kSlow; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0) << "cannot connect to the server";
     fds.push_back(fd);
   }
   const std::string header = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
@@ -483,27 +497,18 @@ TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
 // connections (which send nothing) hold the workers.
 TEST(ServerOverload, AFullConnectionQueueAnswers503) {
   test::TempDir dir;
-  test::TinyModelOptions o;
-  o.n_layer = 1;
-  EngineOptions eo;
-  eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
-  eo.tiers = {parse_tier_spec("host:16M")};
-  Engine engine(eo);
+  const auto engine = tiny_engine(dir);
   ServerOptions so;
   so.port = 0;
   so.http_threads = 2;
   so.http_queue = 1;
-  Server server(engine, so);
+  Server server(*engine, so);
   const int port = server.bind();
   std::thread t([&] { server.serve(); });
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) {  // two hold the workers, the third waits in the queue
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = connect_loopback(port);
+    ASSERT_GE(fd, 0) << "cannot connect to the server";
     idle.push_back(fd);
     std::this_thread::sleep_for(std::chrono::milliseconds(150));  // taken by a worker first
   }
