@@ -6,6 +6,8 @@
 # and keeps the input under build-fuzz/findings/.
 #   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer (default all)
 #   tools/fuzz.sh --seeds                 rewrites the generated seeds (gguf, record) in fuzz/corpus
+#   tools/fuzz.sh --build TARGET...       only builds targets of build-fuzz, e.g. ct_unit_tests for
+#                                         the unit tests under ASan + UBSan (.ci/run's asan stage)
 # The tokenizer target also runs on the SmolLM2 vocabulary when the model file is present
 # (CT_FUZZ_TOKENIZER_GGUF, default ~/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf).
 set -euo pipefail
@@ -15,13 +17,28 @@ BUILD="${CT_FUZZ_BUILD_DIR:-build-fuzz}"
 ALL=(gguf record api tier_spec tokenizer)
 
 configure_and_build() {
+  command -v clang++ >/dev/null || {
+    echo "fuzz.sh: clang++ not found; install Debian's clang (its libFuzzer and sanitizer runtimes come with it)" >&2
+    exit 2
+  }
   if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
-    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
-      -DCMAKE_CXX_COMPILER=clang++ -DCT_FUZZ=ON -DCT_BUILD_TESTS=OFF -DCT_BUILD_BENCH=OFF \
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+      -DCMAKE_CXX_COMPILER=clang++ -DCT_FUZZ=ON -DCT_BUILD_TESTS=ON -DCT_BUILD_BENCH=OFF \
       -DCT_CUDA=OFF >/dev/null
+  elif grep -q '^CT_BUILD_TESTS:BOOL=OFF' "$BUILD/CMakeCache.txt"; then
+    cmake -S . -B "$BUILD" -DCT_BUILD_TESTS=ON >/dev/null  # a build-fuzz from before the tests were in it
   fi
   cmake --build "$BUILD" -j"$(nproc)" --target "$@"
 }
+
+if [[ "${1:-}" == "--build" ]]; then
+  shift
+  [[ $# -gt 0 ]] || { echo "fuzz.sh: --build needs target names" >&2; exit 2; }
+  configure_and_build "$@"
+  exit 0
+fi
 
 if [[ "${1:-}" == "--seeds" ]]; then
   configure_and_build ct_fuzz_seeds

@@ -1,19 +1,16 @@
 // HTTP transport of the OpenAI-compatible server (cpp-httplib); the format is in api.cc.
 #include "server/server.h"
+#include "server/http_server.h"
 #include "server/task_queue.h"
 
-#include <arpa/inet.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -49,79 +46,11 @@ int64_t unix_now() {
       .count();
 }
 
-int port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return -1;
-}
-
 }  // namespace
 
 namespace {
 
-std::string addr_of(const sockaddr_storage& a) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (a.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof(buf));
-  if (a.ss_family == AF_INET6)
-    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof(buf));
-  return buf;
-}
-
-// This process's TCP sockets bound to local_port: listening ones and accepted connections.
-struct OwnSocket {
-  int fd = -1;
-  bool listening = false;
-  std::string peer;  // "addr:port" of a connection
-  int peer_port = -1;
-};
-std::vector<OwnSocket> own_sockets(int local_port) {
-  std::vector<OwnSocket> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const std::string name = e.path().filename().string();
-    char* end = nullptr;
-    const long fd = std::strtol(name.c_str(), &end, 10);
-    if (end == name.c_str() || *end != '\0') continue;
-    struct stat st;
-    if (::fstat((int)fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof(local), pl = sizeof(peer);
-    if (::getsockname((int)fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        port_of(local) != local_port)
-      continue;
-    OwnSocket o;
-    o.fd = (int)fd;
-    int accepting = 0;
-    socklen_t al = sizeof(accepting);
-    o.listening =
-        ::getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &al) == 0 && accepting != 0;
-    if (!o.listening) {
-      if (::getpeername((int)fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
-      o.peer_port = port_of(peer);
-      o.peer = fmt::format("{}:{}", addr_of(peer), o.peer_port);
-    }
-    out.push_back(std::move(o));
-  }
-  return out;
-}
-
-// Whether fd is still the connection `peer` ("addr:port") seen by an earlier scan: between the
-// scan and a shutdown its worker may have closed it and a new connection reused the number.
-bool still_peer(int fd, const std::string& peer) {
-  sockaddr_storage p{};
-  socklen_t pl = sizeof(p);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&p), &pl) != 0) return false;
-  return fmt::format("{}:{}", addr_of(p), port_of(p)) == peer;
-}
-
 }  // namespace
-
-int connection_socket(int local_port, int remote_port) {
-  for (const OwnSocket& o : own_sockets(local_port))
-    if (!o.listening && o.peer_port == remote_port) return o.fd;
-  return -1;
-}
 
 bool peer_has_closed(int fd) {
   if (fd < 0) return false;
@@ -158,7 +87,7 @@ std::string take_complete_utf8(std::string& pending) {
 struct Server::Impl {
   Engine& engine;
   ServerOptions opt;
-  httplib::Server http;
+  HttpServer http;
   ServerMetrics metrics;  // before batcher: its step observer writes here until it stops
   Scheduler batcher;      // drives the engine: every engine call goes through it
   std::atomic<uint64_t> next_id{0};
@@ -166,15 +95,6 @@ struct Server::Impl {
   int port = -1;
   const int64_t started = unix_now();
 
-  // The connection watchdog (see watch()): per connection ("addr:port" of the peer) how many
-  // requests are in a handler or streaming, and since when it has been idle.
-  std::mutex conn_mu;
-  std::condition_variable conn_cv;
-  bool stopping = false;
-  std::map<std::string, int> conn_busy;
-  std::map<std::string, std::chrono::steady_clock::time_point> conn_idle_since;
-  std::thread watchdog;
-  std::atomic<uint64_t> slow_closed{0};
   std::atomic<uint64_t> http_rejected{0};  // 503s of the connection queue's overflow worker
 
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), batcher(e, opt.batching) {
@@ -182,8 +102,9 @@ struct Server::Impl {
     const size_t q = (size_t)std::max(0, opt.http_queue);
     http.new_task_queue = [n, q] { return new BoundedTaskQueue(n, q); };
     metrics.collect_pool(engine);
+    http.set_request_timeout(opt.request_timeout_s);
     metrics.collect_server([this] { return cancelled.load(); },
-                           [this] { return slow_closed.load(); },
+                           [this] { return http.timed_out_connections(); },
                            [this] { return http_rejected.load(); });
     batcher.set_step_observer([this](int rows) { metrics.batch_rows.observe(rows); });
     metrics.registry.add_collector([this] {
@@ -192,52 +113,6 @@ struct Server::Impl {
       metrics.running_sequences.set(st.running);
       metrics.kv_budget_bytes_in_use.set((double)st.kv_in_use);
     });
-  }
-
-  static std::string peer_of(const httplib::Request& req) {
-    return fmt::format("{}:{}", req.remote_addr, req.remote_port);
-  }
-  void conn_enter(const std::string& peer) {
-    std::lock_guard<std::mutex> lk(conn_mu);
-    ++conn_busy[peer];
-  }
-  void conn_leave(const std::string& peer) {
-    std::lock_guard<std::mutex> lk(conn_mu);
-    if (--conn_busy[peer] <= 0) {
-      conn_busy.erase(peer);
-      conn_idle_since[peer] = std::chrono::steady_clock::now();
-    }
-  }
-
-  // The HTTP layer bounds each read (5 s) but not a whole request, so a client sending one byte
-  // every few seconds would hold a worker forever. Twice a second this closes every connection
-  // that is not in a handler and has been idle (reading a request, or between keep-alive
-  // requests) for longer than request_timeout_s.
-  void watch() {
-    const auto limit = std::chrono::milliseconds((int64_t)(opt.request_timeout_s * 1000));
-    std::unique_lock<std::mutex> lk(conn_mu);
-    while (!conn_cv.wait_for(lk, std::chrono::milliseconds(500), [this] { return stopping; })) {
-      lk.unlock();
-      const std::vector<OwnSocket> socks = own_sockets(port);
-      lk.lock();
-      const auto now = std::chrono::steady_clock::now();
-      std::map<std::string, std::chrono::steady_clock::time_point> seen;
-      for (const OwnSocket& o : socks) {
-        if (o.listening) continue;
-        auto it = conn_idle_since.find(o.peer);
-        const auto since = it == conn_idle_since.end() ? now : it->second;
-        seen[o.peer] = since;
-        if (conn_busy.count(o.peer) || now - since < limit) continue;
-        // The worker's read fails and it closes the socket. The number is checked again first,
-        // which narrows (not closes) the window in which it could now be another connection's.
-        if (!still_peer(o.fd, o.peer)) continue;
-        ::shutdown(o.fd, SHUT_RDWR);
-        slow_closed.fetch_add(1);
-      }
-      conn_idle_since.swap(seen);  // forget connections that are gone
-      for (auto it = conn_busy.begin(); it != conn_busy.end();)
-        it = conn_idle_since.count(it->first) ? std::next(it) : conn_busy.erase(it);
-    }
   }
 
   std::string new_id(const char* prefix) {
@@ -298,10 +173,8 @@ struct Server::Impl {
     http.set_payload_max_length(opt.max_body_bytes);
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       metrics.count_request(req.path, res.status);
-      conn_leave(peer_of(req));
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      conn_enter(peer_of(req));  // left in the post-routing handler, which every request reaches
       if (BoundedTaskQueue::in_overflow()) {
         // Arrived while every worker was busy and the connection queue full (task_queue.h).
         ++http_rejected;
@@ -467,7 +340,7 @@ struct Server::Impl {
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
     // instead of holding the engine until max_tokens.
-    const int fd = connection_socket(req.local_port, req.remote_port);
+    const int fd = HttpServer::current_socket();
     if (!r->stream) {
       AnswerOptions ao = r->answer;
       TokenClock clock(metrics.inter_token);
@@ -494,12 +367,8 @@ struct Server::Impl {
     }
     // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
-    // The stream outlives the handler: the connection stays busy (exempt from the watchdog)
-    // until the provider, which holds this token, is destroyed.
-    const std::string peer = peer_of(req);
-    conn_enter(peer);
-    auto busy = std::shared_ptr<void>(nullptr, [this, peer](void*) { conn_leave(peer); });
-    res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd, busy](
+    // The provider runs on this connection's worker, so fd stays this connection's until it ends.
+    res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd](
                                                               size_t, httplib::DataSink& sink) {
       return stream(*r, *prompt, id, created, fd, sink);
     });
@@ -619,8 +488,7 @@ int Server::bind() {
                   s.opt.host, s.opt.port);
   // The HTTP layer listens with a backlog of 5, so bursts of connections were reset; listen()
   // again on the same socket raises it (Linux takes a second listen() as a backlog change).
-  for (const OwnSocket& o : own_sockets(s.port))
-    if (o.listening) ::listen(o.fd, std::max(1, s.opt.listen_backlog));
+  ::listen(s.http.listen_socket(), std::max(1, s.opt.listen_backlog));
   return s.port;
 }
 
@@ -631,23 +499,12 @@ uint64_t Server::cancelled_requests() const { return impl_->cancelled.load(); }
 void Server::serve() {
   Impl& s = *impl_;
   CT_THROW_IF_NOT(s.port > 0, "serve: bind() first");
-  {
-    std::lock_guard<std::mutex> lk(s.conn_mu);
-    s.stopping = false;
-  }
-  if (s.opt.request_timeout_s > 0) s.watchdog = std::thread([&s] { s.watch(); });
   s.http.listen_after_bind();
-  {
-    std::lock_guard<std::mutex> lk(s.conn_mu);
-    s.stopping = true;
-  }
-  s.conn_cv.notify_all();
-  if (s.watchdog.joinable()) s.watchdog.join();
 }
 
 void Server::stop() { impl_->http.stop(); }
 
-uint64_t Server::slow_connections_closed() const { return impl_->slow_closed.load(); }
+uint64_t Server::slow_connections_closed() const { return impl_->http.timed_out_connections(); }
 uint64_t Server::overload_rejected() const { return impl_->http_rejected.load(); }
 
 SchedulerStats Server::batch_stats() const { return impl_->batcher.stats(); }

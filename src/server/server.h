@@ -81,9 +81,6 @@ class Server {
 // an incomplete trailing sequence (a character split across tokens) stays in `pending`.
 std::string take_complete_utf8(std::string& pending);
 
-// The descriptor of this process's TCP socket from local_port to remote_port (the connection a
-// request came on; the HTTP layer does not expose it), or -1. Linux: scans /proc/self/fd.
-int connection_socket(int local_port, int remote_port);
 // True when the peer of socket fd has closed or reset its side (poll: RDHUP/HUP/ERR); false for
 // fd < 0 or an open connection, pipelined bytes included.
 bool peer_has_closed(int fd);

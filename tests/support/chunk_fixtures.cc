@@ -115,6 +115,11 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+std::string temp_path(const std::string& name) {
+  static const TempDir dir;
+  return dir.path() + "/" + name;
+}
+
 namespace {
 
 std::string find_on_path(const std::string& exe) {

@@ -43,6 +43,10 @@ class TempDir {
   std::string path_;
 };
 
+// `name` inside a directory of this test process's own (a TempDir made on first use and removed
+// at exit), so that test processes ctest runs at the same time never share a file.
+std::string temp_path(const std::string& name);
+
 // A loopback TCP port that was free a moment ago; lo/hi bound the accepted range (a cluster
 // node's bus port must also be a valid port). The product's (store/redis_client.h).
 using store::pick_free_port;

@@ -2,17 +2,17 @@
 // reported with the file, the line number and the field.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
 #include "eval/dataset.h"
+#include "support/chunk_fixtures.h"
 
 namespace ct {
 namespace {
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  const std::string path = test::temp_path(name);
   std::ofstream(path) << text;
   return path;
 }

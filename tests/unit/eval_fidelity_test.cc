@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <random>
 
 #include "eval/chunk_cache.h"
@@ -13,6 +12,7 @@
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
 #include "reuse/selective.h"
+#include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -109,8 +109,7 @@ TEST(EvalDrift, SyntheticLayersWeighByTheirScale) {
 class EvalTinyModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string path =
-        (std::filesystem::temp_directory_path() / "ct_eval_fidelity_tiny.gguf").string();
+    const std::string path = test::temp_path("ct_eval_fidelity_tiny.gguf");
     test::TinyModelOptions o;
     o.n_layer = 3;
     test::write_tiny_model(path, o);

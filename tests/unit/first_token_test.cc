@@ -5,10 +5,10 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 
 #include "model/sampler.h"
 #include "reuse/encoder.h"
+#include "support/chunk_fixtures.h"
 #include "support/random_data.h"
 #include "support/tiny_model.h"
 
@@ -30,8 +30,7 @@ class CountingPolicy final : public Policy {
 
 TEST(FirstToken, IsTheGreedyTokenOfTheSelectivePrefill) {
   test::TinyModelOptions o;
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "ct_first_token_tiny.gguf").string();
+  const std::string path = test::temp_path("ct_first_token_tiny.gguf");
   test::write_tiny_model(path, o);
   auto m = Model::load(path);
   const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(30, 1), {});

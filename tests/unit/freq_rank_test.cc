@@ -97,6 +97,10 @@ TEST(FreqRank, LowFreqPicksBumpHighFreqPicksNoise) {
 }
 
 TEST(FreqRank, DeterministicAcrossCallsAndThreadCounts) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "runs OpenMP with 2 threads: libgomp is not built with TSan, so its barriers "
+                  "look like races to it (the other builds run this test)";
+#endif
   const Kv kv = random_kv(5, 301, 24, 42);
   for (RankMode mode : {RankMode::kLowFreq, RankMode::kHighFreq, RankMode::kL2}) {
     const int saved = omp_get_max_threads();

@@ -7,18 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <random>
 
 #include "model/generate.h"
 #include "model/gguf.h"
+#include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"
 
 namespace ct {
 namespace {
 
 std::string tmp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("ct_model_test_" + name)).string();
+  return test::temp_path("ct_model_test_" + name);
 }
 
 std::vector<float> prefill_all(const Model& m, const std::vector<int32_t>& t, bool ref) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -15,13 +14,13 @@
 #include "reuse/encoder.h"
 #include "reuse/policy.h"
 #include "reuse/selective.h"
+#include "support/chunk_fixtures.h"
 #include "support/random_data.h"
 #include "support/tiny_model.h"
 
 namespace ct {
 namespace {
 
-namespace fs = std::filesystem;
 
 TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
   std::set<std::string> names;
@@ -79,7 +78,7 @@ class PolicyInterfaceTest : public ::testing::Test {
   static void SetUpTestSuite() {
     test::TinyModelOptions o;
     o.n_layer = 4;
-    const std::string path = (fs::temp_directory_path() / "ct_policy_registry_tiny.gguf").string();
+    const std::string path = test::temp_path("ct_policy_registry_tiny.gguf");
     test::write_tiny_model(path, o);
     model_ = Model::load(path);
     a_ = std::make_unique<ChunkKV>(encode_chunk(*model_, test::random_byte_tokens(41, 3), {}));

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -17,6 +16,7 @@
 #include "core/sha256.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
+#include "support/chunk_fixtures.h"
 #include "support/random_data.h"
 #include "support/tiny_model.h"
 
@@ -45,9 +45,7 @@ class SelectiveTest : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
     for (const char* v : {"llama", "qwen2", "llama31_rope_freqs"}) {
-      const std::string path = (std::filesystem::temp_directory_path() /
-                                ("ct_selective_tiny_" + std::string(v) + ".gguf"))
-                                   .string();
+      const std::string path = test::temp_path("ct_selective_tiny_" + std::string(v) + ".gguf");
       test::write_tiny_model(path, variant_options(v));
       models_[v] = Model::load(path);
     }

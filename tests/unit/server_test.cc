@@ -247,10 +247,15 @@ class LiveServerTest : public ::testing::Test {
     return c.Post(path.c_str(), body, "application/json");
   }
 
-  // The engine's own answer for the request the body describes.
+  // The engine's own answer for the request the body describes. It runs on the server's
+  // scheduler thread, like every engine call of a running server (the engine has one caller;
+  // called from the test's thread, TSan rightly reported its workspace as raced).
   static Answer direct(const json& body) {
     const ChatRequest r = parse_chat_request(body, ApiLimits{});
-    return engine_->answer(r.chunks, r.question, r.sel, r.gen, r.answer);
+    Answer a;
+    server_->scheduler().run(
+        [&] { a = engine_->answer(r.chunks, r.question, r.sel, r.gen, r.answer); });
+    return a;
   }
 
   static inline test::TempDir* dir_ = nullptr;
@@ -533,6 +538,84 @@ TEST(ServerOverload, AFullConnectionQueueAnswers503) {
     if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(ok);
+  server.stop();
+  t.join();
+}
+
+// Everything a socket sends until the peer closes it (or 10 s pass).
+std::string read_until_closed(int fd) {
+  std::string got;
+  char buf[4096];
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    timeval tv{0, 200 * 1000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) break;
+    if (n > 0) got.append(buf, (size_t)n);
+  }
+  return got;
+}
+
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// Requests a client pipelines in one write on a keep-alive connection are all answered, in
+// order: the connection's read buffer lives across its requests (httplib's own loop started a
+// fresh buffer for each request, dropping what the first read had taken of the next).
+TEST_F(LiveServerTest, PipelinedRequestsOnOneConnectionAreAllAnswered) {
+  const int fd = connect_loopback(port_);
+  ASSERT_GE(fd, 0);
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string body = json{{"chunks", {"Pipelined text."}}}.dump();
+  const std::string post = "POST /v1/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                           "\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string last = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string all = get + post + last;
+  ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), (ssize_t)all.size());
+  const std::string got = read_until_closed(fd);
+  ::close(fd);
+  EXPECT_EQ(count_of(got, "HTTP/1.1 200 OK"), 3u) << got;
+  const size_t chunks = got.find("\"n_tok\""), models = got.find("\"object\":\"model\"");
+  EXPECT_NE(chunks, std::string::npos) << got;
+  EXPECT_NE(models, std::string::npos) << got;
+  EXPECT_LT(chunks, models) << "answers out of order: " << got;
+}
+
+// The request timeout bounds the whole request, body included: headers sent at once and a body
+// dribbled a byte every 100 ms get the connection closed after about the timeout, counted.
+TEST(SlowClients, ADribbledBodyIsClosedAtTheRequestTimeout) {
+  test::TempDir dir;
+  const auto engine = tiny_engine(dir);
+  ServerOptions so;
+  so.port = 0;
+  so.request_timeout_s = 1;
+  Server server(*engine, so);
+  const int port = server.bind();
+  std::thread t([&] { server.serve(); });
+  const int fd = connect_loopback(port);
+  ASSERT_GE(fd, 0);
+  const std::string head =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: 1000\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), (ssize_t)head.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 100 && !closed; ++i) {  // 10 s at most; the body is never complete
+    if (::send(fd, " ", 1, MSG_NOSIGNAL) != 1) closed = true;
+    char buf[256];
+    if (::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) == 0) closed = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(closed) << "a body dribbled for 10 s was still being read";
+  EXPECT_LT(s, 5.0);
+  EXPECT_EQ(server.slow_connections_closed(), 1u);
+  ::close(fd);
   server.stop();
   t.join();
 }

@@ -168,8 +168,8 @@ void register_serve(CLI::App& app) {
                 "answered 503 with Retry-After")
       ->capture_default_str();
   c->add_option("--request-timeout", a->server.request_timeout_s,
-                "Seconds a connection may take to send one request before it is closed (0: no "
-                "limit)")
+                "Seconds one request (line, headers and body) may take to arrive before its "
+                "connection is closed (0: no limit beyond 5 s per read)")
       ->capture_default_str();
   c->add_option("--allow-origin", a->server.allowed_origins,
                 "Browser Origin allowed to call the API (repeatable; '*' for any). Requests "
