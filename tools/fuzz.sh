@@ -5,6 +5,7 @@
 # non-zero when any target finds a crash, a sanitizer report, a leak or an out-of-memory input,
 # and keeps the input under build-fuzz/findings/.
 #   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer (default all)
+#                                         CT_FUZZ_RUNS=N also stops each after N executions
 #   tools/fuzz.sh --seeds                 rewrites the generated seeds (gguf, record) in fuzz/corpus
 #   tools/fuzz.sh --build TARGET...       only builds targets of build-fuzz, e.g. ct_unit_tests for
 #                                         the unit tests under ASan + UBSan (.ci/run's asan stage)
@@ -75,9 +76,10 @@ run_one() {  # name, corpus name, then environment assignments for the target
   local dir="$WORK/$name"
   mkdir -p "$dir/corpus" "$dir/artifacts"
   cp -r "fuzz/corpus/$corpus/." "$dir/corpus/"
-  local rc=0
+  local rc=0 t0=$SECONDS
   env "$@" "$BUILD/fuzz/${corpus}_fuzz" "$dir/corpus" -max_total_time="$SECONDS_EACH" \
     -rss_limit_mb=2048 -detect_leaks=1 -print_final_stats=1 -artifact_prefix="$dir/artifacts/" \
+    ${CT_FUZZ_RUNS:+-runs="$CT_FUZZ_RUNS"} \
     >"$dir/log" 2>&1 || rc=$?
   local execs rate result
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$dir/log" | tail -1 | grep -o '[0-9]*$' || true)
@@ -96,7 +98,7 @@ run_one() {  # name, corpus name, then environment assignments for the target
     echo "---- $name: last lines of the log ($BUILD/findings/${name}.log) ----" >&2
     tail -40 "$dir/log" >&2
   fi
-  printf '%-20s %8s %12s %10s  %s\n' "$name" "$SECONDS_EACH" "${execs:-?}" "${rate:-?}" "$result"
+  printf '%-20s %8s %12s %10s  %s\n' "$name" "$((SECONDS - t0))" "${execs:-?}" "${rate:-?}" "$result"
 }
 
 for t in "${TARGETS[@]}"; do
