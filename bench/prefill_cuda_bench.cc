@@ -102,12 +102,12 @@ void BM_Selective(benchmark::State& state) {
   const ct::Model& m = smol_shaped_model();
   const Request& r = composed_request();
   const int n_total = ct::layout_request(r.req).n_total;
-  std::unique_ptr<ct::cuda::Decoder> dec;
-  if (gpu) dec = ct::make_cuda_decoder(m, n_total);
+  std::unique_ptr<ct::DeviceSequence> dev;
+  if (gpu) dev = ct::make_device("cuda", m, n_total);
   ct::SelectiveOptions so;
   so.policy.kind = &ct::find_policy(state.range(1) == 1 ? "cachetune" : "full");
   so.policy.ratio = 0.15;
-  so.gpu = dec.get();
+  so.device = dev.get();
   ct::KVCache kv = m.make_cache(n_total);
   ct::Workspace ws;
   ct::PrefillBreakdown bd;

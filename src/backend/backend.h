@@ -85,6 +85,27 @@ class LayerBackend {
   LayerTimes times_;
 };
 
+// A device that keeps one sequence's K/V in its own memory (the GPU). A request's selective
+// prefill runs its layer loop there (layers()), and decoding then continues from that cache
+// (prefill()). The engine holds one through this interface only (made by make_device), so it
+// never names a device's own types.
+class DeviceSequence {
+ public:
+  virtual ~DeviceSequence() = default;
+  virtual const char* name() const = 0;  // "cuda"
+  virtual int n_ctx() const = 0;         // positions the device's sequence holds
+  // The LayerBackend of a selective prefill on this device. With kv_to_host, finish() copies
+  // the finished cache into it (which must hold the prompt); else the host cache is not touched.
+  virtual std::unique_ptr<LayerBackend> layers(KVCache* kv_to_host) = 0;
+  // Tokens at positions [pos0, pos0 + n) over the device's cache holding [0, pos0); returns the
+  // last row's logits, F32 [n_vocab].
+  virtual std::vector<float> prefill(const int32_t* tokens, int n, int pos0) = 0;
+};
+
+// The device `name` ("cuda", the only one) for model m with n_ctx positions. Throws ct::Error
+// naming the backend when this build lacks it (backend/registry.h) or it cannot start.
+std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx);
+
 // The CPU backend: the layers of m on the host cache kv (at least as long as the prompt).
 std::unique_ptr<LayerBackend> make_cpu_layers(const Model& m, KVCache& kv, Workspace& ws,
                                               const PipelineOptions& opt);

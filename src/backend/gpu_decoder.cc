@@ -4,6 +4,8 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/backend.h"
+
 #include "backend/registry.h"
 #include "core/error.h"
 
@@ -55,6 +57,34 @@ std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_
   std::vector<float> cos, sin;
   m.rope().angle_table(pos.data(), n, cos, sin);
   return dec.forward(tokens, pos.data(), n, cos.data(), sin.data());
+}
+
+namespace {
+
+// The "cuda" DeviceSequence (backend.h): one cuda::Decoder built from the model.
+class CudaSequence final : public DeviceSequence {
+ public:
+  CudaSequence(const Model& m, int n_ctx) : m_(m), dec_(make_cuda_decoder(m, n_ctx)) {}
+  const char* name() const override { return "cuda"; }
+  int n_ctx() const override { return dec_->n_ctx(); }
+  std::unique_ptr<LayerBackend> layers(KVCache* kv_to_host) override {
+    return make_cuda_layers(m_, *dec_, kv_to_host);
+  }
+  std::vector<float> prefill(const int32_t* tokens, int n, int pos0) override {
+    return cuda_prefill(*dec_, m_, tokens, n, pos0);
+  }
+
+ private:
+  const Model& m_;
+  std::unique_ptr<cuda::Decoder> dec_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx) {
+  CT_THROW_IF_NOT(name == "cuda", "device '{}': expected cuda (the CPU is not a device sequence)",
+                  name);
+  return std::make_unique<CudaSequence>(m, n_ctx);
 }
 
 }  // namespace ct

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/paths.h"
 #include "core/timer.h"
-#include "backend/gpu_decoder.h"
+#include "backend/backend.h"
 #include "backend/registry.h"
 #include "reuse/pooled_chunk.h"
 #include "store/record_format.h"
@@ -32,7 +32,7 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.cuda) {
     CT_THROW_IF_NOT(backend::backend_built("cuda"), "--device cuda: {}", backend::kNoCudaMessage);
     CT_THROW_IF_NOT(opt_.gpu_ctx >= 1, "engine gpu_ctx = {}; expected >= 1", opt_.gpu_ctx);
-    gpu_ = make_cuda_decoder(*model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train));
+    gpu_ = make_device("cuda", *model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train));
   }
 }
 
@@ -245,8 +245,8 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
       ans.ratio_note = choice.note;
     }
     ans.ratio = sel.policy.ratio;
-    sel.gpu = on_gpu ? gpu_.get() : nullptr;
-    sel.gpu_kv_to_host = !on_gpu;  // decoding continues on the GPU, from its own cache
+    sel.device = on_gpu ? gpu_.get() : nullptr;
+    sel.device_kv_to_host = false;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
     // On the GPU the cache lives on the device; the host one is only needed on the CPU.
     KVCache& kv = g->kv_;
@@ -345,7 +345,7 @@ void Engine::advance(Generation* const* gens, int n) {
       continue;
     }
     if (g.on_gpu_) {
-      g.logits_ = cuda_prefill(*gpu_, *model_, &id, 1, g.next_pos_);
+      g.logits_ = gpu_->prefill(&id, 1, g.next_pos_);
       ++g.next_pos_;
       continue;
     }

@@ -200,7 +200,7 @@ class Engine {
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
   void finish(Generation& g) const;
-  std::unique_ptr<cuda::Decoder> gpu_;                             // EngineOptions::cuda
+  std::unique_ptr<DeviceSequence> gpu_;                            // EngineOptions::cuda
   Workspace decode_ws_;                                            // advance()'s batch
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };

@@ -249,8 +249,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   PrefillBreakdown bd;
   const RequestLayout lay = layout_request(req);
   const ModelConfig& c = m.config();
-  // A GPU prefill that keeps its cache on the device does not touch the host kv.
-  const bool host_kv_unused = opt.gpu && !opt.gpu_kv_to_host;
+  // A device prefill that keeps its cache on the device does not touch the host kv.
+  const bool host_kv_unused = opt.device && !opt.device_kv_to_host;
   CT_THROW_IF_NOT(host_kv_unused || lay.n_total <= kv.n_ctx(),
                   "composed prompt of {} tokens does not fit the {}-position KV cache", lay.n_total,
                   kv.n_ctx());
@@ -265,7 +265,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   }
   const Policy& pol = *opt.policy.kind;
   std::vector<float> logits;
-  CT_THROW_IF_NOT(!opt.gpu || (pol.on_gpu() && !opt.query_attention),
+  CT_THROW_IF_NOT(!opt.device || (pol.on_gpu() && !opt.query_attention),
                   "policy '{}'{} is not available with GPU compute yet; use the CPU path",
                   pol.name(), opt.query_attention ? " with query attention" : "");
   std::vector<ChunkPlan> plans(req.chunks.size());
@@ -273,9 +273,9 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     plans[b].c = req.chunks[b];
     plans[b].offset = lay.chunk_offset[b];
   }
-  // The backend of a pass: the GPU decoder when given, else the CPU.
+  // The backend of a pass: the device when given, else the CPU.
   auto layers = [&]() -> std::unique_ptr<LayerBackend> {
-    if (opt.gpu) return make_cuda_layers(m, *opt.gpu, opt.gpu_kv_to_host ? &kv : nullptr);
+    if (opt.device) return opt.device->layers(opt.device_kv_to_host ? &kv : nullptr);
     return make_cpu_layers(m, kv, ws, opt.pipeline);
   };
   const PolicyRequest preq{

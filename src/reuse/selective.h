@@ -76,17 +76,17 @@ struct SelectiveOptions {
   // averaged over query rows, heads and layers. F32 [n_total] on return.
   std::vector<float>* query_attention = nullptr;
   PrefixCache* prefix_cache = nullptr;  // for policies with uses_prefix_cache()
-  // Compute the layers on this GPU decoder (built from the same model, n_ctx >= the prompt)
-  // instead of the CPU: each layer's reused rows are read as stored (sparse: the complement's
+  // Compute the layers on this device (backend.h, e.g. the GPU; built from the same model,
+  // n_ctx >= the prompt) instead of the CPU: each layer's reused rows are read as stored (sparse: the complement's
   // rank rows) into pinned memory, copied to the device and unpacked and rotated there
   // (pipeline.overlap and rope_in_loader do not apply). On return the host kv holds the whole
   // cache, as on the CPU path. Policies with Policy::on_gpu() only (those that select before
   // the layer loop) and one K/V type per request; the others, and query_attention, are refused. On the GPU, PrefillBreakdown::compute_ms includes the logits and the waiting for
   // the device; load_ms = load_wait_ms is the host's reading and queueing of the reused rows.
-  cuda::Decoder* gpu = nullptr;
-  // GPU only: copy the finished cache back into the host kv (false when decoding continues on
-  // the GPU; the host kv is then not touched and may be empty).
-  bool gpu_kv_to_host = true;
+  DeviceSequence* device = nullptr;
+  // Device only: copy the finished cache back into the host kv (false when decoding continues on
+  // the device; the host kv is then not touched and may be empty).
+  bool device_kv_to_host = true;
 };
 
 // Runs the prefill into kv (reset by the caller to at least n_total positions; on return

@@ -42,7 +42,7 @@ TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
     req.chunks = {&cb, &ca, &cb};  // any order, a chunk twice
     req.query = test::random_byte_tokens(12, 4);
     const int n_total = layout_request(req).n_total;
-    auto dec = make_cuda_decoder(*m, n_total + 8);
+    auto dev = make_device("cuda", *m, n_total + 8);
     for (const Policy* kind :
          {&find_policy("full"), &find_policy("reuse"), &find_policy("cachetune"), &find_policy("epic"),
           &find_policy("random"), &find_policy("l2"), &find_policy("highfreq"),
@@ -58,7 +58,7 @@ TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
         Workspace ws;
         PrefillBreakdown cpu_bd, gpu_bd;
         const std::vector<float> cpu = selective_prefill(*m, req, so, cpu_kv, ws, &cpu_bd);
-        so.gpu = dec.get();
+        so.device = dev.get();
         const std::vector<float> gpu = selective_prefill(*m, req, so, gpu_kv, ws, &gpu_bd);
         ASSERT_EQ(cpu.size(), gpu.size());
         EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
@@ -87,11 +87,11 @@ TEST(CudaSelective, MixedKvTypesAreRefused) {
   const ChunkKV b = encode_chunk(*m, test::random_byte_tokens(20, 2), e32);
   const InMemoryChunk ca(a), cb(b);
   ComposedRequest req{test::random_byte_tokens(3, 3), {&ca, &cb}, test::random_byte_tokens(4, 4)};
-  auto dec = make_cuda_decoder(*m, 64);
+  auto dev = make_device("cuda", *m, 64);
   KVCache kv = m->make_cache(64);
   Workspace ws;
   SelectiveOptions so;
-  so.gpu = dec.get();
+  so.device = dev.get();
   EXPECT_THROW(selective_prefill(*m, req, so, kv, ws), Error);
 }
 
@@ -106,14 +106,14 @@ TEST(CudaSelective, FullPolicyEqualsThePlainGpuPrefill) {
   req.chunks = {&ca};
   req.query = test::random_byte_tokens(7, 7);
   const RequestLayout lay = layout_request(req);
-  auto dec = make_cuda_decoder(*m, lay.n_total);
+  auto dev = make_device("cuda", *m, lay.n_total);
   SelectiveOptions so;
   so.policy.kind = &find_policy("full");
-  so.gpu = dec.get();
+  so.device = dev.get();
   KVCache kv = m->make_cache(lay.n_total);
   Workspace ws;
   const std::vector<float> sel = selective_prefill(*m, req, so, kv, ws);
-  const std::vector<float> plain = cuda_prefill(*dec, *m, lay.tokens.data(), lay.n_total, 0);
+  const std::vector<float> plain = dev->prefill(lay.tokens.data(), lay.n_total, 0);
   EXPECT_EQ(sel, plain);  // the same kernels on the same rows: bit for bit
 }
 
@@ -124,13 +124,13 @@ TEST(CudaSelective, OnlinePoliciesAreRefusedClearly) {
   const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(20, 8), EncodeOptions{});
   const InMemoryChunk ca(a);
   ComposedRequest req{test::random_byte_tokens(3, 9), {&ca}, test::random_byte_tokens(4, 10)};
-  auto dec = make_cuda_decoder(*m, 64);
+  auto dev = make_device("cuda", *m, 64);
   KVCache kv = m->make_cache(64);
   Workspace ws;
   for (const Policy* kind : {&find_policy("cacheblend"), &find_policy("prophetkv"), &find_policy("lfonly")}) {
     SelectiveOptions so;
     so.policy.kind = kind;
-    so.gpu = dec.get();
+    so.device = dev.get();
     EXPECT_THROW(selective_prefill(*m, req, so, kv, ws), Error) << kind->name();
   }
 }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "backend/backend.h"
 #include "backend/cuda/band_norms.h"
 #include "backend/gpu_decoder.h"
 #include "backend/registry.h"
@@ -50,12 +51,31 @@ TEST(BackendRegistry, WithoutCudaEveryGpuEntryPointNamesTheMissingBackend) {
   const auto m = Model::load(model);
   EXPECT_NE(message_of([&] { make_cuda_decoder(*m, 16); }).find(backend::kNoCudaMessage),
             std::string::npos);
+  EXPECT_NE(message_of([&] { make_device("cuda", *m, 16); }).find(backend::kNoCudaMessage),
+            std::string::npos);
   EngineOptions eo;
   eo.model_path = model;
   eo.tiers = {parse_tier_spec("host:16M")};
   eo.cuda = true;
   const std::string e = message_of([&] { Engine eng(eo); });
   EXPECT_NE(e.find("--device cuda: this build has no CUDA backend"), std::string::npos) << e;
+}
+
+// The device seam names what it takes: "cuda" is the one device sequence; any other name is
+// refused in every build, naming the value.
+TEST(BackendRegistry, AnUnknownDeviceIsRefusedByName) {
+  test::TempDir dir;
+  const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
+  for (const char* name : {"cpu", "tpu", ""}) {
+    try {
+      make_device(name, *m, 16);
+      ADD_FAILURE() << "made device '" << name << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("device '") + name + "': expected cuda"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
