@@ -423,14 +423,40 @@ TEST_F(LiveServerTest, AbandonedRequestsAreCancelled) {
 
 // A one-layer tiny model's engine with a small host tier, for tests that run a server of their
 // own with special options.
-std::unique_ptr<Engine> tiny_engine(const test::TempDir& dir) {
-  test::TinyModelOptions o;
-  o.n_layer = 1;
-  EngineOptions eo;
-  eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
-  eo.tiers = {parse_tier_spec("host:16M")};
-  return std::make_unique<Engine>(eo);
-}
+// A server of a test's own (options so, any free port) over a 1-layer tiny model, serving on a
+// thread of its own until it is destroyed.
+class OwnServer {
+ public:
+  explicit OwnServer(ServerOptions so) : engine_(make_engine(dir_)), server_(*engine_, any_port(so)) {
+    port_ = server_.bind();
+    thread_ = std::thread([this] { server_.serve(); });
+  }
+  ~OwnServer() {
+    server_.stop();
+    thread_.join();
+  }
+  Server& server() { return server_; }
+  int port() const { return port_; }
+
+ private:
+  static std::unique_ptr<Engine> make_engine(const test::TempDir& dir) {
+    test::TinyModelOptions o;
+    o.n_layer = 1;
+    EngineOptions eo;
+    eo.model_path = test::write_tiny_model(dir.path() + "/tiny.gguf", o);
+    eo.tiers = {parse_tier_spec("host:16M")};
+    return std::make_unique<Engine>(eo);
+  }
+  static ServerOptions any_port(ServerOptions so) {
+    so.port = 0;
+    return so;
+  }
+  test::TempDir dir_;
+  std::unique_ptr<Engine> engine_;
+  Server server_;
+  int port_ = -1;
+  std::thread thread_;
+};
 
 // A TCP connection to 127.0.0.1:port that sends nothing yet.
 int connect_loopback(int port) {
@@ -448,15 +474,12 @@ int connect_loopback(int port) {
 // closed once they pass the request timeout, and while they hang on, an ordinary request is
 // served (each holds one worker at most). A server of its own, with a 1-second timeout.
 TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
-  test::TempDir dir;
-  const auto engine = tiny_engine(dir);
   ServerOptions so;
-  so.port = 0;
   so.request_timeout_s = 1;
   so.http_threads = 16;
-  Server server(*engine, so);
-  const int port = server.bind();
-  std::thread t([&] { server.serve(); });
+  OwnServer own(so);
+  Server& server = own.server();
+  const int port = own.port();
   constexpr int kSlow = 10;
   std::vector<int> fds;
   for (int i = 0; i < kSlow; ++i) {
@@ -492,8 +515,6 @@ TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
   EXPECT_EQ(std::count(closed.begin(), closed.end(), true), kSlow);
   EXPECT_GE(server.slow_connections_closed(), (uint64_t)kSlow);
   for (int fd : fds) ::close(fd);
-  server.stop();
-  t.join();
 }
 
 // Overload: with every connection worker busy and the connection queue full, a further request
@@ -501,15 +522,12 @@ TEST(SlowClients, AreClosedAndDoNotBlockOthers) {
 // server answers normally again. A server of its own with 2 workers and a queue of 1; idle
 // connections (which send nothing) hold the workers.
 TEST(ServerOverload, AFullConnectionQueueAnswers503) {
-  test::TempDir dir;
-  const auto engine = tiny_engine(dir);
   ServerOptions so;
-  so.port = 0;
   so.http_threads = 2;
   so.http_queue = 1;
-  Server server(*engine, so);
-  const int port = server.bind();
-  std::thread t([&] { server.serve(); });
+  OwnServer own(so);
+  Server& server = own.server();
+  const int port = own.port();
   std::vector<int> idle;
   for (int i = 0; i < 3; ++i) {  // two hold the workers, the third waits in the queue
     const int fd = connect_loopback(port);
@@ -538,8 +556,6 @@ TEST(ServerOverload, AFullConnectionQueueAnswers503) {
     if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(ok);
-  server.stop();
-  t.join();
 }
 
 // Everything a socket sends until the peer closes it (or 10 s pass).
@@ -589,14 +605,11 @@ TEST_F(LiveServerTest, PipelinedRequestsOnOneConnectionAreAllAnswered) {
 // The request timeout bounds the whole request, body included: headers sent at once and a body
 // dribbled a byte every 100 ms get the connection closed after about the timeout, counted.
 TEST(SlowClients, ADribbledBodyIsClosedAtTheRequestTimeout) {
-  test::TempDir dir;
-  const auto engine = tiny_engine(dir);
   ServerOptions so;
-  so.port = 0;
   so.request_timeout_s = 1;
-  Server server(*engine, so);
-  const int port = server.bind();
-  std::thread t([&] { server.serve(); });
+  OwnServer own(so);
+  Server& server = own.server();
+  const int port = own.port();
   const int fd = connect_loopback(port);
   ASSERT_GE(fd, 0);
   const std::string head =
@@ -616,8 +629,6 @@ TEST(SlowClients, ADribbledBodyIsClosedAtTheRequestTimeout) {
   EXPECT_LT(s, 5.0);
   EXPECT_EQ(server.slow_connections_closed(), 1u);
   ::close(fd);
-  server.stop();
-  t.join();
 }
 
 TEST(ServerSocket, PeerCloseIsSeenAndAnOpenPeerIsNot) {
