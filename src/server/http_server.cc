@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include "server/task_queue.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -18,6 +20,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local int t_current_socket = -1;
+thread_local bool t_close_after = false;
+
+// The longest stop() may go unseen by a waiting worker.
+constexpr int kStopCheckMs = 100;
 
 // poll() on one descriptor for `events`, retried on EINTR; > 0 ready, 0 timed out, < 0 error.
 int poll_one(int fd, short events, int timeout_ms, short* revents = nullptr) {
@@ -52,8 +58,13 @@ int to_ms(time_t sec, time_t usec) { return (int)std::min<int64_t>(sec * 1000 + 
 // never past the current request's deadline.
 class ConnectionStream final : public httplib::Stream {
  public:
-  ConnectionStream(int fd, int read_timeout_ms, int write_timeout_ms)
-      : fd_(fd), read_timeout_ms_(read_timeout_ms), write_timeout_ms_(write_timeout_ms) {}
+  // listening: the server's listening socket, INVALID_SOCKET once stop() has closed it.
+  ConnectionStream(int fd, int read_timeout_ms, int write_timeout_ms,
+                   const std::atomic<socket_t>& listening)
+      : fd_(fd),
+        read_timeout_ms_(read_timeout_ms),
+        write_timeout_ms_(write_timeout_ms),
+        listening_(listening) {}
 
   // The next request must have arrived by `deadline` (Clock::time_point::max(): no bound).
   void start_request(Clock::time_point deadline) {
@@ -115,20 +126,21 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
  private:
-  // Waits for input up to the read timeout or the deadline, whichever is first; past the
-  // deadline the request has taken too long (timed_out()).
+  // Waits for input up to the read timeout or the deadline, whichever is first, in slices so
+  // that stop() is seen; past the deadline the request has taken too long (timed_out()).
+  // Input already there is taken even at the deadline.
   bool wait_readable() const {
-    int wait_ms = read_timeout_ms_;
-    if (deadline_ != Clock::time_point::max()) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
-      if (left.count() <= 0) {
-        timed_out_ = true;
-        return false;
-      }
-      wait_ms = (int)std::min<int64_t>(wait_ms, left.count());
+    if (poll_one(fd_, POLLIN, 0) > 0) return true;
+    const auto end = std::min(deadline_, Clock::now() + std::chrono::milliseconds(read_timeout_ms_));
+    for (;;) {
+      if (listening_ == INVALID_SOCKET) return false;  // the server is stopping
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now()).count();
+      if (left <= 0) break;
+      const int r = poll_one(fd_, POLLIN, (int)std::min<int64_t>(left, kStopCheckMs));
+      if (r > 0) return true;
+      if (r < 0) return false;
     }
-    if (poll_one(fd_, POLLIN, wait_ms) > 0) return true;
-    if (deadline_ != Clock::time_point::max() && Clock::now() >= deadline_) timed_out_ = true;
+    if (Clock::now() >= deadline_) timed_out_ = true;
     return false;
   }
   ssize_t recv_some(char* p, size_t n) {
@@ -141,6 +153,7 @@ class ConnectionStream final : public httplib::Stream {
 
   const int fd_;
   const int read_timeout_ms_, write_timeout_ms_;
+  const std::atomic<socket_t>& listening_;
   Clock::time_point deadline_ = Clock::time_point::max();
   mutable bool timed_out_ = false;
   char buf_[4096];
@@ -151,40 +164,79 @@ class ConnectionStream final : public httplib::Stream {
 
 int HttpServer::current_socket() { return t_current_socket; }
 
+void HttpServer::close_after_response() { t_close_after = true; }
+
+void HttpServer::set_request_timeout(double seconds) {
+  // Past a day it is no bound (and the deadline arithmetic stays in range); at least 1 ms.
+  request_timeout_ms_ = seconds > 0 && seconds <= 86400 ? std::max<int64_t>(1, std::llround(seconds * 1000)) : 0;
+}
+
 // Serves requests on one connection until the client closes it, the keep-alive count or idle
 // time runs out, a request fails or times out, or the server stops; then shuts it down and closes
 // it. Only this function closes `sock`, after the last handler using it has returned.
 bool HttpServer::process_and_close_socket(socket_t sock) {
+  // Closes the connection however this ends (a handler's exception included), after the last
+  // handler using it has returned.
+  struct Owner {
+    int fd;
+    bool drain = false;  // unread request bytes may be waiting
+    ~Owner() {
+      t_current_socket = -1;
+      if (drain) {
+        // Closing a socket with unread input makes Linux send a reset, which can destroy the
+        // response before the client reads it: end our side, then read (a bounded amount,
+        // briefly) what the client is still sending.
+        ::shutdown(fd, SHUT_WR);
+        char buf[4096];
+        size_t got = 0;
+        const auto end = Clock::now() + std::chrono::milliseconds(200);
+        while (got < (256u << 10) && Clock::now() < end && poll_one(fd, POLLIN, 50) > 0) {
+          const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+          if (n <= 0) break;
+          got += (size_t)n;
+        }
+      }
+      ::shutdown(fd, SHUT_RDWR);
+      ::close(fd);
+    }
+  } owner{sock};
   ConnectionStream strm(sock, to_ms(read_timeout_sec_, read_timeout_usec_),
-                        to_ms(write_timeout_sec_, write_timeout_usec_));
-  const int idle_ms = to_ms(keep_alive_timeout_sec_, 0);
+                        to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
+  // A connection on the overflow worker is answered 503 at once (server.cc): one request, and
+  // a short deadline, so that a slow client there cannot hold up the other refusals.
+  const bool overflow = BoundedTaskQueue::in_overflow();
+  const int64_t timeout_ms =
+      overflow ? std::min<int64_t>(request_timeout_ms_ > 0 ? request_timeout_ms_ : 2000, 2000)
+               : request_timeout_ms_;
+  const int idle_ms = std::max(10, to_ms(keep_alive_timeout_sec_, 0));
   bool ret = false;
-  for (size_t left = keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
-    // Wait for the next request in short slices, so that stop() is seen within 100 ms.
+  for (size_t left = overflow ? 1 : keep_alive_max_count_;
+       left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+    // Wait for the next request in short slices, so that stop() is seen.
     bool readable = strm.has_buffered();
     for (const auto idle_end = Clock::now() + std::chrono::milliseconds(idle_ms);
          !readable && svr_sock_ != INVALID_SOCKET && Clock::now() < idle_end;) {
-      const int r = poll_one(sock, POLLIN, 100);
+      const int r = poll_one(sock, POLLIN, kStopCheckMs);
       if (r < 0) break;
       readable = r > 0;
     }
     if (!readable || svr_sock_ == INVALID_SOCKET) break;
-    strm.start_request(request_timeout_s_ > 0
-                           ? Clock::now() + std::chrono::milliseconds(
-                                                (int64_t)std::llround(request_timeout_s_ * 1000))
-                           : Clock::time_point::max());
+    strm.start_request(timeout_ms > 0 ? Clock::now() + std::chrono::milliseconds(timeout_ms)
+                                      : Clock::time_point::max());
     bool connection_closed = false;
     t_current_socket = sock;
+    t_close_after = false;
     ret = process_request(strm, left == 1, connection_closed, nullptr);
     t_current_socket = -1;
     if (strm.timed_out()) {  // httplib may have answered 400; the connection ends either way
       timed_out_.fetch_add(1);
       break;
     }
-    if (!ret || connection_closed) break;
+    // A response sent before its request's body was read leaves that body on the connection,
+    // where it would be parsed as the next request: such a response ends the connection.
+    if (t_close_after) owner.drain = true;
+    if (!ret || connection_closed || t_close_after) break;
   }
-  ::shutdown(sock, SHUT_RDWR);
-  ::close(sock);
   return ret;
 }
 

@@ -10,7 +10,9 @@
 //    deadline as well as by the read timeout); a connection that misses it is closed and counted;
 //  - a handler learns its connection's descriptor from current_socket(), valid while the handler
 //    (or its streaming provider) runs on this worker thread, and only the worker closes it;
-//  - bytes a client pipelines after a request stay buffered for the next one on the connection.
+//  - bytes a client pipelines after a request stay buffered for the next one on the connection;
+//  - a worker waiting on a client sees stop() within 100 ms;
+//  - a connection on the overflow worker (task_queue.h) gets one request and a 2 s deadline.
 #pragma once
 
 #include <httplib.h>
@@ -22,20 +24,24 @@ namespace ct::server {
 
 class HttpServer final : public httplib::Server {
  public:
-  // Longest a request (request line, headers, body) may take to arrive; <= 0: no bound beyond
-  // the per-read timeout.
-  void set_request_timeout(double seconds) { request_timeout_s_ = seconds; }
+  // Longest a request (request line, headers, body) may take to arrive, from its first byte;
+  // <= 0 or over a day: no bound beyond the per-read timeout.
+  void set_request_timeout(double seconds);
   // Connections closed because a request took longer than the request timeout to arrive.
   uint64_t timed_out_connections() const { return timed_out_.load(); }
   // The listening socket (after bind), or -1.
   int listen_socket() const { return svr_sock_.load(); }
   // The connection the calling worker thread is serving a request on, or -1 on other threads.
   static int current_socket();
+  // Called from a handler: the connection ends after this response. For responses sent before
+  // the request's body was read (the unread body would be parsed as the next request); the
+  // handler also sets `Connection: close` so that the client knows.
+  static void close_after_response();
 
  private:
   bool process_and_close_socket(socket_t sock) override;
 
-  double request_timeout_s_ = 0;
+  int64_t request_timeout_ms_ = 0;
   std::atomic<uint64_t> timed_out_{0};
 };
 

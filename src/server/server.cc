@@ -132,6 +132,11 @@ struct Server::Impl {
   // A request with a body is refused only after the HTTP layer has read the body: refused before,
   // the unread body would be parsed as the connection's next request (a keep-alive client
   // retrying with the right key would get a 400), and a large one would block the client's send.
+  // The connection ends after this response, and the client is told so.
+  static void end_connection(httplib::Response& res) {
+    if (!res.has_header("Connection")) res.set_header("Connection", "close");
+    HttpServer::close_after_response();
+  }
   static bool has_body(const httplib::Request& req) {
     return req.get_header_value("Transfer-Encoding") == "chunked" ||
            (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
@@ -173,13 +178,16 @@ struct Server::Impl {
     http.set_payload_max_length(opt.max_body_bytes);
     http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       metrics.count_request(req.path, res.status);
+      // Answered before its body was read (refused before routing, 413, ...): the body is still
+      // on the connection and would be parsed as the next request, so the connection ends here.
+      if (has_body(req) && req.body.empty()) end_connection(res);
     });
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (BoundedTaskQueue::in_overflow()) {
         // Arrived while every worker was busy and the connection queue full (task_queue.h).
         ++http_rejected;
         res.set_header("Retry-After", "1");
-        res.set_header("Connection", "close");
+        end_connection(res);
         send_error(res, 503,
                    fmt::format("server overloaded: all {} connection workers are busy and {} "
                                "connections are waiting; retry later",

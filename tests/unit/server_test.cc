@@ -631,6 +631,41 @@ TEST(SlowClients, ADribbledBodyIsClosedAtTheRequestTimeout) {
   ::close(fd);
 }
 
+// A keep-alive request refused before its body was read (here: a foreign Origin, 403) ends its
+// connection, saying so: the unread body must not be parsed as the next request (it was, and
+// the client got a 400 for its own JSON, then its pipelined request was lost or mangled).
+TEST_F(LiveServerTest, ARefusalBeforeTheBodyIsReadEndsTheConnection) {
+  const int fd = connect_loopback(port_);
+  ASSERT_GE(fd, 0);
+  const std::string body = json{{"messages", {user("hi")}}, {"max_tokens", 2}}.dump();
+  const std::string all = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://evil"
+                          "\r\nContent-Type: application/json\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body +
+                          "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), (ssize_t)all.size());
+  const std::string got = read_until_closed(fd);
+  ::close(fd);
+  EXPECT_EQ(count_of(got, "HTTP/1.1 "), 1u) << got;
+  EXPECT_EQ(got.rfind("HTTP/1.1 403", 0), 0u) << got;
+  EXPECT_NE(got.find("Connection: close"), std::string::npos) << got;
+}
+
+// stop() is seen by a worker waiting for the rest of a request, at once rather than after the
+// 5 s read timeout or the 30 s request timeout.
+TEST(SlowClients, StopDoesNotWaitForAHalfSentRequest) {
+  auto own = std::make_unique<OwnServer>(ServerOptions{});
+  const int fd = connect_loopback(own->port());
+  ASSERT_GE(fd, 0);
+  const std::string part = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
+  ASSERT_EQ(::send(fd, part.data(), part.size(), MSG_NOSIGNAL), (ssize_t)part.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a worker is reading it
+  const auto t0 = std::chrono::steady_clock::now();
+  own.reset();  // stop() and join serve()
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 3.0) << "stop waited for the client's read timeout";
+  ::close(fd);
+}
+
 TEST(ServerSocket, PeerCloseIsSeenAndAnOpenPeerIsNot) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
