@@ -36,7 +36,11 @@ int poll_one(int fd, short events, int timeout_ms, short* revents = nullptr) {
   }
 }
 
-void ip_and_port(const sockaddr_storage& a, std::string& ip, int& port) {
+// The address of socket fd's one end, as `name` (getpeername or getsockname) gives it.
+void ip_and_port(int fd, int (*name)(int, sockaddr*, socklen_t*), std::string& ip, int& port) {
+  sockaddr_storage a{};
+  socklen_t l = sizeof(a);
+  if (name(fd, reinterpret_cast<sockaddr*>(&a), &l) != 0) a.ss_family = AF_UNSPEC;
   char buf[INET6_ADDRSTRLEN] = {0};
   port = -1;
   if (a.ss_family == AF_INET) {
@@ -112,16 +116,10 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t l = sizeof(a);
-    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &l) != 0) a.ss_family = AF_UNSPEC;
-    ip_and_port(a, ip, port);
+    ip_and_port(fd_, ::getpeername, ip, port);
   }
   void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t l = sizeof(a);
-    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &l) != 0) a.ss_family = AF_UNSPEC;
-    ip_and_port(a, ip, port);
+    ip_and_port(fd_, ::getsockname, ip, port);
   }
   socket_t socket() const override { return fd_; }
 
