@@ -10,7 +10,9 @@
 #   tools/fuzz.sh --build TARGET...       only builds targets of build-fuzz, e.g. ct_unit_tests for
 #                                         the unit tests under ASan + UBSan (.ci/run's asan stage)
 # The tokenizer target also runs on the SmolLM2 vocabulary when the model file is present
-# (CT_FUZZ_TOKENIZER_GGUF, default ~/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+# (CT_FUZZ_TOKENIZER_GGUF, default ~/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf) and on
+# llama.cpp's qwen2, llama-bpe and llama-spm vocabularies when fetched (CT_FUZZ_TOKENIZER_VOCABS
+# names others, or none when empty).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -62,6 +64,10 @@ for t in "${TARGETS[@]}"; do BINS+=("${t}_fuzz"); done
 configure_and_build "${BINS[@]}"
 
 SMOL="${CT_FUZZ_TOKENIZER_GGUF:-$HOME/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+# llama.cpp's vocabulary-only files (tools/fetch_vocab_tests.sh): the other tokenizer kinds, the
+# qwen2 and Llama 3 pre-tokenizers and SentencePiece.
+VOCAB_DIR="${CACHETUNE_VOCAB_DIR:-$HOME/.cache/cachetune/vocab}"
+VOCABS="${CT_FUZZ_TOKENIZER_VOCABS-qwen2 llama-bpe llama-spm}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ct-fuzz.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$BUILD/findings"
@@ -109,6 +115,14 @@ for t in "${TARGETS[@]}"; do
     else
       echo "tokenizer:smollm2: skipped, $SMOL is absent"
     fi
+    for v in $VOCABS; do
+      f="$VOCAB_DIR/ggml-vocab-$v.gguf"
+      if [[ -f "$f" ]]; then
+        run_one "tokenizer:$v" tokenizer CT_FUZZ_TOKENIZER_GGUF="$f"
+      else
+        echo "tokenizer:$v: skipped, $f is absent (tools/fetch_vocab_tests.sh fetches it)"
+      fi
+    done
   else
     run_one "$t" "$t"
   fi
