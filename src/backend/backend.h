@@ -2,7 +2,7 @@
 // runs on. A LayerBackend holds one request's active rows (the recomputed tokens plus prefix and
 // query) and its KV cache; per layer, the reused chunk rows are placed in the cache (unpacked,
 // rotated to their global positions: deferred RoPE) before the layer computes the active rows over
-// the whole, causally masked sequence. Two implementations: the CPU (Model::forward_layer on a host
+// the whole, causally masked sequence. Two implementations: the CPU (cpu::forward_layer on a host
 // KVCache, with a loader thread working ahead of the loop) and the GPU (cuda::Decoder, the rows
 // staged in pinned memory and unpacked on the device). caps() says what a backend supports; the
 // loop asks it instead of testing which backend it has.
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "model/model.h"
 #include "store/chunk.h"
 

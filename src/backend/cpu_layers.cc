@@ -1,4 +1,4 @@
-// The CPU LayerBackend (backend.h): Model::forward_layer on a host KVCache. The reused rows are
+// The CPU LayerBackend (backend.h): cpu::forward_layer on a host KVCache. The reused rows are
 // read from their sources into a staging buffer, the placed ones unpacked to F32 at their global
 // positions and rotated there (deferred RoPE). With overlap, a loader thread works ahead of the
 // layer loop and hands layers over through per-layer ready flags (the CPU counterpart of the
@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
 
@@ -167,7 +168,7 @@ class CpuLayers final : public LayerBackend {
   void layer(int l, LayerTap* tap) override {
     if (loader_) loader_->wait(l);
     Timer t;
-    m_.forward_layer(l, x_.data(), act_.data(), (int)act_.size(), kv_, ws_, tap);
+    cpu::forward_layer(m_, l, x_.data(), act_.data(), (int)act_.size(), kv_, ws_, tap);
     times_.compute_ms += t.ms();
   }
   void keep_rows(const std::vector<int32_t>& to) override {
@@ -186,7 +187,7 @@ class CpuLayers final : public LayerBackend {
     retire_loader();
     Timer t;
     std::vector<float> logits(m_.config().n_vocab);
-    m_.logits(x_.data() + (act_.size() - 1) * m_.config().n_embd, 1, logits.data(), ws_);
+    cpu::logits(m_, x_.data() + (act_.size() - 1) * m_.config().n_embd, 1, logits.data(), ws_);
     times_.logits_ms += t.ms();
     return logits;
   }

@@ -13,7 +13,7 @@ namespace ct {
 
 std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx);
 
-// Model::prefill on the GPU: tokens at positions [pos0, pos0 + n) over a cache holding
+// cpu::prefill on the GPU: tokens at positions [pos0, pos0 + n) over a cache holding
 // [0, pos0). Returns the last row's logits.
 std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_t* tokens, int n,
                                 int pos0);

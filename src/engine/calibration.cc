@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/cpu_forward.h"
 #include "core/data_jsonl.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -209,7 +210,8 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
   auto time_compute = [&](const ComputeCase& cc) {
     x = cc.x0;
     Timer t;
-    for (int l : layers) m.forward_layer(l, x.data(), cc.pos.data(), (int)cc.pos.size(), kv_, ws_);
+    for (int l : layers)
+      cpu::forward_layer(m, l, x.data(), cc.pos.data(), (int)cc.pos.size(), kv_, ws_);
     return t.seconds() / (double)layers.size();
   };
   out.compute = fastest_of_rounds(compute_cases, opt.repeats, time_compute);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "engine/engine.h"
 #include "reuse/pooled_chunk.h"
 #include "sched/calibration_store.h"
@@ -58,7 +59,7 @@ class CalibrationWorkload {
   // Mean token counts of the requests, as the cost model sees them.
   sched::PrefillShape mean_shape() const;
 
-  // Times real layers (Model::forward_layer) and real complement loads of the first request
+  // Times real layers (cpu::forward_layer) and real complement loads of the first request
   // (tier read + unpack to F32 + deferred RoPE), per layer; fit with sched::fit_cost_model.
   sched::ProfileSamples profile(const ProfileOptions& opt = {});
 

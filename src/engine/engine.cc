@@ -3,14 +3,15 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <map>
 #include <cstdlib>
+#include <map>
 
+#include "backend/backend.h"
+#include "backend/cpu_forward.h"
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/paths.h"
 #include "core/timer.h"
-#include "backend/backend.h"
-#include "backend/registry.h"
 #include "reuse/pooled_chunk.h"
 #include "store/record_format.h"
 
@@ -358,7 +359,7 @@ void Engine::advance(Generation* const* gens, int n) {
   std::vector<KVCache*> kvs;
   for (Generation* g : feed) kvs.push_back(&g->kv_);
   const std::vector<float> logits =
-      model_->decode_batch(ids.data(), kvs.data(), (int)feed.size(), decode_ws_);
+      cpu::decode_batch(*model_, ids.data(), kvs.data(), (int)feed.size(), decode_ws_);
   for (size_t i = 0; i < feed.size(); ++i) {
     feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
     ++feed[i]->next_pos_;

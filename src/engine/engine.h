@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "core/paths.h"
 #include "core/timer.h"
-#include "model/generate.h"
+#include "engine/generate.h"
 #include "model/sampler.h"
 #include "model/stop_matcher.h"
 #include "reuse/encoder.h"
@@ -183,7 +184,7 @@ class Engine {
   // looks up (or encodes) the chunks and runs the prefill; `arrival` starts the request's TTFT.
   // advance() samples the next token of every unfinished generation, hands it to its on_piece,
   // and feeds all that go on through one batched decode step (CPU) or one step each (GPU).
-  // A request's tokens are the same whatever it is batched with (Model::decode_batch). On a
+  // A request's tokens are the same whatever it is batched with (cpu::decode_batch). On a
   // CUDA engine at most one GPU generation may be unfinished at a time (one GPU sequence).
   std::unique_ptr<Generation> begin(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                                     const GenerateOptions& gen, const AnswerOptions& opt = {},

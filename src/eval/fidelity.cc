@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
@@ -162,7 +163,7 @@ PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens,
       tap.probs_accum = out.query_attention.data();
       tap.probs_from_row = query_begin;
     }
-    m.forward_layer(l, x.data(), pos.data(), n, kv, ws, &tap);
+    cpu::forward_layer(m, l, x.data(), pos.data(), n, kv, ws, &tap);
   }
   const double n_q = (double)(n - std::max(0, query_begin)) * c.n_layer;
   for (float& a : out.query_attention) a = (float)(a / n_q);

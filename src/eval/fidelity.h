@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "model/model.h"
 #include "store/chunk.h"
 

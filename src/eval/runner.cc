@@ -18,15 +18,16 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/cpu_forward.h"
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/generate.h"
 #include "eval/chunk_cache.h"
 #include "eval/dataset.h"
 #include "eval/fidelity.h"
 #include "eval/plan.h"
 #include "eval/results_io.h"
-#include "model/generate.h"
 #include "model/sampler.h"
 #include "reuse/encoder.h"
 #include "reuse/first_token.h"
@@ -66,7 +67,7 @@ Outcome run_policy(const Model& m, const ComposedRequest& req, const PolicyOptio
   PrefixCache pc(1);
   if (po.kind->uses_prefix_cache() && !req.prefix.empty()) {
     KVCache pkv = m.make_cache((int)req.prefix.size());
-    m.prefill(req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
+    cpu::prefill(m, req.prefix.data(), (int)req.prefix.size(), 0, pkv, ws);
     pc.remember(req.prefix, pkv);
   }
   SelectiveOptions so;

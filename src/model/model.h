@@ -1,9 +1,8 @@
-// A loaded Llama-family decoder and its forward pass, exposed layer by layer so that selective
-// recomputation (src/reuse) can choose, per layer, which token rows are computed and which K/V
-// rows come from a chunk cache.
+// A loaded Llama-family decoder: its configuration, tokenizer and weights (kept in their file
+// encoding, mapped). The forward pass over them is a backend's (the CPU's: backend/cpu_forward.h;
+// the GPU's: backend/gpu_decoder.h).
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,40 +38,6 @@ struct LayerWeightsF32 {
   std::vector<float> w_down;     // F32 [n_embd][n_ff]
 };
 
-// Reusable per-sequence scratch; grown on demand, never shrunk, so the layer loop allocates
-// nothing once warmed up to the largest batch.
-struct Workspace {
-  void reserve(const ModelConfig& c, int n_rows);
-  int capacity = 0;
-  std::vector<float> xn;    // F32 [n][n_embd]
-  std::vector<float> qkv;   // F32 [n][q_dim + 2*kv_dim]
-  std::vector<float> attn;  // F32 [n][q_dim]
-  std::vector<float> gu;    // F32 [n][2*n_ff]
-  std::vector<float> h;     // F32 [n][n_ff]
-  std::vector<float> proj;  // F32 [n][n_embd]
-  // F32 [rows][cols]: the weight matrix (or stacked matrices, or a slice of the output head) of
-  // the current multi-row product, dequantised from the file encoding. One layer matrix at a
-  // time, so its size is that of the largest one (gate and up stacked), not the model's.
-  std::vector<float> wbuf;
-  bool use_reference = false;  // run the plain-loop reference operators (tests only)
-  // Kernels of single-row (decode) products; kF32 skips the 8-bit rounding of the input (tests).
-  cpu::QgemvPath decode_path = cpu::QgemvPath::kNative;
-};
-
-// Optional observation points of one layer's forward.
-struct LayerTap {
-  float* k_pre_rope = nullptr;   // out F32 [n][kv_dim]: keys before RoPE of the computed rows
-  float* v = nullptr;            // out F32 [n][kv_dim]
-  float* probs_accum = nullptr;  // in/out F32 [n_ctx]: see cpu::AttnArgs
-  int probs_from_row = 0;
-};
-
-// Consecutive rows of a batch that belong to one sequence: the next n rows, attending over kv.
-struct BatchSeq {
-  KVCache* kv = nullptr;
-  int n = 0;
-};
-
 class Model {
  public:
   // Loads the GGUF at `path`: config, tokenizer, weights (kept in their file encoding, mapped).
@@ -92,37 +57,6 @@ class Model {
 
   // x[n][n_embd] = embedding rows of tokens[n], dequantised from the file encoding.
   void embed(const int32_t* tokens, int n, float* x) const;
-  // One decoder block on n rows at positions pos[n] (strictly increasing). Writes the rows'
-  // post-RoPE K and V into kv at their positions, then attends causally over kv rows
-  // [0, pos[i]] which must all be valid for this layer. x is updated in place (residual stream).
-  void forward_layer(int l, float* x, const int32_t* pos, int n, KVCache& kv, Workspace& ws,
-                     const LayerTap* tap = nullptr) const;
-  // The same block on the rows of several sequences at once (continuous batching): rows
-  // [0, n_rows) at positions pos[], split into seqs[0..n_seqs) in order, each writing and
-  // attending over its own cache. Norms, projections and the MLP run over all rows together;
-  // attention runs per sequence. decode_rows: the rows are single decode tokens, multiplied by
-  // the quantised dot-product kernels (qgemv_batch) whatever their number, so each row's result
-  // equals that of the same row alone, bit for bit. Otherwise rows go through the prefill path
-  // (SGEMM for more than one). A tap with probs_accum needs n_seqs == 1.
-  void forward_batch(int l, float* x, const int32_t* pos, int n_rows, const BatchSeq* seqs,
-                     int n_seqs, Workspace& ws, bool decode_rows,
-                     const LayerTap* tap = nullptr) const;
-  // One decode step of n sequences: tokens[i] is fed at position kvs[i]->n_pos of its cache
-  // (which grows by one). Returns the next-token logits, F32 [n][n_vocab]. Each sequence's
-  // logits equal prefill(&tokens[i], 1, kvs[i]->n_pos, ...) alone, bit for bit.
-  std::vector<float> decode_batch(const int32_t* tokens, KVCache* const* kvs, int n,
-                                  Workspace& ws) const;
-  // logits[n][n_vocab] from final hidden rows x[n][n_embd] (output norm + head).
-  void logits(const float* x, int n, float* out, Workspace& ws) const;
-  // The same for decode rows: every row through the quantised head kernel (see forward_batch).
-  void decode_logits(const float* x, int n, float* out, Workspace& ws) const;
-
-  // Plain prefill of tokens at positions [pos0, pos0+n) on top of kv (which must hold
-  // [0, pos0)); all layers, all rows. Returns the last row's logits, or all rows' when all_rows.
-  // progress, when set, is called after each layer with (layers done, n_layer).
-  std::vector<float> prefill(const int32_t* tokens, int n, int pos0, KVCache& kv, Workspace& ws,
-                             bool all_rows = false,
-                             const std::function<void(int, int)>& progress = nullptr) const;
 
   KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
   const cpu::Rope& rope() const { return rope_; }

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/timer.h"
@@ -95,7 +96,7 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
     LayerTap tap;
     tap.k_pre_rope = k_all.data() + (size_t)l * nt * KV;
     tap.v = v_all.data() + (size_t)l * nt * KV;
-    m.forward_layer(l, x.data(), pos.data(), nt, kv, ws, &tap);
+    cpu::forward_layer(m, l, x.data(), pos.data(), nt, kv, ws, &tap);
   }
   std::vector<const float*> kl(L), vl(L);
   for (int l = 0; l < L; ++l) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "reuse/selective.h"
 
 namespace ct {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "reuse/freq_rank.h"
@@ -298,8 +299,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       if (tp.selected) report->selected = *tp.selected;
     }
     Timer ct;
-    logits = m.prefill(tp.tokens.data() + tp.n_reused, (int)tp.tokens.size() - tp.n_reused,
-                       tp.n_reused, kv, ws);
+    logits = cpu::prefill(m, tp.tokens.data() + tp.n_reused, (int)tp.tokens.size() - tp.n_reused,
+                          tp.n_reused, kv, ws);
     bd.compute_ms += ct.ms();
     kv.n_pos = (int)tp.tokens.size();
     pol.after_tokens(preq, tp.tokens, kv);

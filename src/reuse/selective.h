@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"  // LayerBackend, PipelineOptions
+#include "backend/cpu_forward.h"
 #include "model/model.h"
 #include "reuse/chunk_source.h"
 #include "reuse/policy.h"

@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "cuda/compare.h"
+#include "backend/cpu_forward.h"
 #include "backend/gpu_decoder.h"
+#include "cuda/compare.h"
 #include "reuse/freq_rank.h"
 #include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"
@@ -49,13 +50,13 @@ void check_case(const Case& c) {
   auto dec = make_cuda_decoder(*m, n_ctx);
   std::vector<float> cpu, gpu;
   if (c.split == 0) {
-    cpu = m->prefill(toks.data(), c.n_tok, 0, kv, ws);
+    cpu = cpu::prefill(*m, toks.data(), c.n_tok, 0, kv, ws);
     gpu = cuda_prefill(*dec, *m, toks.data(), c.n_tok, 0);
   } else {
-    const std::vector<float> cpu0 = m->prefill(toks.data(), c.split, 0, kv, ws);
+    const std::vector<float> cpu0 = cpu::prefill(*m, toks.data(), c.split, 0, kv, ws);
     const std::vector<float> gpu0 = cuda_prefill(*dec, *m, toks.data(), c.split, 0);
     EXPECT_LT(rel_max_diff(gpu0, cpu0), 2e-4) << "first part";
-    cpu = m->prefill(toks.data() + c.split, c.n_tok - c.split, c.split, kv, ws);
+    cpu = cpu::prefill(*m, toks.data() + c.split, c.n_tok - c.split, c.split, kv, ws);
     gpu = cuda_prefill(*dec, *m, toks.data() + c.split, c.n_tok - c.split, c.split);
   }
   EXPECT_LT(rel_max_diff(gpu, cpu), 2e-4) << "logits";

@@ -22,7 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/qgemv.h"
-#include "model/generate.h"
+#include "backend/cpu_forward.h"
+#include "engine/generate.h"
 #include "support/model_fixture.h"
 
 namespace ct {
@@ -88,12 +89,12 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
     for (int i = 0; i < n; ++i) p[i] = i;
     m->embed(toks.data(), n, x.data());
     for (int l = 0; l < m->config().n_layer; ++l)
-      m->forward_layer(l, x.data(), p.data(), n, kv, ws);
+      cpu::forward_layer(*m, l, x.data(), p.data(), n, kv, ws);
     std::vector<float> rows((size_t)pos.size() * E), logits((size_t)pos.size() * V);
     for (size_t j = 0; j < pos.size(); ++j) {
       std::copy_n(x.begin() + (size_t)pos[j] * E, E, rows.begin() + j * E);
     }
-    m->logits(rows.data(), (int)pos.size(), logits.data(), ws);
+    cpu::logits(*m, rows.data(), (int)pos.size(), logits.data(), ws);
     double sum_abs = 0;
     int n_cmp = 0, n_fail = 0, n_top1_fail = 0;
     float worst = 0;
@@ -138,7 +139,7 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
     KVCache kv = m->make_cache((int)toks.size() + 70);
     Workspace ws;
     if (f32) ws.decode_path = cpu::QgemvPath::kF32;
-    auto logits = m->prefill(toks.data(), (int)toks.size(), 0, kv, ws);
+    auto logits = cpu::prefill(*m, toks.data(), (int)toks.size(), 0, kv, ws);
     const std::vector<float> first_logits = logits;
     GenerateOptions opt;
     opt.max_tokens = 64;
@@ -156,7 +157,7 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
       KVCache kv2 = m->make_cache((int)toks.size() + 70);
       Workspace ws2;
       ws2.decode_path = ws.decode_path;
-      m->prefill(toks.data(), (int)toks.size(), 0, kv2, ws2);
+      cpu::prefill(*m, toks.data(), (int)toks.size(), 0, kv2, ws2);
       const std::vector<int32_t> prefix(want.begin(), want.begin() + (long)first_diff + 1);
       const auto forced = forced_decode_logits(*m, kv2, ws2, first_logits, prefix);
       const float* row = forced.data() + first_diff * (size_t)m->config().n_vocab;

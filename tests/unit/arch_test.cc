@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "support/random_data.h"
@@ -27,7 +28,7 @@ std::vector<float> logits_of(const Model& m) {
   const auto toks = test::random_byte_tokens(9, 5);
   KVCache kv = m.make_cache((int)toks.size());
   Workspace ws;
-  return m.prefill(toks.data(), (int)toks.size(), 0, kv, ws);
+  return cpu::prefill(m, toks.data(), (int)toks.size(), 0, kv, ws);
 }
 
 TEST(ArchTable, EveryRowLoadsWithItsTraits) {

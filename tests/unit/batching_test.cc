@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -60,18 +61,18 @@ TEST_F(BatchingTest, DecodeBatchEqualsEachSequenceAloneBitForBit) {
     solo[i] = m->make_cache(64);
     batch[i] = m->make_cache(64);
     const int len = (int)prompts[i].size();
-    m->prefill(prompts[i].data(), len, 0, solo[i], ws);
-    m->prefill(prompts[i].data(), len, 0, batch[i], ws);
+    cpu::prefill(*m, prompts[i].data(), len, 0, solo[i], ws);
+    cpu::prefill(*m, prompts[i].data(), len, 0, batch[i], ws);
     next[i] = 30 + i;
   }
   Workspace bws;
   for (int step = 0; step < 6; ++step) {
     std::vector<KVCache*> kvs;
     for (auto& kv : batch) kvs.push_back(&kv);
-    const std::vector<float> got = m->decode_batch(next.data(), kvs.data(), n, bws);
+    const std::vector<float> got = cpu::decode_batch(*m, next.data(), kvs.data(), n, bws);
     ASSERT_EQ(got.size(), (size_t)n * V);
     for (int i = 0; i < n; ++i) {
-      const std::vector<float> want = m->prefill(&next[i], 1, solo[i].n_pos, solo[i], ws);
+      const std::vector<float> want = cpu::prefill(*m, &next[i], 1, solo[i].n_pos, solo[i], ws);
       ASSERT_EQ(solo[i].n_pos, batch[i].n_pos);
       for (int v = 0; v < V; ++v) {
         ASSERT_EQ(got[(size_t)i * V + v], want[v]) << "step " << step << " seq " << i << " v " << v;

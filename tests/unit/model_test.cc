@@ -9,7 +9,8 @@
 #include <cmath>
 #include <random>
 
-#include "model/generate.h"
+#include "backend/cpu_forward.h"
+#include "engine/generate.h"
 #include "model/gguf.h"
 #include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"
@@ -25,7 +26,7 @@ std::vector<float> prefill_all(const Model& m, const std::vector<int32_t>& t, bo
   KVCache kv = m.make_cache((int)t.size());
   Workspace ws;
   ws.use_reference = ref;
-  return m.prefill(t.data(), (int)t.size(), 0, kv, ws, /*all_rows=*/true);
+  return cpu::prefill(m, t.data(), (int)t.size(), 0, kv, ws, /*all_rows=*/true);
 }
 
 struct ModelCase {
@@ -76,15 +77,15 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   Workspace ws;
   const int V = m->config().n_vocab;
   for (int i = 0; i < (int)t.size(); ++i) {
-    const auto step = m->prefill(&t[i], 1, i, kv, ws);
+    const auto step = cpu::prefill(*m, &t[i], 1, i, kv, ws);
     for (int j = 0; j < V; ++j) {
       ASSERT_NEAR(step[j], batch[(size_t)i * V + j], 1e-4f) << "position " << i;
     }
   }
   // Odd split: 17 tokens then 23.
   KVCache kv2 = m->make_cache((int)t.size());
-  m->prefill(t.data(), 17, 0, kv2, ws);
-  const auto tail = m->prefill(t.data() + 17, 23, 17, kv2, ws);
+  cpu::prefill(*m, t.data(), 17, 0, kv2, ws);
+  const auto tail = cpu::prefill(*m, t.data() + 17, 23, 17, kv2, ws);
   for (int j = 0; j < V; ++j) ASSERT_NEAR(tail[j], batch[(size_t)39 * V + j], 1e-4f);
 }
 
@@ -112,7 +113,7 @@ TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
       const int V = m->config().n_vocab;
       float worst = 0, scale = 0;
       for (int i = 0; i < (int)tk.size(); ++i) {
-        const auto step = m->prefill(&tk[i], 1, i, kv, ws);
+        const auto step = cpu::prefill(*m, &tk[i], 1, i, kv, ws);
         for (int j = 0; j < V; ++j) {
           worst = std::max(worst, std::fabs(step[j] - batch[(size_t)i * V + j]));
           scale = std::max(scale, std::fabs(batch[(size_t)i * V + j]));
@@ -194,7 +195,8 @@ TEST_P(QuantisedModelTest, LogitsMatchTheDequantisedF32Model) {
     wq.decode_path = dp;
     std::vector<float> dq, df;
     for (int i = 0; i < (int)tk.size(); ++i) {
-      const auto a = mq->prefill(&tk[i], 1, i, kq, wq), b = mf->prefill(&tk[i], 1, i, kf, wf);
+      const auto a = cpu::prefill(*mq, &tk[i], 1, i, kq, wq),
+                 b = cpu::prefill(*mf, &tk[i], 1, i, kf, wf);
       dq.insert(dq.end(), a.begin(), a.end());
       df.insert(df.end(), b.begin(), b.end());
     }
@@ -226,7 +228,7 @@ TEST(ModelTest, GreedyDecodeIsDeterministicAndSamplingIsSeeded) {
   auto gen = [&](SamplingParams sp) {
     KVCache kv = m->make_cache(64);
     Workspace ws;
-    auto logits = m->prefill(t.data(), (int)t.size(), 0, kv, ws);
+    auto logits = cpu::prefill(*m, t.data(), (int)t.size(), 0, kv, ws);
     GenerateOptions o;
     o.max_tokens = 20;
     o.stop_at_eog = false;

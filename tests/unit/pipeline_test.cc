@@ -8,7 +8,8 @@
 #include <memory>
 #include <random>
 
-#include "model/generate.h"
+#include "backend/cpu_forward.h"
+#include "engine/generate.h"
 #include "reuse/encoder.h"
 #include "reuse/pooled_chunk.h"
 #include "reuse/selective.h"
@@ -76,7 +77,7 @@ class PipelineTest : public ::testing::Test {
     const int n_vocab = model_->config().n_vocab;
     for (int i = 0; i < n_gen; ++i) {
       const int32_t id = argmax(logits.data(), n_vocab);
-      logits = model_->prefill(&id, 1, kv.n_pos, kv, ws);
+      logits = cpu::prefill(*model_, &id, 1, kv.n_pos, kv, ws);
       all.insert(all.end(), logits.begin(), logits.end());
     }
     return all;

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "support/random_data.h"
@@ -134,7 +135,7 @@ TEST_F(RopeScalingModelTest, ConfigReadsScalingAndForwardRotatesKeysWithIt) {
   std::vector<float> k_pre((size_t)n * c.kv_dim());
   LayerTap tap;
   tap.k_pre_rope = k_pre.data();
-  m->forward_layer(0, x.data(), pos.data(), n, kv, ws, &tap);
+  cpu::forward_layer(*m, 0, x.data(), pos.data(), n, kv, ws, &tap);
   const std::vector<float> got(kv.k(0), kv.k(0) + (size_t)n * c.kv_dim());
   auto want = k_pre;
   reference_rotate(want, n, c.kv_dim(), c.n_head_kv, c.head_dim, c.n_rot, c.rope_theta,

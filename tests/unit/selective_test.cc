@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "reuse/encoder.h"
@@ -66,7 +67,7 @@ class SelectiveTest : public ::testing::TestWithParam<std::string> {
   static std::vector<float> full_logits(const std::vector<int32_t>& toks) {
     KVCache kv = model_->make_cache((int)toks.size());
     Workspace ws;
-    return model_->prefill(toks.data(), (int)toks.size(), 0, kv, ws);
+    return cpu::prefill(*model_, toks.data(), (int)toks.size(), 0, kv, ws);
   }
 
   static std::vector<float> run(const ComposedRequest& req, const Policy* kind, double r,
@@ -157,7 +158,7 @@ TEST_P(SelectiveTest, DeferredRopeEqualsKeysComputedAtThePosition) {
   all.insert(all.end(), toks.begin(), toks.end());
   KVCache kv = model_->make_cache((int)all.size());
   Workspace ws;
-  model_->prefill(all.data(), (int)all.size(), 0, kv, ws);
+  cpu::prefill(*model_, all.data(), (int)all.size(), 0, kv, ws);
   const int KV = model_->config().kv_dim(), off = (int)prefix.size();
   const ChunkKVF32 f = unpack_text_order(a);
   std::vector<float> rotated(f.k.begin(), f.k.begin() + (size_t)a.meta.n_tok * KV);

@@ -9,9 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "model/generate.h"
+#include "engine/generate.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/engine_flags.h"
 
@@ -72,7 +73,7 @@ void run_bench(const BenchArgs& a) {
     for (int r = 0; r < a.repeats; ++r) {
       KVCache kv = model->make_cache(n);
       Timer tm;
-      model->prefill(t.data(), n, 0, kv, ws);
+      cpu::prefill(*model, t.data(), n, 0, kv, ws);
       best = std::min(best, tm.seconds());
     }
     const double gf = prefill_flops(c, n) / best / 1e9;
@@ -86,11 +87,11 @@ void run_bench(const BenchArgs& a) {
     std::vector<int32_t> t(n);
     for (auto& x : t) x = tok(rng);
     KVCache kv = model->make_cache(n + a.decode_tokens + 1);
-    auto logits = model->prefill(t.data(), n, 0, kv, ws);
+    auto logits = cpu::prefill(*model, t.data(), n, 0, kv, ws);
     Timer tm;
     for (int i = 0; i < a.decode_tokens; ++i) {
       const int32_t id = argmax(logits.data(), c.n_vocab);
-      logits = model->prefill(&id, 1, kv.n_pos, kv, ws);
+      logits = cpu::prefill(*model, &id, 1, kv.n_pos, kv, ws);
     }
     const double tps = a.decode_tokens / tm.seconds();
     std::printf("decode after %d tokens: %.1f tok/s\n", n, tps);
@@ -106,14 +107,14 @@ void run_bench(const BenchArgs& a) {
       std::vector<int32_t> t(n);
       for (auto& x : t) x = tok(rng);
       kvs.push_back(model->make_cache(n + a.decode_tokens + 1));
-      const auto l = model->prefill(t.data(), n, 0, kvs.back(), ws);
+      const auto l = cpu::prefill(*model, t.data(), n, 0, kvs.back(), ws);
       ids[s] = argmax(l.data(), c.n_vocab);
     }
     std::vector<KVCache*> ptrs;
     for (auto& kv : kvs) ptrs.push_back(&kv);
     Timer tm;
     for (int i = 0; i < a.decode_tokens; ++i) {
-      const auto l = model->decode_batch(ids.data(), ptrs.data(), b, ws);
+      const auto l = cpu::decode_batch(*model, ids.data(), ptrs.data(), b, ws);
       for (int s = 0; s < b; ++s) ids[s] = argmax(l.data() + (size_t)s * c.n_vocab, c.n_vocab);
     }
     const double tps = (double)b * a.decode_tokens / tm.seconds();

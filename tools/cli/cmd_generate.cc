@@ -5,9 +5,10 @@
 #include <optional>
 #include <sstream>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
-#include "model/generate.h"
+#include "engine/generate.h"
 #include "reuse/prompt.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/engine_flags.h"
@@ -148,8 +149,8 @@ void run_generate(const GenerateArgs& a) {
   KVCache kv = model->make_cache(n_ctx);
   Workspace ws;
   Progress prog("prefill: layer");
-  auto logits = model->prefill(ids.data(), (int)ids.size(), 0, kv, ws, false,
-                               [&](int l, int n) { prog.update(l, n); });
+  auto logits = cpu::prefill(*model, ids.data(), (int)ids.size(), 0, kv, ws, false,
+                             [&](int l, int n) { prog.update(l, n); });
   prog.done();
   const double prefill_s = t.seconds();
   GenerateOptions opt;

@@ -1,5 +1,5 @@
 // Decoder: weights on the device, cuBLAS FP32 GEMMs, and the kernels of kernels.cu; the same
-// operation order as Model::forward_layer on the CPU (see decoder.h).
+// operation order as cpu::forward_layer on the CPU (see decoder.h).
 #include "backend/cuda/decoder.h"
 
 #include <cublas_v2.h>

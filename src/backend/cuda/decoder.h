@@ -1,5 +1,5 @@
 // GPU forward pass of a Llama-family decoder (cuBLAS FP32 GEMMs plus small kernels), checked
-// against the CPU backend's Model::prefill (tests/cuda/decoder_test.cc). It takes plain weight
+// against the CPU backend's cpu::prefill (tests/cuda/decoder_test.cc). It takes plain weight
 // pointers, so this layer does not depend on src/model; src/backend/gpu_decoder.h builds one from
 // a loaded Model. No CUDA types here (see band_norms.h). Only in CT_CUDA builds.
 #pragma once
@@ -56,7 +56,7 @@ class Decoder {
   int n_ctx() const;
 
   // All layers on n tokens at global positions pos[n] (strictly increasing, < n_ctx), as
-  // Model::prefill: each layer writes the rows' K/V at their positions, then row i attends over
+  // cpu::prefill: each layer writes the rows' K/V at their positions, then row i attends over
   // cache rows [0, pos[i]], which must all be valid (written by this or an earlier call).
   // cos, sin: F32 [n][n_rot/2], the rotation of each row's position (cpu::Rope::angle_table, so
   // both backends rotate by the same angles). Returns the last row's logits, F32 [n_vocab].

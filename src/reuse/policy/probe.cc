@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "reuse/encoder.h"
@@ -66,7 +67,7 @@ std::shared_ptr<const ProbePrefix> probe_prefix(const Model& m, const ProbeOptio
   auto p = std::make_shared<ProbePrefix>();
   p->n = n;
   for (int l = 0; l < layers; ++l) {
-    m.forward_layer(l, x.data(), pos.data(), n, kv, ws);
+    cpu::forward_layer(m, l, x.data(), pos.data(), n, kv, ws);
     p->k.emplace_back(kv.k(l), kv.k(l) + (size_t)n * KV);
     p->v.emplace_back(kv.v(l), kv.v(l) + (size_t)n * KV);
   }
@@ -128,7 +129,7 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
     LayerTap tap;
     tap.k_pre_rope = kp.data();
     tap.v = vp.data();
-    m.forward_layer(l, x.data(), pos.data(), n, kv, ws, &tap);
+    cpu::forward_layer(m, l, x.data(), pos.data(), n, kv, ws, &tap);
     if (l == 0) continue;  // layer 0's K and V depend on the token alone
     const double mk = drift_norms(kp.data(), k_iso[l], n, KV, dk);
     const double mv = drift_norms(vp.data(), v_iso[l], n, KV, dv);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_forward.h"
 #include "model/model.h"
 #include "model/sampler.h"
 

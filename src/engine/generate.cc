@@ -1,6 +1,7 @@
 // Decode loop: sample, stop on end-of-generation or the token budget, feed the token back.
-#include "model/generate.h"
+#include "engine/generate.h"
 
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "model/stop_matcher.h"
@@ -54,7 +55,7 @@ DecodeResult decode(const Model& m, KVCache& kv, Workspace& ws, std::vector<floa
       [&](int32_t id, int pos) {
         CT_THROW_IF_NOT(pos < kv.n_ctx(), "KV cache full at {} positions while decoding",
                         kv.n_ctx());
-        return m.prefill(&id, 1, pos, kv, ws);
+        return cpu::prefill(m, &id, 1, pos, kv, ws);
       },
       on_piece);
 }
@@ -68,7 +69,7 @@ std::vector<float> forced_decode_logits(const Model& m, KVCache& kv, Workspace& 
   std::copy(first_logits.begin(), first_logits.end(), out.begin());
   for (size_t i = 0; i + 1 < forced.size(); ++i) {
     CT_THROW_IF_NOT(kv.n_pos < kv.n_ctx(), "KV cache full at {} positions", kv.n_ctx());
-    const auto l = m.prefill(&forced[i], 1, kv.n_pos, kv, ws);
+    const auto l = cpu::prefill(m, &forced[i], 1, kv.n_pos, kv, ws);
     std::copy(l.begin(), l.end(), out.begin() + (i + 1) * V);
   }
   return out;

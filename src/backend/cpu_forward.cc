@@ -1,0 +1,283 @@
+// The CPU decoder forward pass over a loaded Model's weights (pre-norm, GQA, SwiGLU; the
+// architecture's choices come from the model's config): cpu_forward.h. Decode steps read the
+// weight blocks directly (cpu::qgemv); multi-row products dequantise one matrix at a time into the
+// workspace and run SGEMM.
+#include "backend/cpu_forward.h"
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+
+#include "core/error.h"
+#include "core/ggml_types.h"
+
+namespace ct {
+
+void Workspace::reserve(const ModelConfig& c, int n) {
+  if (n <= capacity) return;
+  capacity = n;
+  xn.resize((size_t)n * c.n_embd);
+  qkv.resize((size_t)n * (c.q_dim() + 2 * c.kv_dim()));
+  attn.resize((size_t)n * c.q_dim());
+  gu.resize((size_t)n * 2 * c.n_ff);
+  h.resize((size_t)n * c.n_ff);
+  proj.resize((size_t)n * c.n_embd);
+}
+
+namespace cpu {
+namespace {
+
+// y[n][R] = x[n][K] [W_0; W_1; ...]^T (+ bias[R]), R the matrices' total rows, K their shared
+// columns. One row (decoding, memory-bound): dot products straight from the blocks (qgemv),
+// reading each weight once in its encoding. Several rows (prefill, compute-bound): the matrices
+// are dequantised one after another, stacked, into the workspace's scratch and multiplied by one
+// SGEMM, so Q/K/V and gate/up each stay one product.
+// decode_rows: every row is one decoding sequence's token; they all take the dot-product kernels
+// (qgemv_batch, kMaxBatchRows rows at a time), so each row's result is the same as alone.
+void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, int n, float* y,
+             const float* bias, Workspace& ws, bool decode_rows = false) {
+  const int K = (*mats.begin())->cols;
+  int R = 0;
+  for (const cpu::QMatrix* m : mats) R += m->rows;
+  if (decode_rows && n > 1 && !ws.use_reference) {
+    const cpu::QMatrix* ms[cpu::kMaxMany];
+    int i = 0;
+    for (const cpu::QMatrix* m : mats) ms[i++] = m;
+    for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
+      const int nr = std::min(cpu::kMaxBatchRows, n - r0);
+      cpu::qgemv_batch(ms, i, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path);
+    }
+    if (bias) {
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
+    }
+    return;
+  }
+  if (n == 1 && !ws.use_reference) {
+    const cpu::QMatrix* ms[cpu::kMaxMany];
+    float* ys[cpu::kMaxMany];
+    int i = 0, off = 0;
+    for (const cpu::QMatrix* m : mats) {
+      ms[i] = m;
+      ys[i++] = y + off;
+      off += m->rows;
+    }
+    cpu::qgemv_many(ms, ys, i, x, ws.decode_path);
+    if (bias) {
+      for (int j = 0; j < R; ++j) y[j] += bias[j];
+    }
+    return;
+  }
+  if (ws.wbuf.size() < (size_t)R * K) ws.wbuf.resize((size_t)R * K);
+  float* w = ws.wbuf.data();
+  for (const cpu::QMatrix* m : mats) {
+    CT_ASSERT(m->cols == K, "stacked matrices with {} and {} columns", m->cols, K);
+    if (ws.use_reference) {
+      for (int r = 0; r < m->rows; ++r) {
+        ggml_to_f32_ref(m->type, m->data + (size_t)r * m->row_bytes, w + (size_t)r * K, K);
+      }
+    } else {
+      cpu::qmatrix_to_f32(*m, 0, m->rows, w);
+    }
+    w += (size_t)m->rows * K;
+  }
+  (ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt)(x, n, K, ws.wbuf.data(), R, y, bias, 0);
+}
+
+}  // namespace
+
+void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, KVCache& kv,
+                   Workspace& ws, const LayerTap* tap) {
+  const BatchSeq seq{&kv, n};
+  forward_batch(m, l, x, pos, n, &seq, 1, ws, /*decode_rows=*/false, tap);
+}
+
+void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, const BatchSeq* seqs,
+                   int n_seqs, Workspace& ws, bool decode_rows, const LayerTap* tap) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& w = m.layer_weights(l);
+  const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, QKV = Q + 2 * KV;
+  ws.reserve(c, n);
+  {
+    int row = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+      CT_ASSERT(seqs[s].n >= 1 && pos[row + seqs[s].n - 1] < seqs[s].kv->n_ctx(),
+                "sequence {}: {} rows, position {} beyond cache size {}", s, seqs[s].n,
+                pos[row + std::max(0, seqs[s].n - 1)], seqs[s].kv->n_ctx());
+      row += seqs[s].n;
+    }
+    CT_ASSERT(row == n, "batch of {} rows split into sequences of {} rows", n, row);
+    CT_ASSERT(!(tap && tap->probs_accum && n_seqs != 1), "attention tap on {} sequences", n_seqs);
+  }
+  const bool ref = ws.use_reference;
+  auto rms = ref ? cpu::rms_norm_ref : cpu::rms_norm;
+
+  rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
+  project({&w.wq, &w.wk, &w.wv}, ws.xn.data(), n, ws.qkv.data(),
+          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws, decode_rows);
+  float* q = ws.qkv.data();
+  float* k = q + Q;
+  float* v = k + KV;
+  if (tap && tap->k_pre_rope) {
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(tap->k_pre_rope + (size_t)i * KV, k + (size_t)i * QKV, KV * sizeof(float));
+    }
+  }
+  if (tap && tap->v) {
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(tap->v + (size_t)i * KV, v + (size_t)i * QKV, KV * sizeof(float));
+    }
+  }
+  if (ref) {
+    m.rope().apply_ref(q, n, QKV, c.n_head, pos);
+    m.rope().apply_ref(k, n, QKV, c.n_head_kv, pos);
+  } else {
+    m.rope().apply(q, n, QKV, c.n_head, pos);
+    m.rope().apply(k, n, QKV, c.n_head_kv, pos);
+  }
+  for (int s = 0, row0 = 0; s < n_seqs; row0 += seqs[s].n, ++s) {
+    const int ns = seqs[s].n;
+    float* kc = seqs[s].kv->k(l);
+    float* vc = seqs[s].kv->v(l);
+    for (int i = row0; i < row0 + ns; ++i) {
+      std::memcpy(kc + (size_t)pos[i] * KV, k + (size_t)i * QKV, KV * sizeof(float));
+      std::memcpy(vc + (size_t)pos[i] * KV, v + (size_t)i * QKV, KV * sizeof(float));
+    }
+    cpu::AttnArgs a;
+    a.q = q + (size_t)row0 * QKV;
+    a.q_stride = QKV;
+    a.q_pos = pos + row0;
+    a.n_q = ns;
+    a.k = kc;
+    a.v = vc;
+    a.n_head = c.n_head;
+    a.n_kv_head = c.n_head_kv;
+    a.head_dim = c.head_dim;
+    a.out = ws.attn.data() + (size_t)row0 * Q;
+    if (tap) {
+      a.probs_accum = tap->probs_accum;
+      a.probs_from_row = tap->probs_from_row;
+    }
+    if (ref) {
+      cpu::attention_ref(a);
+    } else {
+      cpu::attention(a);
+    }
+  }
+  project({&w.wo}, ws.attn.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
+  for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
+
+  rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
+  project({&w.w_gate, &w.w_up}, ws.xn.data(), n, ws.gu.data(), nullptr, ws, decode_rows);
+  for (int i = 0; i < n; ++i) {
+    float* g = ws.gu.data() + (size_t)i * 2 * F;
+    std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
+    if (ref) {
+      cpu::silu_mul_ref(ws.h.data() + (size_t)i * F, g + F, F);
+    } else {
+      cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
+    }
+  }
+  project({&w.w_down}, ws.h.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
+  for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
+}
+
+void logits(const Model& m, const float* x, int n, float* out, Workspace& ws) {
+  const ModelConfig& c = m.config();
+  ws.reserve(c, n);
+  auto rms = ws.use_reference ? cpu::rms_norm_ref : cpu::rms_norm;
+  rms(x, m.output_norm(), ws.xn.data(), n, c.n_embd, c.rms_eps);
+  const cpu::QMatrix& head = m.output_matrix();
+  if (n == 1 && !ws.use_reference) {
+    cpu::qgemv(head, ws.xn.data(), out, ws.decode_path);
+    return;
+  }
+  // The head is by far the largest matrix (n_vocab rows); it is dequantised and multiplied in
+  // slices of 2*n_ff rows, so the scratch stays the size of the largest layer matrix (gate and
+  // up stacked) instead of an F32 copy of the head.
+  const int E = c.n_embd, V = c.n_vocab;
+  const int slice = std::max(256, 2 * c.n_ff);
+  if (ws.wbuf.size() < (size_t)slice * E) ws.wbuf.resize((size_t)slice * E);
+  auto matmul = ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt;
+  for (int r0 = 0; r0 < V; r0 += slice) {
+    const int r1 = std::min(V, r0 + slice);
+    if (ws.use_reference) {
+      for (int r = r0; r < r1; ++r) {
+        ggml_to_f32_ref(head.type, head.data + (size_t)r * head.row_bytes,
+                        ws.wbuf.data() + (size_t)(r - r0) * E, E);
+      }
+    } else {
+      cpu::qmatrix_to_f32(head, r0, r1, ws.wbuf.data());
+    }
+    matmul(ws.xn.data(), n, E, ws.wbuf.data(), r1 - r0, out + r0, nullptr, V);
+  }
+}
+
+void decode_logits(const Model& m, const float* x, int n, float* out, Workspace& ws) {
+  if (n == 1 || ws.use_reference) {
+    logits(m, x, n, out, ws);
+    return;
+  }
+  const ModelConfig& c = m.config();
+  ws.reserve(c, n);
+  cpu::rms_norm(x, m.output_norm(), ws.xn.data(), n, c.n_embd, c.rms_eps);
+  const cpu::QMatrix* head = &m.output_matrix();
+  for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
+    const int nr = std::min(cpu::kMaxBatchRows, n - r0);
+    cpu::qgemv_batch(&head, 1, ws.xn.data() + (size_t)r0 * c.n_embd, nr,
+                     out + (size_t)r0 * c.n_vocab, c.n_vocab, ws.decode_path);
+  }
+}
+
+std::vector<float> decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, int n,
+                                Workspace& ws) {
+  CT_THROW_IF_NOT(n > 0, "decode step needs at least one sequence");
+  const int E = m.config().n_embd;
+  std::vector<float> x((size_t)n * E);
+  std::vector<int32_t> pos(n);
+  std::vector<BatchSeq> seqs(n);
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(kvs[i]->n_pos < kvs[i]->n_ctx(),
+                    "KV cache of sequence {} full at {} positions while decoding", i,
+                    kvs[i]->n_ctx());
+    pos[i] = kvs[i]->n_pos;
+    seqs[i] = BatchSeq{kvs[i], 1};
+  }
+  m.embed(tokens, n, x.data());
+  for (int l = 0; l < m.config().n_layer; ++l) {
+    forward_batch(m, l, x.data(), pos.data(), n, seqs.data(), n, ws, /*decode_rows=*/true);
+  }
+  for (int i = 0; i < n; ++i) kvs[i]->n_pos = pos[i] + 1;
+  std::vector<float> out((size_t)n * m.config().n_vocab);
+  decode_logits(m, x.data(), n, out.data(), ws);
+  return out;
+}
+
+std::vector<float> prefill(const Model& m, const int32_t* tokens, int n, int pos0, KVCache& kv,
+                           Workspace& ws, bool all_rows,
+                           const std::function<void(int, int)>& progress) {
+  CT_THROW_IF_NOT(n > 0, "prefill needs at least one token");
+  CT_THROW_IF_NOT(pos0 + n <= kv.n_ctx(),
+                  "prompt of {} tokens at position {} exceeds the {}-token cache", n, pos0,
+                  kv.n_ctx());
+  const int E = m.config().n_embd;
+  std::vector<float> x((size_t)n * E);
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = pos0 + i;
+  m.embed(tokens, n, x.data());
+  for (int l = 0; l < m.config().n_layer; ++l) {
+    forward_layer(m, l, x.data(), pos.data(), n, kv, ws);
+    if (progress) progress(l + 1, m.config().n_layer);
+  }
+  kv.n_pos = std::max(kv.n_pos, pos0 + n);
+  std::vector<float> out((size_t)(all_rows ? n : 1) * m.config().n_vocab);
+  if (all_rows) {
+    logits(m, x.data(), n, out.data(), ws);
+  } else {
+    logits(m, x.data() + (size_t)(n - 1) * E, 1, out.data(), ws);
+  }
+  return out;
+}
+
+}  // namespace cpu
+}  // namespace ct
