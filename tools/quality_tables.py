@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Markdown tables with bootstrap intervals from `cachetune eval` summaries (issue 15).
 
-usage: tools/quality_tables.py RUN_DIR [RUN_DIR ...] [--setting base] [--vs probe]
+usage: tools/quality_tables.py RUN_DIR [RUN_DIR ...] [--setting base] [--vs probe] [--plot PNG]
 
-For each run directory (one model each): an overall table (all examples of all tasks pooled),
+A RUN_DIR is one model's results directory, or a directory of them (`cachetune eval --model A,B`
+writes one subdirectory per model). For each model: an overall table (all examples of all tasks pooled),
 one table per task, the paired differences of the KL ratio against --vs, and the ingest cost of
 the probe ranking from the full-recompute records (encode_forward_ms, encode_rank_ms,
 encode_probe_ms). Every number comes from the directory's summary.json / results.jsonl.
+--plot draws each model's pooled KL ratio per policy with its 95% bootstrap interval (needs
+matplotlib, tools/deps/requirements-eval.txt).
 """
 import argparse
 import json
@@ -100,19 +103,67 @@ def ingest_cost(run_dir, out, stored):
                f"({(fw + pb) / fw:.2f}× the prefill alone).\n")
 
 
+def run_dirs(dirs):
+    """Each argument as a model's results directory, or its subdirectories that are ones."""
+    out = []
+    for d in dirs:
+        if os.path.exists(os.path.join(d, "summary.json")):
+            out.append(d)
+            continue
+        subs = sorted(os.path.join(d, e) for e in os.listdir(d)
+                      if os.path.exists(os.path.join(d, e, "summary.json")))
+        if not subs:
+            sys.exit(f"{d}: no summary.json in it or in any subdirectory (run `cachetune eval "
+                     "--out DIR` or `cachetune eval --summarize-only --out DIR` first)")
+        out.extend(subs)
+    return out
+
+
+def plot(models, setting, path):
+    """models: [(name, summary)]. One panel per model: the pooled KL ratio to full reuse of every
+    policy with its 95% bootstrap interval; 1 is full reuse, 0 full recompute."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 4.6), squeeze=False)
+    for ax, (name, s) in zip(axes[0], models):
+        pols = (s.get("overall", {}).get(setting) or {}).get("policies", {})
+        rows = [(p, pols[p]["kl_ratio"]) for p in policy_rows(pols)
+                if p != "full" and pols[p]["kl_ratio"].get("n")]
+        rows.reverse()
+        y = list(range(len(rows)))
+        mean = [r["mean"] for _, r in rows]
+        lo = [r["mean"] - r["lo"] for _, r in rows]
+        hi = [r["hi"] - r["mean"] for _, r in rows]
+        ax.errorbar(mean, y, xerr=[lo, hi], fmt="o", capsize=3, color="tab:blue")
+        ax.set_yticks(y)
+        ax.set_yticklabels([f"{p} (n={r['n']})" for p, r in rows], fontsize=8)
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.axvline(0.5, color="tab:red", lw=0.8, ls=":")
+        ax.set_xlabel("KL ratio to full reuse (95% CI); red: target 0.5")
+        ax.set_title(name, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--setting", default="base")
     ap.add_argument("--vs", default="probe")
+    ap.add_argument("--plot", help="also draw the pooled KL ratios with intervals into this PNG")
     ap.add_argument("--into", help="replace the tables between the quality-tables markers of "
                     "this Markdown file (docs/RESULTS.md) instead of printing them")
     a = ap.parse_args()
     out = []
-    for d in a.dirs:
+    models = []
+    for d in run_dirs(a.dirs):
         s = json.load(open(os.path.join(d, "summary.json")))
         cfg = (s.get("run") or {}).get("config", {})
         model = cfg.get("model", d)
+        models.append((model, s))
         tasks = s["tasks"]
         ns = {t: tasks[t]["n_examples"] for t in tasks}
         out.append(f"### {model} (r = {cfg.get('ratio')}, {sum(ns.values())} examples: " +
@@ -129,6 +180,8 @@ def main():
             if st:
                 paired(st, a.vs, t, out)
         ingest_cost(d, out, cfg.get("rank", "lowfreq"))
+    if a.plot:
+        plot(models, a.setting, a.plot)
     text = "\n".join(out)
     if not a.into:
         print(text)

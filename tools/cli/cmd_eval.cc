@@ -155,6 +155,8 @@ std::string command_line() {
   return cmd;
 }
 
+void run_eval_one(const EvalArgs& a, const std::string& model_path, const std::string& out);
+
 void run_eval_cmd(const EvalArgs& a) {
   if (a.summarize_only) {
     CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
@@ -165,14 +167,42 @@ void run_eval_cmd(const EvalArgs& a) {
   }
   CT_THROW_IF_NOT(!a.data.empty(), "give the data with --data FILE.jsonl (or a directory)");
   CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
-  const std::string model_path = resolve_model(a.model);  // before the data: fail fast
+  // --model A,B: one results directory per model under --out, named after the argument (a
+  // registry name, or a path's file name without .gguf). Every model resolves before any runs.
+  std::vector<std::string> models, names, paths;
+  for (size_t b = 0, e = 0; b <= a.model.size(); b = e + 1) {
+    e = std::min(a.model.find(',', b), a.model.size());
+    models.push_back(a.model.substr(b, e - b));
+    CT_THROW_IF_NOT(!models.back().empty() || a.model.empty(),
+                    "--model '{}': an empty name in the comma-separated list", a.model);
+  }
+  for (const std::string& m : models) {
+    paths.push_back(resolve_model(m));  // before the data: fail fast
+    std::string name = std::filesystem::path(m).filename().string();
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+    CT_THROW_IF_NOT(std::find(names.begin(), names.end(), name) == names.end(),
+                    "--model '{}': two models named '{}' would share {}/{}", a.model, name, a.out,
+                    name);
+    names.push_back(name);
+  }
+  for (size_t i = 0; i < models.size(); ++i) {
+    const std::string out = models.size() > 1 ? a.out + "/" + names[i] : a.out;
+    if (models.size() > 1) {
+      std::fprintf(stderr, "eval: model %zu of %zu, %s, into %s\n", i + 1, models.size(),
+                   models[i].c_str(), out.c_str());
+    }
+    run_eval_one(a, paths[i], out);
+  }
+}
+
+void run_eval_one(const EvalArgs& a, const std::string& model_path, const std::string& out) {
   EvalOptions o;
   o.data_files = expand_data(a.data);
   o.policies = parse_policies(a.policies);
   o.ratio = a.ratio;
   o.alpha = a.alpha;
   o.limit = a.limit;
-  o.out_dir = a.out;
+  o.out_dir = out;
   o.max_tokens_qa = a.max_tokens_qa;
   o.max_tokens_summary = a.max_tokens_summary;
   o.kl_positions = a.kl_positions;
@@ -221,7 +251,10 @@ void register_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* c = app.add_subcommand(
       "eval", "Run data files through the reuse policies: task score, fidelity to full, TTFT");
-  add_model_option(c, &a->model);
+  add_model_option(c, &a->model)
+      ->description(
+          "Model(s): a name from `cachetune models` or a GGUF path; several, comma-separated, "
+          "write one results directory per model under --out (--out/NAME)");
   c->add_option("--data", a->data, "JSONL data file(s) or a directory of them")->required();
   c->add_option("--policies", a->policies,
                 "Comma-separated policies (full is always run): " + policy_names())
