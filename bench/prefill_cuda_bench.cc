@@ -46,7 +46,7 @@ void BM_PrefillCpu(benchmark::State& state) {
   const std::vector<int32_t> toks = ct::test::random_byte_tokens(n, 3);
   ct::KVCache kv = m.make_cache(kCtx);
   ct::Workspace ws;
-  for (auto _ : state) benchmark::DoNotOptimize(cpu::prefill(m, toks.data(), n, 0, kv, ws));
+  for (auto _ : state) benchmark::DoNotOptimize(ct::cpu::prefill(m, toks.data(), n, 0, kv, ws));
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }

@@ -110,11 +110,14 @@ def run_dirs(dirs):
         if os.path.exists(os.path.join(d, "summary.json")):
             out.append(d)
             continue
+        if not os.path.isdir(d):
+            sys.exit(f"{d}: no such results directory")
         subs = sorted(os.path.join(d, e) for e in os.listdir(d)
                       if os.path.exists(os.path.join(d, e, "summary.json")))
         if not subs:
             sys.exit(f"{d}: no summary.json in it or in any subdirectory (run `cachetune eval "
-                     "--out DIR` or `cachetune eval --summarize-only --out DIR` first)")
+                     "--out DIR`, or `cachetune eval --summarize-only --data - --out DIR` to "
+                     "rewrite the summaries from results.jsonl)")
         out.extend(subs)
     return out
 
@@ -163,7 +166,7 @@ def main():
         s = json.load(open(os.path.join(d, "summary.json")))
         cfg = (s.get("run") or {}).get("config", {})
         model = cfg.get("model", d)
-        models.append((model, s))
+        models.append((f"{model}\n({os.path.normpath(d)})", s))
         tasks = s["tasks"]
         ns = {t: tasks[t]["n_examples"] for t in tasks}
         out.append(f"### {model} (r = {cfg.get('ratio')}, {sum(ns.values())} examples: " +

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "backend/cpu/ops.h"
+#include "backend/cpu/qgemv.h"
 #include "core/error.h"
 #include "core/ggml_types.h"
 

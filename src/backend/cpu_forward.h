@@ -8,6 +8,8 @@
 #include <functional>
 #include <vector>
 
+#include "backend/cpu/ops.h"
+#include "backend/cpu/qgemv.h"
 #include "model/model.h"
 
 namespace ct {

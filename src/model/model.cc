@@ -1,6 +1,6 @@
-// Loading a Llama-family GGUF and the decoder forward pass (pre-norm, GQA, SwiGLU). Weights stay
-// in their file encoding (mapped): decode steps read the blocks directly (cpu::qgemv); multi-row
-// products dequantise one matrix at a time into the workspace and run SGEMM.
+// Loading a Llama-family GGUF: configuration, tokenizer, and weights kept in their file encoding
+// (views into the mapping; only norms and biases are F32 copies). The forward pass over them is
+// backend/cpu_forward.cc.
 #include "model/model.h"
 
 #include <omp.h>

@@ -1,4 +1,4 @@
-// The GPU decoder (backend/cuda/decoder) against the CPU backend's Model::prefill on tiny random
+// The GPU decoder (backend/cuda/decoder) against the CPU backend's cpu::prefill on tiny random
 // models: last-row logits and every layer's K/V cache rows, for grouped-query attention, Qwen2's
 // QKV biases with NeoX RoPE, a SmolLM2-shaped head layout, and a prefill split in two calls (rows
 // at positions > 0 attending over cache rows of the earlier call). Skipped without a device.

@@ -51,6 +51,19 @@ TEST(EvalCli, SeveralModelsWriteOneResultsDirectoryEach) {
   }
   EXPECT_FALSE(fs::exists(root / "out" / "results.jsonl")) << "the models' results were mixed";
 
+  // --summarize-only on such a directory rewrites each model's summary.
+  fs::remove(root / "out" / "beta" / "summary.json");
+  const test::ShellResult sum = test::run_shell(std::string(CT_CLI_PATH) +
+                                                " eval --summarize-only --data x --out " +
+                                                (root / "out").string() + " 2>&1");
+  EXPECT_EQ(sum.rc, 0) << sum.output;
+  EXPECT_TRUE(fs::exists(root / "out" / "beta" / "summary.json")) << sum.output;
+
+  // One model writes into --out itself, as before.
+  const test::ShellResult one = test::run_shell(eval_cmd(a, (root / "single").string()));
+  ASSERT_EQ(one.rc, 0) << one.output;
+  EXPECT_TRUE(fs::exists(root / "single" / "results.jsonl")) << one.output;
+
   // A name that resolves to nothing fails before anything runs (no directory for the first).
   const test::ShellResult bad =
       test::run_shell(eval_cmd(a + ",no-such-model", (root / "out2").string()));

@@ -1,5 +1,5 @@
 // Continuous batching: a batched decode step equals each sequence's step alone bit for bit
-// (Model::decode_batch), and the scheduler (engine/scheduler.h) answers concurrent requests with
+// (cpu::decode_batch), and the scheduler (engine/scheduler.h) answers concurrent requests with
 // exactly the tokens each gets alone, within its K/V budget and queue bound, letting a
 // cancelled request leave without disturbing the others.
 #include <gtest/gtest.h>

@@ -24,7 +24,7 @@ struct BenchArgs {
   std::vector<int> prompt_lengths = {512, 2048, 4096};
   int decode_tokens = 64;
   int repeats = 2;
-  // Batched decoding (Model::decode_batch): tokens/s of B sequences decoding together, for each
+  // Batched decoding (cpu::decode_batch): tokens/s of B sequences decoding together, for each
   // B, next to B = 1 measured in the same run. Empty: skipped.
   std::vector<int> batch_sizes;
   std::string json_out;

@@ -160,9 +160,20 @@ void run_eval_one(const EvalArgs& a, const std::string& model_path, const std::s
 void run_eval_cmd(const EvalArgs& a) {
   if (a.summarize_only) {
     CT_THROW_IF_NOT(!a.out.empty(), "give the output directory with --out DIR");
-    const nlohmann::json s = summarize_eval(a.out);
-    std::fprintf(stderr, "eval: %d records summarised into %s/summary.json\n",
-                 s["n_records"].get<int>(), a.out.c_str());
+    // A directory of several models' results (--model A,B) is summarised model by model.
+    std::vector<std::string> dirs;
+    if (!std::filesystem::exists(a.out + "/results.jsonl") && std::filesystem::is_directory(a.out)) {
+      for (const auto& e : std::filesystem::directory_iterator(a.out)) {
+        if (std::filesystem::exists(e.path() / "results.jsonl")) dirs.push_back(e.path().string());
+      }
+      std::sort(dirs.begin(), dirs.end());
+    }
+    if (dirs.empty()) dirs.push_back(a.out);
+    for (const std::string& d : dirs) {
+      const nlohmann::json s = summarize_eval(d);
+      std::fprintf(stderr, "eval: %d records summarised into %s/summary.json\n",
+                   s["n_records"].get<int>(), d.c_str());
+    }
     return;
   }
   CT_THROW_IF_NOT(!a.data.empty(), "give the data with --data FILE.jsonl (or a directory)");
@@ -172,7 +183,10 @@ void run_eval_cmd(const EvalArgs& a) {
   std::vector<std::string> models, names, paths;
   for (size_t b = 0, e = 0; b <= a.model.size(); b = e + 1) {
     e = std::min(a.model.find(',', b), a.model.size());
-    models.push_back(a.model.substr(b, e - b));
+    std::string m = a.model.substr(b, e - b);
+    m.erase(0, m.find_first_not_of(" \t"));
+    m.erase(m.find_last_not_of(" \t") + 1);
+    models.push_back(m);
     CT_THROW_IF_NOT(!models.back().empty() || a.model.empty(),
                     "--model '{}': an empty name in the comma-separated list", a.model);
   }
@@ -254,7 +268,8 @@ void register_eval(CLI::App& app) {
   add_model_option(c, &a->model)
       ->description(
           "Model(s): a name from `cachetune models` or a GGUF path; several, comma-separated, "
-          "write one results directory per model under --out (--out/NAME)");
+          "write one results directory per model under --out (--out/NAME; one model writes into "
+          "--out itself)");
   c->add_option("--data", a->data, "JSONL data file(s) or a directory of them")->required();
   c->add_option("--policies", a->policies,
                 "Comma-separated policies (full is always run): " + policy_names())
