@@ -6,7 +6,9 @@ OpenBLAS SGEMM rate) and then llama.cpp through llama-cpp-python (built from its
 prompt lengths with the same thread count, and prints/writes the ratios. Both use random token ids
 from the same range; both keep the best of two prefill repeats.
 
-Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model NAME|PATH] [--out FILE]
+Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model NAME|PATH]
+                                        [--threads N] [--out FILE]
+--threads (default: all cores) is both engines' thread count (cachetune's OMP_NUM_THREADS).
 
 --model takes a name from tools/models.tsv (`cachetune models`; installed by `cachetune pull NAME`)
 or a GGUF path; the default is the registry's default model. The result goes to
@@ -97,9 +99,12 @@ def main():
         default_name = parse_registry(REGISTRY)[0]["name"]
         suffix = "" if name == default_name else f"_{name}"
         args.out = os.path.join(ROOT, "bench", "results", f"compare_llamacpp{suffix}.json")
+    loadavg = open("/proc/loadavg").read().split()[:3]
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        # The same thread count for both: cachetune's OpenMP team, llama.cpp's n_threads.
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
         subprocess.run([args.cachetune, "bench", "--model", args.model, "--json", tmp.name,
-                        "--prompt-lengths"] + [str(n) for n in LENGTHS], check=True)
+                        "--prompt-lengths"] + [str(n) for n in LENGTHS], check=True, env=env)
         ours = json.load(open(tmp.name))
     theirs = bench_llamacpp(args.model, args.threads)
     rows = []
@@ -109,8 +114,9 @@ def main():
                      "cachetune_gflops": a["gflops"],
                      "fraction_of_sgemm": a["gflops"] / ours["sgemm_gflops"]})
     result = {
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
-        "command": "python3 bench/compare_llamacpp.py --model " + name,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
+                    "loadavg_at_start": loadavg},
+        "command": f"python3 bench/compare_llamacpp.py --model {name} --threads {args.threads}",
         "model": {"name": name, "path": args.model},
         "sgemm_gflops": ours["sgemm_gflops"],
         "prefill": rows,
@@ -122,7 +128,8 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"\nmachine: {result['machine']['cpu']}, {result['machine']['cores']} cores; "
+    print(f"\nmachine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
+          f"{args.threads} threads; "
           f"OpenBLAS SGEMM {result['sgemm_gflops']:.1f} GFLOP/s")
     print("| prompt tokens | cachetune tok/s | llama.cpp tok/s | ratio | cachetune GFLOP/s | of SGEMM |")
     print("|---|---|---|---|---|---|")

@@ -4,7 +4,9 @@
 # (the committed corpus is never written). Prints executions and the result per target; exits
 # non-zero when any target finds a crash, a sanitizer report, a leak or an out-of-memory input,
 # and keeps the input under build-fuzz/findings/.
-#   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer (default all)
+#   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer (default all);
+#                                         tokenizer:VOCAB runs that one on one vocabulary (tiny,
+#                                         smollm2, qwen2, llama-bpe, llama-spm, ...)
 #                                         CT_FUZZ_RUNS=N also stops each after N executions
 #   tools/fuzz.sh --seeds                 rewrites the generated seeds (gguf, record) in fuzz/corpus
 #   tools/fuzz.sh --build TARGET...       only builds targets of build-fuzz, e.g. ct_unit_tests for
@@ -57,10 +59,10 @@ fi
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
-  [[ " ${ALL[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t', expected one of: ${ALL[*]}" >&2; exit 2; }
+  [[ " ${ALL[*]} " == *" ${t%%:*} " ]] || { echo "fuzz.sh: unknown target '$t', expected one of: ${ALL[*]} (tokenizer:VOCAB for one vocabulary)" >&2; exit 2; }
 done
 BINS=()
-for t in "${TARGETS[@]}"; do BINS+=("${t}_fuzz"); done
+for t in "${TARGETS[@]}"; do BINS+=("${t%%:*}_fuzz"); done
 configure_and_build "${BINS[@]}"
 
 SMOL="${CT_FUZZ_TOKENIZER_GGUF:-$HOME/.cache/cachetune/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -107,22 +109,26 @@ run_one() {  # name, corpus name, then environment assignments for the target
   printf '%-20s %8s %12s %10s  %s\n' "$name" "$((SECONDS - t0))" "${execs:-?}" "${rate:-?}" "$result"
 }
 
+# The tokenizer target on one vocabulary: tiny (the tests' own), smollm2, or a llama.cpp vocabulary.
+run_tokenizer() {  # vocabulary name
+  local v="$1" f
+  case "$v" in
+    tiny) run_one tokenizer tokenizer CT_FUZZ_TOKENIZER_GGUF= ; return ;;
+    smollm2) f="$SMOL" ;;
+    *) f="$VOCAB_DIR/ggml-vocab-$v.gguf" ;;
+  esac
+  if [[ -f "$f" ]]; then
+    run_one "tokenizer:$v" tokenizer CT_FUZZ_TOKENIZER_GGUF="$f"
+  else
+    echo "tokenizer:$v: skipped, $f is absent (tools/fetch_model.sh and tools/fetch_vocab_tests.sh fetch them)"
+  fi
+}
+
 for t in "${TARGETS[@]}"; do
   if [[ "$t" == tokenizer ]]; then
-    run_one tokenizer tokenizer CT_FUZZ_TOKENIZER_GGUF=
-    if [[ -f "$SMOL" ]]; then
-      run_one tokenizer:smollm2 tokenizer CT_FUZZ_TOKENIZER_GGUF="$SMOL"
-    else
-      echo "tokenizer:smollm2: skipped, $SMOL is absent"
-    fi
-    for v in $VOCABS; do
-      f="$VOCAB_DIR/ggml-vocab-$v.gguf"
-      if [[ -f "$f" ]]; then
-        run_one "tokenizer:$v" tokenizer CT_FUZZ_TOKENIZER_GGUF="$f"
-      else
-        echo "tokenizer:$v: skipped, $f is absent (tools/fetch_vocab_tests.sh fetches it)"
-      fi
-    done
+    for v in tiny smollm2 $VOCABS; do run_tokenizer "$v"; done
+  elif [[ "$t" == tokenizer:* ]]; then
+    run_tokenizer "${t#tokenizer:}"
   else
     run_one "$t" "$t"
   fi
