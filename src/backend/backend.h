@@ -2,7 +2,9 @@
 // runs on. A LayerBackend holds one request's active rows (the recomputed tokens plus prefix and
 // query) and its KV cache; per layer, the reused chunk rows are placed in the cache (unpacked,
 // rotated to their global positions: deferred RoPE) before the layer computes the active rows over
-// the whole, causally masked sequence. Two implementations: the CPU (cpu::forward_layer on a host
+// the whole, causally masked sequence. A pass may also hold the rows of several sequences, each
+// with its own cache (begin_batch: the shape of a continuous-batching step, decode rows of some
+// sequences beside prefill rows of others). Two implementations: the CPU (cpu::forward_layer on a host
 // KVCache, with a loader thread working ahead of the loop) and the GPU (cuda::Decoder, the rows
 // staged in pinned memory and unpacked on the device). caps() says what a backend supports; the
 // loop asks it instead of testing which backend it has.
@@ -54,6 +56,7 @@ struct BackendCaps {
   const char* name = "";   // "cpu", "cuda"
   bool taps = false;       // layer() fills LayerTap (K/V before RoPE, query attention)
   bool keep_rows = false;  // keep_rows() is available (a selection made after layer 0)
+  int max_seqs = 1;        // sequences one pass may hold (begin_batch); 0: any number
 };
 
 // Where a pass's time went, added up by the backend.
@@ -69,17 +72,29 @@ class LayerBackend {
  public:
   virtual ~LayerBackend() = default;
   virtual BackendCaps caps() const = 0;
-  // Starts a pass on n active rows: tokens at global positions pos (strictly increasing).
+  // Starts a pass on n active rows of the backend's own sequence (the cache it was made with):
+  // tokens at global positions pos (strictly increasing).
   virtual void begin(const int32_t* tokens, const int32_t* pos, int n) = 0;
+  // Starts a pass over the rows of several sequences (continuous batching): rows [0, n) split
+  // into seqs in order, each at increasing positions of its own cache, decode or prefill rows
+  // (BatchSeq; every row's result is what its sequence alone would give). At most
+  // caps().max_seqs sequences (0: any); a backend with max_seqs 1 takes one sequence on its own
+  // cache (kv null). keep_rows() and attention taps need a pass of one sequence.
+  virtual void begin_batch(const int32_t* tokens, const int32_t* pos, int n,
+                           const std::vector<BatchSeq>& seqs);
   // The reused rows of layers [first_layer, n_layer): each layer's are in place when layer(l)
   // runs. Replaces rows set before (layers below first_layer are not touched again).
   virtual void set_reused(const ReusedRows& rows, int first_layer) = 0;
+  // The same for sequence `seq` of a begin_batch pass (set_reused is sequence 0's).
+  virtual void set_reused_for(int seq, const ReusedRows& rows, int first_layer);
   // One decoder layer on the active rows. tap: only with caps().taps (else null).
   virtual void layer(int l, LayerTap* tap) = 0;
   // Keeps the active rows whose positions are listed (a subset of the current ones, ascending).
   virtual void keep_rows(const std::vector<int32_t>& pos) = 0;
   // After the last layer: the last active row's logits, F32 [n_vocab].
   virtual std::vector<float> finish() = 0;
+  // The same for every sequence of the pass: its last row's logits, F32 [n_seqs][n_vocab].
+  virtual std::vector<float> finish_batch();
   const LayerTimes& times() const { return times_; }
 
  protected:
@@ -107,7 +122,8 @@ class DeviceSequence {
 // naming the backend when this build lacks it (backend/registry.h) or it cannot start.
 std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx);
 
-// The CPU backend: the layers of m on the host cache kv (at least as long as the prompt).
+// The CPU backend: the layers of m on the host cache kv (at least as long as the prompt); any
+// number of sequences per pass (begin_batch), each on its own host cache.
 std::unique_ptr<LayerBackend> make_cpu_layers(const Model& m, KVCache& kv, Workspace& ws,
                                               const PipelineOptions& opt);
 // The GPU backend on dec (built from m, n_ctx >= the prompt; one K/V type per request). With

@@ -86,16 +86,35 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
   (ws.use_reference ? cpu::matmul_wt_ref : cpu::matmul_wt)(x, n, K, ws.wbuf.data(), R, y, bias, 0);
 }
 
+// project() over a batch's rows stretch by stretch (BatchSeq::decode): consecutive decode
+// sequences together, each prefill sequence alone, so that every row is multiplied exactly as
+// with its sequence alone.
+void project_seqs(std::initializer_list<const cpu::QMatrix*> mats, const float* x, float* y,
+                  const float* bias, Workspace& ws, const BatchSeq* seqs, int n_seqs) {
+  const int K = (*mats.begin())->cols;
+  int R = 0;
+  for (const cpu::QMatrix* m : mats) R += m->rows;
+  for (int s = 0, row = 0; s < n_seqs;) {
+    int e = s + 1, n = seqs[s].n;
+    if (seqs[s].decode) {
+      while (e < n_seqs && seqs[e].decode) n += seqs[e++].n;
+    }
+    project(mats, x + (size_t)row * K, n, y + (size_t)row * R, bias, ws, seqs[s].decode);
+    row += n;
+    s = e;
+  }
+}
+
 }  // namespace
 
 void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, KVCache& kv,
                    Workspace& ws, const LayerTap* tap) {
-  const BatchSeq seq{&kv, n};
-  forward_batch(m, l, x, pos, n, &seq, 1, ws, /*decode_rows=*/false, tap);
+  const BatchSeq seq{&kv, n, false};
+  forward_batch(m, l, x, pos, n, &seq, 1, ws, tap);
 }
 
 void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, const BatchSeq* seqs,
-                   int n_seqs, Workspace& ws, bool decode_rows, const LayerTap* tap) {
+                   int n_seqs, Workspace& ws, const LayerTap* tap) {
   const ModelConfig& c = m.config();
   const LayerWeights& w = m.layer_weights(l);
   const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff, QKV = Q + 2 * KV;
@@ -115,8 +134,8 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
   auto rms = ref ? cpu::rms_norm_ref : cpu::rms_norm;
 
   rms(x, w.attn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  project({&w.wq, &w.wk, &w.wv}, ws.xn.data(), n, ws.qkv.data(),
-          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws, decode_rows);
+  project_seqs({&w.wq, &w.wk, &w.wv}, ws.xn.data(), ws.qkv.data(),
+               w.bqkv.empty() ? nullptr : w.bqkv.data(), ws, seqs, n_seqs);
   float* q = ws.qkv.data();
   float* k = q + Q;
   float* v = k + KV;
@@ -166,11 +185,11 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
       cpu::attention(a);
     }
   }
-  project({&w.wo}, ws.attn.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
+  project_seqs({&w.wo}, ws.attn.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
-  project({&w.w_gate, &w.w_up}, ws.xn.data(), n, ws.gu.data(), nullptr, ws, decode_rows);
+  project_seqs({&w.w_gate, &w.w_up}, ws.xn.data(), ws.gu.data(), nullptr, ws, seqs, n_seqs);
   for (int i = 0; i < n; ++i) {
     float* g = ws.gu.data() + (size_t)i * 2 * F;
     std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
@@ -180,7 +199,7 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
       cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
     }
   }
-  project({&w.w_down}, ws.h.data(), n, ws.proj.data(), nullptr, ws, decode_rows);
+  project_seqs({&w.w_down}, ws.h.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 }
 
@@ -243,11 +262,11 @@ std::vector<float> decode_batch(const Model& m, const int32_t* tokens, KVCache* 
                     "KV cache of sequence {} full at {} positions while decoding", i,
                     kvs[i]->n_ctx());
     pos[i] = kvs[i]->n_pos;
-    seqs[i] = BatchSeq{kvs[i], 1};
+    seqs[i] = BatchSeq{kvs[i], 1, true};
   }
   m.embed(tokens, n, x.data());
   for (int l = 0; l < m.config().n_layer; ++l) {
-    forward_batch(m, l, x.data(), pos.data(), n, seqs.data(), n, ws, /*decode_rows=*/true);
+    forward_batch(m, l, x.data(), pos.data(), n, seqs.data(), n, ws);
   }
   for (int i = 0; i < n; ++i) kvs[i]->n_pos = pos[i] + 1;
   std::vector<float> out((size_t)n * m.config().n_vocab);

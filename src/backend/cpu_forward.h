@@ -43,9 +43,14 @@ struct LayerTap {
 };
 
 // Consecutive rows of a batch that belong to one sequence: the next n rows, attending over kv.
+// decode: the rows are decode tokens (one per sequence and step), multiplied by the quantised
+// dot-product kernels (qgemv_batch) whatever their number, so each row's result equals that of
+// the same row alone, bit for bit. Otherwise they are prefill rows: one product per sequence
+// (SGEMM for more than one row), the same as the sequence alone.
 struct BatchSeq {
   KVCache* kv = nullptr;
   int n = 0;
+  bool decode = false;
 };
 
 namespace cpu {
@@ -57,14 +62,13 @@ void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, K
                    Workspace& ws, const LayerTap* tap = nullptr);
 // The same block on the rows of several sequences at once (continuous batching): rows
 // [0, n_rows) at positions pos[], split into seqs[0..n_seqs) in order, each writing and
-// attending over its own cache. Norms, projections and the MLP run over all rows together;
-// attention runs per sequence. decode_rows: the rows are single decode tokens, multiplied by
-// the quantised dot-product kernels (qgemv_batch) whatever their number, so each row's result
-// equals that of the same row alone, bit for bit. Otherwise rows go through the prefill path
-// (SGEMM for more than one). A tap with probs_accum needs n_seqs == 1.
+// attending over its own cache. Norms and activations run over all rows together, attention per
+// sequence; products run once over each stretch of consecutive decode sequences and once per
+// prefill sequence (BatchSeq::decode), so every row's result is what it would be with its
+// sequence alone: a step may mix decode rows with prefill rows of other sequences. A tap with
+// probs_accum needs n_seqs == 1.
 void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n_rows,
-                   const BatchSeq* seqs, int n_seqs, Workspace& ws, bool decode_rows,
-                   const LayerTap* tap = nullptr);
+                   const BatchSeq* seqs, int n_seqs, Workspace& ws, const LayerTap* tap = nullptr);
 // One decode step of n sequences: tokens[i] is fed at position kvs[i]->n_pos of its cache
 // (which grows by one). Returns the next-token logits, F32 [n][n_vocab]. Each sequence's
 // logits equal prefill(m, &tokens[i], 1, kvs[i]->n_pos, ...) alone, bit for bit.

@@ -1,4 +1,5 @@
-// The CPU LayerBackend (backend.h): cpu::forward_layer on a host KVCache. The reused rows are
+// The CPU LayerBackend (backend.h): cpu::forward_batch on host KVCaches, one sequence per pass or
+// several (begin_batch), and the contract's defaults for backends of one sequence. The reused rows are
 // read from their sources into a staging buffer, the placed ones unpacked to F32 at their global
 // positions and rotated there (deferred RoPE). With overlap, a loader thread works ahead of the
 // layer loop and hands layers over through per-layer ready flags (the CPU counterpart of the
@@ -19,6 +20,22 @@
 #include "core/timer.h"
 
 namespace ct {
+
+void LayerBackend::begin_batch(const int32_t* tokens, const int32_t* pos, int n,
+                               const std::vector<BatchSeq>& seqs) {
+  CT_THROW_IF_NOT(seqs.size() == 1 && !seqs[0].kv && seqs[0].n == n,
+                  "the {} backend runs one sequence per pass, on its own cache; this pass has {}",
+                  caps().name, seqs.size());
+  begin(tokens, pos, n);
+}
+
+void LayerBackend::set_reused_for(int seq, const ReusedRows& rows, int first_layer) {
+  CT_THROW_IF_NOT(seq == 0, "the {} backend runs one sequence per pass, not sequence {}",
+                  caps().name, seq);
+  set_reused(rows, first_layer);
+}
+
+std::vector<float> LayerBackend::finish_batch() { return finish(); }
 
 int ReusedRows::n_placed() const {
   int n = 0;
@@ -152,26 +169,54 @@ class CpuLayers final : public LayerBackend {
  public:
   CpuLayers(const Model& m, KVCache& kv, Workspace& ws, const PipelineOptions& opt)
       : m_(m), kv_(kv), ws_(ws), opt_(opt) {}
-  ~CpuLayers() override { loader_.reset(); }  // joins the loader thread before rows_ go
-  BackendCaps caps() const override { return {"cpu", true, true}; }
+  ~CpuLayers() override { seqs_.clear(); }  // joins the loader threads before their rows go
+  BackendCaps caps() const override { return {"cpu", true, true, 0}; }
   void begin(const int32_t* tokens, const int32_t* pos, int n) override {
+    begin_batch(tokens, pos, n, {BatchSeq{&kv_, n, false}});
+  }
+  void begin_batch(const int32_t* tokens, const int32_t* pos, int n,
+                   const std::vector<BatchSeq>& seqs) override {
     CT_THROW_IF_NOT(n > 0, "a pass needs at least one active row");
+    CT_THROW_IF_NOT(!seqs.empty(), "a pass needs at least one sequence");
+    retire_loaders();
+    seqs_.clear();
+    seqs_.resize(seqs.size());
+    batch_.assign(seqs.begin(), seqs.end());
+    int rows = 0;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      CT_THROW_IF_NOT(seqs[s].kv && seqs[s].n > 0, "sequence {} of the pass: {} rows, {}", s,
+                      seqs[s].n, seqs[s].kv ? "a cache" : "no cache");
+      rows += seqs[s].n;
+    }
+    CT_THROW_IF_NOT(rows == n, "a pass of {} rows split into sequences of {} rows", n, rows);
     act_.assign(pos, pos + n);
     x_.resize((size_t)n * m_.config().n_embd);
     m_.embed(tokens, n, x_.data());
   }
   void set_reused(const ReusedRows& rows, int first_layer) override {
-    retire_loader();
-    rows_ = rows;
-    loader_ = std::make_unique<LayerLoader>(m_, rows_, kv_, opt_, first_layer);
+    set_reused_for(0, rows, first_layer);
+  }
+  void set_reused_for(int seq, const ReusedRows& rows, int first_layer) override {
+    CT_THROW_IF_NOT(seq >= 0 && seq < (int)seqs_.size(), "sequence {} of a pass of {}", seq,
+                    seqs_.size());
+    Seq& q = seqs_[seq];
+    retire_loader(q);
+    q.rows = rows;
+    q.loader = std::make_unique<LayerLoader>(m_, q.rows, *batch_[seq].kv, opt_, first_layer);
   }
   void layer(int l, LayerTap* tap) override {
-    if (loader_) loader_->wait(l);
+    for (Seq& q : seqs_) {
+      if (q.loader) q.loader->wait(l);
+    }
+    CT_THROW_IF_NOT(!tap || seqs_.size() == 1, "layer taps on a pass of {} sequences",
+                    seqs_.size());
     Timer t;
-    cpu::forward_layer(m_, l, x_.data(), act_.data(), (int)act_.size(), kv_, ws_, tap);
+    cpu::forward_batch(m_, l, x_.data(), act_.data(), (int)act_.size(), batch_.data(),
+                       (int)batch_.size(), ws_, tap);
     times_.compute_ms += t.ms();
   }
   void keep_rows(const std::vector<int32_t>& to) override {
+    CT_THROW_IF_NOT(seqs_.size() == 1, "keep_rows on a pass of {} sequences", seqs_.size());
     const int E = m_.config().n_embd;
     size_t w = 0;
     for (size_t i = 0; i < act_.size() && w < to.size(); ++i) {
@@ -182,25 +227,51 @@ class CpuLayers final : public LayerBackend {
     CT_ASSERT(w == to.size(), "active set is not a subset ({} of {})", w, to.size());
     x_.resize(w * E);
     act_ = to;
+    batch_[0].n = (int)w;
   }
   std::vector<float> finish() override {
-    retire_loader();
+    CT_THROW_IF_NOT(seqs_.size() == 1, "finish() on a pass of {} sequences: use finish_batch()",
+                    seqs_.size());
+    return finish_batch();
+  }
+  // Each sequence's last row alone, or all of them through the decode head kernel, which
+  // multiplies each row as it would alone (cpu::decode_logits).
+  std::vector<float> finish_batch() override {
+    retire_loaders();
     Timer t;
-    std::vector<float> logits(m_.config().n_vocab);
-    cpu::logits(m_, x_.data() + (act_.size() - 1) * m_.config().n_embd, 1, logits.data(), ws_);
+    const int E = m_.config().n_embd, V = m_.config().n_vocab, S = (int)batch_.size();
+    std::vector<float> logits((size_t)S * V);
+    if (S == 1) {
+      cpu::logits(m_, x_.data() + (act_.size() - 1) * E, 1, logits.data(), ws_);
+    } else {
+      std::vector<float> last((size_t)S * E);
+      for (int s = 0, row = 0; s < S; ++s) {
+        row += batch_[s].n;
+        std::memcpy(last.data() + (size_t)s * E, x_.data() + (size_t)(row - 1) * E,
+                    E * sizeof(float));
+      }
+      cpu::decode_logits(m_, last.data(), S, logits.data(), ws_);
+    }
     times_.logits_ms += t.ms();
     return logits;
   }
 
  private:
+  struct Seq {
+    ReusedRows rows;
+    std::unique_ptr<LayerLoader> loader;
+  };
   // Adds a finished loader's times and ends it.
-  void retire_loader() {
-    if (!loader_) return;
-    loader_->join();
-    times_.load_ms += loader_->load_ms();
-    times_.load_wait_ms += loader_->wait_ms;
-    if (!opt_.overlap) times_.load_wait_ms += loader_->load_ms();
-    loader_.reset();
+  void retire_loader(Seq& q) {
+    if (!q.loader) return;
+    q.loader->join();
+    times_.load_ms += q.loader->load_ms();
+    times_.load_wait_ms += q.loader->wait_ms;
+    if (!opt_.overlap) times_.load_wait_ms += q.loader->load_ms();
+    q.loader.reset();
+  }
+  void retire_loaders() {
+    for (Seq& q : seqs_) retire_loader(q);
   }
   const Model& m_;
   KVCache& kv_;
@@ -208,8 +279,8 @@ class CpuLayers final : public LayerBackend {
   PipelineOptions opt_;
   std::vector<int32_t> act_;
   std::vector<float> x_;
-  ReusedRows rows_;
-  std::unique_ptr<LayerLoader> loader_;
+  std::vector<BatchSeq> batch_;  // the pass's sequences (caches and row counts)
+  std::vector<Seq> seqs_;        // their reused rows and loaders, in the same order
 };
 
 }  // namespace

@@ -1,0 +1,172 @@
+// The batch shape of the per-layer contract (LayerBackend::begin_batch, backend/backend.h): one
+// pass over the rows of several sequences, as a continuous-batching step holds them, gives every
+// sequence exactly what a pass of its own gives. The step mixes two decode rows (two sequences,
+// one token each), the prefill rows of a third sequence and the selective rows of a fourth over
+// reused, deferred-RoPE rows; logits and every layer's cache rows are compared bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "backend/backend.h"
+#include "backend/cpu_forward.h"
+#include "core/error.h"
+#include "support/chunk_fixtures.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+constexpr int kCtx = 64;
+
+class BackendBatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::TinyModelOptions o;
+    o.weight_type = GgmlType::Q8_0;  // the decode rows take the quantised kernels
+    m_ = Model::load(test::write_tiny_model(test::temp_path("backend_batch.gguf"), o));
+  }
+  // Pre-RoPE K and V of `toks` encoded alone at positions 0.. (a chunk's stored rows), per layer.
+  void encode_chunk(const std::vector<int32_t>& toks) {
+    const ModelConfig& c = m_->config();
+    const int n = (int)toks.size(), KV = c.kv_dim();
+    KVCache kv = m_->make_cache(kCtx);
+    Workspace ws;
+    std::vector<float> x((size_t)n * c.n_embd);
+    m_->embed(toks.data(), n, x.data());
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0);
+    chunk_k_.assign(c.n_layer, std::vector<float>((size_t)n * KV));
+    chunk_v_.assign(c.n_layer, std::vector<float>((size_t)n * KV));
+    for (int l = 0; l < c.n_layer; ++l) {
+      LayerTap tap;
+      tap.k_pre_rope = chunk_k_[l].data();
+      tap.v = chunk_v_[l].data();
+      cpu::forward_layer(*m_, l, x.data(), pos.data(), n, kv, ws, &tap);
+    }
+  }
+  // The chunk's rows placed at positions 0..n-1 (F32 as stored here).
+  ReusedRows chunk_rows(int n) const {
+    ReusedRows r;
+    r.segments.push_back({KvDtype::F32, n, "chunk"});
+    r.pos.resize(n);
+    std::iota(r.pos.begin(), r.pos.end(), 0);
+    const size_t bytes = (size_t)n * m_->config().kv_dim() * sizeof(float);
+    r.read = [this, bytes](int l, int, void* k, void* v) {
+      std::memcpy(k, chunk_k_[l].data(), bytes);
+      std::memcpy(v, chunk_v_[l].data(), bytes);
+    };
+    return r;
+  }
+  static void expect_same_cache(const KVCache& a, const KVCache& b, int n_pos, const char* what) {
+    for (int l = 0; l < a.n_layer(); ++l) {
+      const size_t bytes = (size_t)n_pos * a.kv_dim() * sizeof(float);
+      EXPECT_EQ(std::memcmp(a.k(l), b.k(l), bytes), 0) << what << ": K of layer " << l;
+      EXPECT_EQ(std::memcmp(a.v(l), b.v(l), bytes), 0) << what << ": V of layer " << l;
+    }
+  }
+
+  std::unique_ptr<Model> m_;
+  std::vector<std::vector<float>> chunk_k_, chunk_v_;
+};
+
+TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) {
+  const int V = m_->config().n_vocab;
+  const int PA = 24, PB = 13, NC = 17, NS = 20, NQ = 8;  // prompts, prefill rows, chunk, active
+  const std::vector<int32_t> a = test::random_byte_tokens(PA + 1, 1);
+  const std::vector<int32_t> b = test::random_byte_tokens(PB + 1, 2);
+  const std::vector<int32_t> p = test::random_byte_tokens(NC, 3);
+  const std::vector<int32_t> s = test::random_byte_tokens(NS + NQ, 4);
+  encode_chunk({s.begin(), s.begin() + NS});
+  const PipelineOptions opt;
+
+  // Alone: two decode steps after their prompts, one prefill, one selective pass.
+  Workspace ws;
+  KVCache ka = m_->make_cache(kCtx), kb = m_->make_cache(kCtx), kp = m_->make_cache(kCtx),
+          ks = m_->make_cache(kCtx);
+  cpu::prefill(*m_, a.data(), PA, 0, ka, ws);
+  cpu::prefill(*m_, b.data(), PB, 0, kb, ws);
+  const std::vector<float> la = cpu::prefill(*m_, &a[PA], 1, PA, ka, ws);
+  const std::vector<float> lb = cpu::prefill(*m_, &b[PB], 1, PB, kb, ws);
+  const std::vector<float> lp = cpu::prefill(*m_, p.data(), NC, 0, kp, ws);
+  std::vector<int32_t> spos(NQ);
+  std::iota(spos.begin(), spos.end(), NS);
+  std::vector<float> ls;
+  {
+    const auto be = make_cpu_layers(*m_, ks, ws, opt);
+    be->begin(s.data() + NS, spos.data(), NQ);
+    be->set_reused(chunk_rows(NS), 0);
+    for (int l = 0; l < m_->config().n_layer; ++l) be->layer(l, nullptr);
+    ls = be->finish();
+  }
+
+  // Together, in one pass per layer.
+  Workspace ws2;
+  KVCache ka2 = m_->make_cache(kCtx), kb2 = m_->make_cache(kCtx), kp2 = m_->make_cache(kCtx),
+          ks2 = m_->make_cache(kCtx), unused = m_->make_cache(1);
+  cpu::prefill(*m_, a.data(), PA, 0, ka2, ws2);
+  cpu::prefill(*m_, b.data(), PB, 0, kb2, ws2);
+  std::vector<int32_t> toks = {a[PA], b[PB]}, pos = {PA, PB};
+  toks.insert(toks.end(), p.begin(), p.end());
+  for (int i = 0; i < NC; ++i) pos.push_back(i);
+  toks.insert(toks.end(), s.begin() + NS, s.end());
+  pos.insert(pos.end(), spos.begin(), spos.end());
+  const std::vector<BatchSeq> seqs = {
+      {&ka2, 1, true}, {&kb2, 1, true}, {&kp2, NC, false}, {&ks2, NQ, false}};
+  const auto be = make_cpu_layers(*m_, unused, ws2, opt);
+  EXPECT_EQ(be->caps().max_seqs, 0);
+  be->begin_batch(toks.data(), pos.data(), (int)toks.size(), seqs);
+  be->set_reused_for(3, chunk_rows(NS), 0);
+  for (int l = 0; l < m_->config().n_layer; ++l) be->layer(l, nullptr);
+  EXPECT_THROW(be->finish(), Error);  // one sequence's call on a pass of four
+  const std::vector<float> all = be->finish_batch();
+  ASSERT_EQ(all.size(), (size_t)4 * V);
+
+  const std::vector<float>* want[] = {&la, &lb, &lp, &ls};
+  const char* names[] = {"decode row a", "decode row b", "prefill rows", "selective rows"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(std::memcmp(all.data() + (size_t)i * V, want[i]->data(), V * sizeof(float)), 0)
+        << names[i] << ": logits differ from the sequence's own pass";
+  }
+  expect_same_cache(ka, ka2, PA + 1, names[0]);
+  expect_same_cache(kb, kb2, PB + 1, names[1]);
+  expect_same_cache(kp, kp2, NC, names[2]);
+  expect_same_cache(ks, ks2, NS + NQ, names[3]);
+}
+
+TEST_F(BackendBatchTest, ASequenceCountThePassCannotTakeIsRefused) {
+  KVCache kv = m_->make_cache(kCtx), kv2 = m_->make_cache(kCtx);
+  Workspace ws;
+  const auto be = make_cpu_layers(*m_, kv, ws, PipelineOptions());
+  const std::vector<int32_t> toks = {1, 2, 3}, pos = {0, 1, 2};
+  EXPECT_THROW(be->begin_batch(toks.data(), pos.data(), 3, {{&kv, 2, false}, {&kv2, 2, false}}),
+               Error);  // 4 rows named for a pass of 3
+  EXPECT_THROW(be->begin_batch(toks.data(), pos.data(), 3, {{&kv, 2, false}, {nullptr, 1, false}}),
+               Error);  // a sequence without a cache
+  be->begin_batch(toks.data(), pos.data(), 3, {{&kv, 2, false}, {&kv2, 1, true}});
+  EXPECT_THROW(be->set_reused_for(2, ReusedRows(), 0), Error);
+  LayerTap tap;
+  EXPECT_THROW(be->layer(0, &tap), Error);  // taps need a pass of one sequence
+  EXPECT_THROW(be->keep_rows({0}), Error);
+
+  // A backend of one sequence per pass (the GPU's today) refuses more through the defaults.
+  struct OneSeq final : LayerBackend {
+    BackendCaps caps() const override { return {"one", false, false, 1}; }
+    void begin(const int32_t*, const int32_t*, int n) override { begun = n; }
+    void set_reused(const ReusedRows&, int) override {}
+    void layer(int, LayerTap*) override {}
+    void keep_rows(const std::vector<int32_t>&) override {}
+    std::vector<float> finish() override { return {1.0f}; }
+    int begun = 0;
+  } one;
+  EXPECT_THROW(
+      one.begin_batch(toks.data(), pos.data(), 3, {{nullptr, 2, false}, {nullptr, 1, false}}),
+      Error);
+  one.begin_batch(toks.data(), pos.data(), 3, {{nullptr, 3, false}});
+  EXPECT_EQ(one.begun, 3);
+  EXPECT_THROW(one.set_reused_for(1, ReusedRows(), 0), Error);
+  EXPECT_EQ(one.finish_batch(), std::vector<float>{1.0f});
+}
+
+}  // namespace
+}  // namespace ct
