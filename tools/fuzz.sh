@@ -9,6 +9,8 @@
 #                                         smollm2, qwen2, llama-bpe, llama-spm, ...)
 #                                         CT_FUZZ_RUNS=N also stops each after N executions
 #   tools/fuzz.sh --seeds                 rewrites the generated seeds (gguf, record) in fuzz/corpus
+#   tools/fuzz.sh --check [SECONDS] [TARGET...]  checks the arguments and prints the runs, builds
+#                                         and runs nothing (a CTest test runs it)
 #   tools/fuzz.sh --build TARGET...       only builds targets of build-fuzz, e.g. ct_unit_tests for
 #                                         the unit tests under ASan + UBSan (.ci/run's asan stage)
 # The tokenizer target also runs on the SmolLM2 vocabulary when the model file is present
@@ -51,6 +53,12 @@ if [[ "${1:-}" == "--seeds" ]]; then
   exit 0
 fi
 
+CHECK_ONLY=0
+if [[ "${1:-}" == "--check" ]]; then
+  CHECK_ONLY=1
+  shift
+fi
+
 SECONDS_EACH=60
 if [[ $# -gt 0 && "$1" =~ ^[0-9]+$ ]]; then
   SECONDS_EACH="$1"
@@ -59,8 +67,12 @@ fi
 TARGETS=("$@")
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
-  [[ " ${ALL[*]} " == *" ${t%%:*} " ]] || { echo "fuzz.sh: unknown target '$t', expected one of: ${ALL[*]} (tokenizer:VOCAB for one vocabulary)" >&2; exit 2; }
+  [[ " ${ALL[*]} " == *" ${t%%:*} "* ]] || { echo "fuzz.sh: unknown target '$t', expected one of: ${ALL[*]} (tokenizer:VOCAB for one vocabulary)" >&2; exit 2; }
 done
+if [[ $CHECK_ONLY -eq 1 ]]; then
+  echo "fuzz.sh: would run ${TARGETS[*]} for ${SECONDS_EACH} s each"
+  exit 0
+fi
 BINS=()
 for t in "${TARGETS[@]}"; do BINS+=("${t%%:*}_fuzz"); done
 configure_and_build "${BINS[@]}"
