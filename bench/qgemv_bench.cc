@@ -15,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/ops.h"
+#include "backend/cpu/qgemm.h"
 #include "backend/cpu/qgemv.h"
 #include "core/ggml_types.h"
 
@@ -139,5 +141,63 @@ BENCHMARK_CAPTURE(BM_QGemvBatch, q4_K_row_by_row, false)
     ->Arg(8)
     ->Arg(16)
     ->Unit(benchmark::kMicrosecond);
+
+// Prefill-sized products (n input rows): what the prefill did before (the matrix dequantised to
+// F32, then one SGEMM), the 8-bit multi-row decode kernel (qgemv_batch, kMaxBatchRows rows at a
+// time) and the quantised GEMM (cpu::qgemm, native and forced to AVX2). Counters: per_row (time
+// per input row) and GMAC/s.
+//   OMP_NUM_THREADS=1 build/bench/ct_micro_bench --benchmark_filter=Prefill
+enum class PrefillVariant { kSgemm, kRows16, kQgemm, kQgemmAvx2 };
+
+void BM_Prefill(benchmark::State& state, GgmlType t, PrefillVariant v) {
+  const Problem& p = problem(t);
+  const int n = (int)state.range(0);
+  std::vector<float> x((size_t)n * kCols), y((size_t)n * kRows), wf;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& e : x) e = nd(rng);
+  const ct::cpu::QMatrix* ws[1] = {&p.w};
+  for (auto _ : state) {
+    switch (v) {
+      case PrefillVariant::kSgemm:
+        wf.resize((size_t)kRows * kCols);
+        ct::cpu::qmatrix_to_f32(p.w, 0, kRows, wf.data());
+        ct::cpu::matmul_wt(x.data(), n, kCols, wf.data(), kRows, y.data());
+        break;
+      case PrefillVariant::kRows16:
+        for (int r0 = 0; r0 < n; r0 += ct::cpu::kMaxBatchRows) {
+          const int nr = std::min(ct::cpu::kMaxBatchRows, n - r0);
+          ct::cpu::qgemv_batch(ws, 1, x.data() + (size_t)r0 * kCols, nr,
+                               y.data() + (size_t)r0 * kRows, kRows);
+        }
+        break;
+      case PrefillVariant::kQgemm:
+        ct::cpu::qgemm(ws, 1, x.data(), n, y.data(), kRows);
+        break;
+      case PrefillVariant::kQgemmAvx2:
+        ct::cpu::qgemm(ws, 1, x.data(), n, y.data(), kRows, ct::cpu::QgemmPath::kAvx2);
+        break;
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["per_row"] = benchmark::Counter(
+      (double)state.iterations() * n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["GMAC/s"] = benchmark::Counter(
+      (double)state.iterations() * n * kRows * (double)kCols * 1e-9, benchmark::Counter::kIsRate);
+}
+
+#define CT_PREFILL_BENCH1(name, type, v)                                            \
+  BENCHMARK_CAPTURE(BM_Prefill, name, type, v)                                      \
+      ->Arg(8)->Arg(32)->Arg(128)->Arg(512)->Unit(benchmark::kMillisecond)
+#define CT_PREFILL_BENCH(name, type)                                               \
+  CT_PREFILL_BENCH1(name##_sgemm, type, PrefillVariant::kSgemm);                   \
+  CT_PREFILL_BENCH1(name##_rows16, type, PrefillVariant::kRows16);                 \
+  CT_PREFILL_BENCH1(name##_qgemm, type, PrefillVariant::kQgemm);                   \
+  CT_PREFILL_BENCH1(name##_qgemm_avx2, type, PrefillVariant::kQgemmAvx2)
+CT_PREFILL_BENCH(q4_K, GgmlType::Q4_K);
+CT_PREFILL_BENCH(q6_K, GgmlType::Q6_K);
+CT_PREFILL_BENCH(q5_0, GgmlType::Q5_0);
+CT_PREFILL_BENCH(q8_0, GgmlType::Q8_0);
 
 }  // namespace

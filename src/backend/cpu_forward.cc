@@ -29,6 +29,21 @@ void Workspace::reserve(const ModelConfig& c, int n) {
 namespace cpu {
 namespace {
 
+// True when the multi-row product over mats runs on qgemm: the workspace asks for it and every
+// matrix is block-quantised.
+bool quantised_prefill(std::initializer_list<const cpu::QMatrix*> mats, const Workspace& ws) {
+  if (ws.prefill_kernel == cpu::PrefillKernel::kSgemm) return false;
+  for (const cpu::QMatrix* m : mats) {
+    if (!cpu::qgemm_supported(m->type)) return false;
+  }
+  return true;
+}
+
+cpu::QgemmPath qgemm_path(const Workspace& ws) {
+  return ws.prefill_kernel == cpu::PrefillKernel::kQgemm ? cpu::QgemmPath::kNative
+                                                         : cpu::QgemmPath::kAvx2;
+}
+
 // y[n][R] = x[n][K] [W_0; W_1; ...]^T (+ bias[R]), R the matrices' total rows, K their shared
 // columns. One row (decoding, memory-bound): dot products straight from the blocks (qgemv),
 // reading each weight once in its encoding. Several rows (prefill, compute-bound): the matrices
@@ -67,6 +82,17 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
     cpu::qgemv_many(ms, ys, i, x, ws.decode_path);
     if (bias) {
       for (int j = 0; j < R; ++j) y[j] += bias[j];
+    }
+    return;
+  }
+  if (!ws.use_reference && quantised_prefill(mats, ws)) {
+    const cpu::QMatrix* ms[cpu::kMaxMany];
+    int i = 0;
+    for (const cpu::QMatrix* m : mats) ms[i++] = m;
+    cpu::qgemm(ms, i, x, n, y, R, qgemm_path(ws));
+    if (bias) {
+      for (int r = 0; r < n; ++r)
+        for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
     }
     return;
   }
@@ -213,7 +239,12 @@ void logits(const Model& m, const float* x, int n, float* out, Workspace& ws) {
     cpu::qgemv(head, ws.xn.data(), out, ws.decode_path);
     return;
   }
-  // The head is by far the largest matrix (n_vocab rows); it is dequantised and multiplied in
+  if (!ws.use_reference && quantised_prefill({&head}, ws)) {
+    const cpu::QMatrix* hp = &head;
+    cpu::qgemm(&hp, 1, ws.xn.data(), n, out, c.n_vocab, qgemm_path(ws));
+    return;
+  }
+  // Otherwise the head, by far the largest matrix (n_vocab rows), is dequantised and multiplied in
   // slices of 2*n_ff rows, so the scratch stays the size of the largest layer matrix (gate and
   // up stacked) instead of an F32 copy of the head.
   const int E = c.n_embd, V = c.n_vocab;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/qgemm.h"
 #include "backend/cpu/qgemv.h"
 #include "model/model.h"
 
@@ -32,6 +33,9 @@ struct Workspace {
   bool use_reference = false;  // run the plain-loop reference operators (tests only)
   // Kernels of single-row (decode) products; kF32 skips the 8-bit rounding of the input (tests).
   cpu::QgemvPath decode_path = cpu::QgemvPath::kNative;
+  // Kernels of multi-row (prefill) products: the quantised GEMM (8-bit activations) or
+  // dequantise + SGEMM (F32 activations); cpu::default_prefill_kernel() explains the default.
+  cpu::PrefillKernel prefill_kernel = cpu::default_prefill_kernel();
 };
 
 // Optional observation points of one layer's forward.

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/qgemm.h"
 #include "backend/cpu/qgemv.h"
 #include "backend/cpu/vec.h"
 #include "core/fp16.h"
@@ -564,6 +565,127 @@ TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
         }
       }
     }
+  }
+}
+
+// Random blocks of type t (every quant, scale and min pattern; fp16 fields finite in [-1, 1]).
+std::vector<uint8_t> random_blocks(GgmlType t, int rows, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(-1.0f, 1.0f);
+  const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
+  std::vector<uint8_t> packed(rb * rows);
+  for (uint8_t& v : packed) v = (uint8_t)rng();
+  for (size_t blk = 0; blk < packed.size() / bb; ++blk) {
+    for (int off : fp16_fields(t)) {
+      const uint16_t h = f32_to_fp16(scale(rng));
+      std::memcpy(&packed[blk * bb + off], &h, 2);
+    }
+  }
+  return packed;
+}
+
+TEST(QGemm, UnpackedRowsEqualTheReferenceDequantiser) {
+  // d * u + o per element against ggml_to_f32_ref: two float roundings apart at most.
+  const int cols = 512;
+  for (GgmlType t : kAllTypes) {
+    if (!qgemm_supported(t)) {
+      EXPECT_EQ(ggml_block_elems(t), 1) << ggml_type_name(t) << " is quantised but has no unpacker";
+      continue;
+    }
+    const auto packed = random_blocks(t, 4, cols, 90);
+    const size_t rb = ggml_row_bytes(t, cols);
+    std::vector<uint8_t> u(cols);
+    std::vector<float> d(cols / 16), o(cols / 16), ref(cols);
+    for (int r = 0; r < 4; ++r) {
+      qgemm_unpack_row(t, packed.data() + r * rb, cols, u.data(), d.data(), o.data());
+      ggml_to_f32_ref(t, packed.data() + r * rb, ref.data(), cols);
+      for (int e = 0; e < cols; ++e) {
+        const double v = (double)d[e / 16] * u[e] + o[e / 16];
+        const double mag = std::fabs((double)d[e / 16] * u[e]) + std::fabs((double)o[e / 16]);
+        ASSERT_LE(std::fabs(v - ref[e]), 2.4e-7 * mag + 1e-30)
+            << ggml_type_name(t) << " row " << r << " element " << e << ": u " << (int)u[e]
+            << " d " << d[e / 16] << " o " << o[e / 16] << " ref " << ref[e];
+      }
+    }
+  }
+}
+
+TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
+  // Every quantised type, 37 rows (four strips of 8 and a partial one), input row counts around
+  // the tile sizes. Against the double-precision reference on the rounded input (qgemm_input):
+  // |y - ref| <= kRelTol * sum_e (|d u| + |o|) |x_used| (float rounding; a layout mistake is of
+  // the order of the magnitude). The input's rounding is checked as in qgemv's test. kAvx2 equals
+  // kNative bit for bit.
+  const int rows = 37, cols = 512;
+  for (GgmlType t : kAllTypes) {
+    if (!qgemm_supported(t)) continue;
+    const auto packed = random_blocks(t, rows, cols, 91);
+    const QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
+    const QMatrix* ws[1] = {&w};
+    for (int n : {1, 3, 8, 13, 21}) {
+      const auto x = randn((size_t)n * cols, 92 + n);
+      std::vector<float> y((size_t)n * rows), y_avx2((size_t)n * rows);
+      qgemm(ws, 1, x.data(), n, y.data(), rows);
+      qgemm(ws, 1, x.data(), n, y_avx2.data(), rows, QgemmPath::kAvx2);
+      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " n=" << n;
+      std::vector<float> x_used(cols), yu(rows);
+      std::vector<uint8_t> u(cols);
+      std::vector<float> d(cols / 16), o(cols / 16);
+      for (int i = 0; i < n; ++i) {
+        const float* xi = x.data() + (size_t)i * cols;
+        qgemm_input(xi, cols, x_used.data());
+        for (int c0 = 0; c0 < cols; c0 += 32) {
+          double amax = 0;
+          for (int c = c0; c < c0 + 32; ++c) amax = std::max(amax, std::fabs((double)xi[c]));
+          for (int c = c0; c < c0 + 32; ++c) {
+            ASSERT_LE(std::fabs((double)xi[c] - x_used[c]), amax / 254 * (1 + 1e-6));
+          }
+        }
+        qgemv_ref(w, x_used.data(), yu.data());
+        for (int r = 0; r < rows; ++r) {
+          qgemm_unpack_row(t, packed.data() + r * w.row_bytes, cols, u.data(), d.data(), o.data());
+          double mag = 0;
+          for (int e = 0; e < cols; ++e) {
+            mag += (std::fabs((double)d[e / 16] * u[e]) + std::fabs((double)o[e / 16])) *
+                   std::fabs((double)x_used[e]);
+          }
+          ASSERT_LE(std::fabs((double)y[(size_t)i * rows + r] - yu[r]), kRelTol * mag + 1e-6)
+              << ggml_type_name(t) << " n=" << n << " input row " << i << " weight row " << r
+              << ": qgemm " << y[(size_t)i * rows + r] << " vs reference " << yu[r];
+        }
+      }
+    }
+  }
+}
+
+TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
+  // Two stacked matrices of different types into a padded output: every input row's results are
+  // the bits of that row alone through each matrix alone, and the padding is untouched.
+  const int cols = 768;
+  const GgmlType types[2] = {GgmlType::Q4_K, GgmlType::Q6_K};
+  const int rows[2] = {24, 11};
+  std::vector<uint8_t> packed[2];
+  QMatrix w[2];
+  for (int m = 0; m < 2; ++m) {
+    const auto wf = randn((size_t)rows[m] * cols, 100 + m, 0.5f);
+    packed[m] = encode_matrix(types[m], wf, rows[m], cols);
+    w[m] = QMatrix{types[m], packed[m].data(), rows[m], cols, ggml_row_bytes(types[m], cols)};
+  }
+  const QMatrix* ws[2] = {&w[0], &w[1]};
+  const int n = 19, stride = rows[0] + rows[1] + 5;
+  const auto x = randn((size_t)n * cols, 102);
+  std::vector<float> y((size_t)n * stride, -7.0f);
+  qgemm(ws, 2, x.data(), n, y.data(), stride);
+  for (int i = 0; i < n; ++i) {
+    for (int m = 0; m < 2; ++m) {
+      std::vector<float> alone(rows[m]);
+      qgemm(&ws[m], 1, x.data() + (size_t)i * cols, 1, alone.data(), rows[m]);
+      for (int r = 0; r < rows[m]; ++r) {
+        ASSERT_EQ(y[(size_t)i * stride + (m ? rows[0] : 0) + r], alone[r])
+            << "input row " << i << " matrix " << m << " row " << r;
+      }
+    }
+    for (int r = rows[0] + rows[1]; r < stride; ++r) ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
   }
 }
 

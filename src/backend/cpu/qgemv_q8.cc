@@ -370,6 +370,19 @@ void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx)
   }
 }
 
+void quantise_blocks32x16(const float* x, int cols, int8_t* q, float* d, float* sx16) {
+  for (int b = 0; b < cols / 32; ++b) {
+    const float amax = abs_max(x + 32 * b, 32);
+    const float scale = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    __m256i lo, hi;
+    quantise32(x + 32 * b, inv, q + 32 * b, lo, hi);
+    d[b] = scale;
+    sx16[2 * b] = scale * (float)hsum_epi32(lo);
+    sx16[2 * b + 1] = scale * (float)hsum_epi32(hi);
+  }
+}
+
 void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16) {
   for (int b = 0; b < cols / 256; ++b) {
     const float amax = abs_max(x + 256 * b, 256);

@@ -36,6 +36,9 @@ Format format_of(GgmlType t);
 
 void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx);
 void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16);
+// The prefill GEMM's encoding (qgemm.h): kBlocks32's q and d (the same rounding), and per 16
+// elements sx16[j] = d[j / 2] * sum of q over x[16j, 16j + 16).
+void quantise_blocks32x16(const float* x, int cols, int8_t* q, float* d, float* sx16);
 
 // y[i * y_stride] = dot of one packed row (cols elements) with act[i], for i < n (any n >= 1).
 // Each row's arithmetic does not depend on n or on the other rows.

@@ -1,0 +1,481 @@
+// The prefill GEMM with quantised weights and 8-bit activations (qgemm.h).
+#include "backend/cpu/qgemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/qgemv_q8.h"
+#include "core/error.h"
+#include "core/qblock_simd.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define CT_QGEMM_VNNI 1
+#define CT_QGEMM_DPBUSD _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define CT_QGEMM_VNNI 1
+#define CT_QGEMM_DPBUSD _mm256_dpbusd_avx_epi32
+#else
+#define CT_QGEMM_VNNI 0
+#endif
+
+namespace ct::cpu {
+using simd::half;
+namespace {
+
+// Weight rows per strip: the 8 lanes of a 256-bit register of floats.
+constexpr int kStrip = 8;
+// Input rows per tile: their accumulators stay in registers (AVX-512VL has 32 vector registers,
+// AVX2 16).
+#if defined(__AVX512VL__)
+constexpr int kMaxTile = 8;
+#else
+constexpr int kMaxTile = 4;
+#endif
+
+// --- unpacking: one row into u[cols], d[cols / 16], o[cols / 16] --------------------------------
+
+using UnpackRow = void (*)(const uint8_t* row, int cols, uint8_t* u, float* d, float* o);
+
+// Both halves of a 32-element block share its scale and offset.
+inline void set_pair(float* d, float* o, int b, float dv, float ov) {
+  d[2 * b] = d[2 * b + 1] = dv;
+  o[2 * b] = o[2 * b + 1] = ov;
+}
+
+// Q4_0 (d, 16 nibble bytes; q - 8) and Q4_1 (d, m, 16 nibble bytes; d q + m).
+template <bool kMin>
+void unpack_q4(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  constexpr int kBytes = kMin ? 20 : 18;
+  for (int b = 0; b < cols / 32; ++b) {
+    const uint8_t* blk = row + (size_t)b * kBytes;
+    const uint8_t* qs = blk + (kMin ? 4 : 2);
+    for (int j = 0; j < 16; ++j) {
+      u[32 * b + j] = qs[j] & 0x0f;
+      u[32 * b + j + 16] = qs[j] >> 4;
+    }
+    const float dv = half(blk);
+    set_pair(d, o, b, dv, kMin ? half(blk + 2) : -8.0f * dv);
+  }
+}
+
+// Q5_0 (d, 4 bytes qh, 16 bytes qs; q - 16) and Q5_1 (d, m, qh, qs; d q + m).
+template <bool kMin>
+void unpack_q5(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  constexpr int kBytes = kMin ? 24 : 22;
+  for (int b = 0; b < cols / 32; ++b) {
+    const uint8_t* blk = row + (size_t)b * kBytes;
+    uint32_t qh;
+    std::memcpy(&qh, blk + (kMin ? 4 : 2), 4);
+    const uint8_t* qs = blk + (kMin ? 8 : 6);
+    for (int j = 0; j < 16; ++j) {
+      u[32 * b + j] = (uint8_t)((qs[j] & 0x0f) | (((qh >> j) & 1) << 4));
+      u[32 * b + j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+    const float dv = half(blk);
+    set_pair(d, o, b, dv, kMin ? half(blk + 2) : -16.0f * dv);
+  }
+}
+
+// Q8_0 (d, 32 int8): u = q + 128, o = -128 d.
+void unpack_q8_0(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  for (int b = 0; b < cols / 32; ++b) {
+    const uint8_t* blk = row + (size_t)b * 34;
+    for (int j = 0; j < 32; ++j) u[32 * b + j] = (uint8_t)(blk[2 + j] ^ 0x80);
+    const float dv = half(blk);
+    set_pair(d, o, b, dv, -128.0f * dv);
+  }
+}
+
+// Q2_K: scales[16] (low nibble scale, high nibble min per 16 elements), qs[64], d, dmin. Element
+// 128h + 32s + j: bits 2s of qs[32h + j].
+void unpack_q2_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  for (int b = 0; b < cols / 256; ++b) {
+    const uint8_t* blk = row + (size_t)b * 84;
+    const uint8_t* qs = blk + 16;
+    const float dv = half(blk + 80), dmin = half(blk + 82);
+    uint8_t* ub = u + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      for (int sh = 0; sh < 4; ++sh) {
+        for (int j = 0; j < 32; ++j) ub[128 * h + 32 * sh + j] = (qs[32 * h + j] >> (2 * sh)) & 3;
+      }
+    }
+    for (int i = 0; i < 16; ++i) {
+      d[16 * b + i] = dv * (float)(blk[i] & 0x0f);
+      o[16 * b + i] = -(dmin * (float)(blk[i] >> 4));
+    }
+  }
+}
+
+// Q3_K: hmask[32], qs[64] (low 2 bits as Q2_K), scales[12] (16 6-bit scales stored + 32), d.
+// Element 32i + j has its third bit in bit i of hmask[j]; the value is d * sc * (q - 4).
+void unpack_q3_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  for (int b = 0; b < cols / 256; ++b) {
+    const uint8_t* blk = row + (size_t)b * 110;
+    const uint8_t *hm = blk, *qs = blk + 32, *s = blk + 96;
+    const float dv = half(blk + 108);
+    uint8_t* ub = u + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      for (int sh = 0; sh < 4; ++sh) {
+        for (int j = 0; j < 32; ++j) {
+          const int lo = (qs[32 * h + j] >> (2 * sh)) & 3;
+          const int hb = (hm[j] >> (4 * h + sh)) & 1;
+          ub[128 * h + 32 * sh + j] = (uint8_t)(lo | (hb << 2));
+        }
+      }
+    }
+    for (int i = 0; i < 16; ++i) {
+      const int lo = i < 8 ? (s[i] & 0x0f) : (s[i - 8] >> 4);
+      const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+      const float dl = dv * (float)((lo | (hi << 4)) - 32);
+      d[16 * b + i] = dl;
+      o[16 * b + i] = -4.0f * dl;
+    }
+  }
+}
+
+// Q4_K (kFive false: d, dmin, scales[12], qs[128]) and Q5_K (d, dmin, scales[12], qh[32],
+// qs[128]). Element 64c + 32hi + j: nibble hi of qs[32c + j] (Q5_K: bit 2c + hi of qh[j] on top).
+template <bool kFive>
+void unpack_q45_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  constexpr int kBytes = kFive ? 176 : 144;
+  for (int b = 0; b < cols / 256; ++b) {
+    const uint8_t* blk = row + (size_t)b * kBytes;
+    const uint8_t* qh = blk + 16;
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    const float dv = half(blk), dmin = half(blk + 2);
+    uint8_t* ub = u + 256 * b;
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < 32; ++j) {
+        int lo = qs[32 * c + j] & 0x0f, hi = qs[32 * c + j] >> 4;
+        if constexpr (kFive) {
+          lo |= ((qh[j] >> (2 * c)) & 1) << 4;
+          hi |= ((qh[j] >> (2 * c + 1)) & 1) << 4;
+        }
+        ub[64 * c + j] = (uint8_t)lo;
+        ub[64 * c + 32 + j] = (uint8_t)hi;
+      }
+    }
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      q4_k_scale_min(blk + 4, s, sc, m);
+      set_pair(d + 16 * b, o + 16 * b, s, dv * (float)sc, -(dmin * (float)m));
+    }
+  }
+}
+
+// Q6_K: ql[128], qh[64], scales[16] (int8), d. Element 128h + r: low nibble of ql[64h + r % 64]
+// at bit 4 (r / 64), high 2 bits of qh[32h + r % 32] at bit 2 (r / 32); d * sc * (q - 32).
+void unpack_q6_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  for (int b = 0; b < cols / 256; ++b) {
+    const uint8_t* blk = row + (size_t)b * 210;
+    const uint8_t *ql = blk, *qh = blk + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float dv = half(blk + 208);
+    uint8_t* ub = u + 256 * b;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t *l0 = ql + 64 * h, *l1 = ql + 64 * h + 32, *hh = qh + 32 * h;
+      uint8_t* uh = ub + 128 * h;
+      for (int j = 0; j < 32; ++j) {
+        uh[j] = (uint8_t)((l0[j] & 0x0f) | ((hh[j] & 3) << 4));
+        uh[32 + j] = (uint8_t)((l1[j] & 0x0f) | (((hh[j] >> 2) & 3) << 4));
+        uh[64 + j] = (uint8_t)((l0[j] >> 4) | (((hh[j] >> 4) & 3) << 4));
+        uh[96 + j] = (uint8_t)((l1[j] >> 4) | (((hh[j] >> 6) & 3) << 4));
+      }
+    }
+    for (int i = 0; i < 16; ++i) {
+      const float dl = dv * (float)sc[i];
+      d[16 * b + i] = dl;
+      o[16 * b + i] = -32.0f * dl;
+    }
+  }
+}
+
+struct Unpacker {
+  GgmlType type;
+  UnpackRow fn;
+};
+
+const Unpacker kUnpackers[] = {
+    {GgmlType::Q4_0, unpack_q4<false>},     {GgmlType::Q4_1, unpack_q4<true>},
+    {GgmlType::Q5_0, unpack_q5<false>},     {GgmlType::Q5_1, unpack_q5<true>},
+    {GgmlType::Q8_0, unpack_q8_0},          {GgmlType::Q2_K, unpack_q2_k},
+    {GgmlType::Q3_K, unpack_q3_k},          {GgmlType::Q4_K, unpack_q45_k<false>},
+    {GgmlType::Q5_K, unpack_q45_k<true>},   {GgmlType::Q6_K, unpack_q6_k},
+};
+
+UnpackRow find_unpacker(GgmlType t) {
+  for (const Unpacker& e : kUnpackers) {
+    if (e.type == t) return e.fn;
+  }
+  return nullptr;
+}
+
+// Transposes an 8 x 8 matrix of 32-bit elements: rows at src + r * src_stride (bytes),
+// written as 8 rows of 32 bytes at dst (column c of the input is row c of the output).
+inline void transpose8x8_32(const uint8_t* src, size_t src_stride, uint8_t* dst) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + i * src_stride));
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const __m256 a = t[4 * i + j], b = t[4 * i + j + 2];
+      r[4 * i + 2 * j] = _mm256_shuffle_ps(a, b, 0x44);
+      r[4 * i + 2 * j + 1] = _mm256_shuffle_ps(a, b, 0xee);
+    }
+  }
+  // r[k] (k < 4): column k of rows 0-3 in the low half, column k + 4 in the high half; r[4 + k]
+  // the same for rows 4-7.
+  for (int k = 0; k < 4; ++k) {
+    const __m256 lo = r[k], hi = r[4 + k];
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst + 32 * k), _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst + 32 * (k + 4)), _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
+}
+
+// One strip of kStrip weight rows, interleaved: wq[32 g + 4 r + k] = u_r[4 g + k] (group g of 4
+// elements), wd[8 i + r] and wo[8 i + r] the scale and offset of row r's 16-element block i.
+// Rows past the matrix's end are zero (scale and offset 0). The rows are unpacked one after
+// another into u, d, o ([8][cols], [8][cols / 16]) and then transposed 8 x 8 at a time.
+struct Strip {
+  std::vector<uint8_t> wq, u;
+  std::vector<float> wd, wo, d, o;
+  void unpack(const QMatrix& w, UnpackRow fn, int r0) {
+    const int K = w.cols, nb = K / 16;
+    wq.resize((size_t)K * kStrip);
+    wd.resize((size_t)nb * kStrip);
+    wo.resize((size_t)nb * kStrip);
+    u.resize((size_t)K * kStrip);
+    d.resize((size_t)nb * kStrip);
+    o.resize((size_t)nb * kStrip);
+    for (int r = 0; r < kStrip; ++r) {
+      uint8_t* ur = u.data() + (size_t)r * K;
+      float *dr = d.data() + (size_t)r * nb, *orow = o.data() + (size_t)r * nb;
+      if (r0 + r < w.rows) {
+        fn(w.data + (size_t)(r0 + r) * w.row_bytes, K, ur, dr, orow);
+      } else {
+        std::fill(ur, ur + K, 0);
+        std::fill(dr, dr + nb, 0.0f);
+        std::fill(orow, orow + nb, 0.0f);
+      }
+    }
+    // 32-byte chunks of the 8 rows: 8 groups of 4 elements each.
+    for (int j = 0; j < K / 32; ++j) transpose8x8_32(u.data() + 32 * j, K, wq.data() + 256 * (size_t)j);
+    transpose_floats(d.data(), nb, wd.data());
+    transpose_floats(o.data(), nb, wo.data());
+  }
+  // dst[8 i + r] = src[r * nb + i].
+  static void transpose_floats(const float* src, int nb, float* dst) {
+    int i = 0;
+    for (; i + 8 <= nb; i += 8) {
+      transpose8x8_32(reinterpret_cast<const uint8_t*>(src + i), sizeof(float) * nb,
+                      reinterpret_cast<uint8_t*>(dst + 8 * i));
+    }
+    for (; i < nb; ++i) {
+      for (int r = 0; r < kStrip; ++r) dst[8 * i + r] = src[(size_t)r * nb + i];
+    }
+  }
+};
+
+// --- the tile kernel ---------------------------------------------------------------------------
+
+// acc + per int32 lane the sum of the 4 products of u's unsigned bytes with s's signed ones.
+// AVX2: the even and the odd bytes widened to int16 and multiplied-added separately (maddubs
+// would saturate at u = 255, which Q8_0's u reaches); exact like dpbusd.
+template <bool kVnni>
+inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+#if CT_QGEMM_VNNI
+  if constexpr (kVnni) return CT_QGEMM_DPBUSD(acc, u, s);
+#endif
+  const __m256i lo8 = _mm256_set1_epi16(0x00ff);
+  const __m256i ue = _mm256_and_si256(u, lo8), uo = _mm256_srli_epi16(u, 8);
+  const __m256i se = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), so = _mm256_srai_epi16(s, 8);
+  return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(ue, se), _mm256_madd_epi16(uo, so)));
+}
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// The input rows' encoding (qgemv_q8.h's quantise_blocks32x16), stored tile by tile: the rows
+// [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights, so that
+// the kernel walks three pointers: q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c]
+// (scale of 32-element block b), sx[c0 K/16 + i nr + c] (sx16 of 16-element block i).
+struct Input {
+  std::vector<int8_t> q;
+  std::vector<float> dx, sx;
+};
+
+// y[c * ldy + r] for the NR input rows of the tile at q, dx, sx and r < lanes (the strip's valid
+// rows).
+template <bool kVnni, int NR>
+void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float* __restrict wo,
+          int K, const int8_t* __restrict q, const float* __restrict dx,
+          const float* __restrict sx, float* y, int ldy, int lanes) {
+  __m256 acc[NR];
+  for (int c = 0; c < NR; ++c) acc[c] = _mm256_setzero_ps();
+  for (int i = 0; i < K / 16; ++i) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32));
+    const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64));
+    const __m256i w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 96));
+    const __m256 vd = _mm256_loadu_ps(wd), vo = _mm256_loadu_ps(wo);
+    for (int c = 0; c < NR; ++c) {
+      __m256i s = dot4<kVnni>(_mm256_setzero_si256(), w0, bcast4(q + 4 * c));
+      s = dot4<kVnni>(s, w1, bcast4(q + 4 * (NR + c)));
+      s = dot4<kVnni>(s, w2, bcast4(q + 4 * (2 * NR + c)));
+      s = dot4<kVnni>(s, w3, bcast4(q + 4 * (3 * NR + c)));
+      const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), vd);
+      acc[c] = _mm256_fmadd_ps(t, _mm256_broadcast_ss(dx + c), acc[c]);
+      acc[c] = _mm256_fmadd_ps(vo, _mm256_broadcast_ss(sx + c), acc[c]);
+    }
+    wq += 128;
+    wd += kStrip;
+    wo += kStrip;
+    q += 16 * NR;
+    sx += NR;
+    if (i & 1) dx += NR;
+  }
+  for (int c = 0; c < NR; ++c) {
+    float* yc = y + (size_t)c * ldy;
+    if (lanes == kStrip) {
+      _mm256_storeu_ps(yc, acc[c]);
+    } else {
+      alignas(32) float tmp[kStrip];
+      _mm256_store_ps(tmp, acc[c]);
+      std::memcpy(yc, tmp, sizeof(float) * lanes);
+    }
+  }
+}
+
+template <bool kVnni, int NR>
+void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy, int lanes) {
+  tile<kVnni, NR>(st.wq.data(), st.wd.data(), st.wo.data(), K, in.q.data() + (size_t)c0 * K,
+                  in.dx.data() + (size_t)c0 * (K / 32), in.sx.data() + (size_t)c0 * (K / 16),
+                  y + (size_t)c0 * ldy, ldy, lanes);
+}
+
+template <bool kVnni>
+void strip_rows(const Strip& st, int K, const Input& in, int n, float* y, int ldy, int lanes) {
+  int c = 0;
+  for (; c + kMaxTile <= n; c += kMaxTile) tile_at<kVnni, kMaxTile>(st, K, in, c, y, ldy, lanes);
+  switch (n - c) {
+#if defined(__AVX512VL__)
+    case 7: tile_at<kVnni, 7>(st, K, in, c, y, ldy, lanes); break;
+    case 6: tile_at<kVnni, 6>(st, K, in, c, y, ldy, lanes); break;
+    case 5: tile_at<kVnni, 5>(st, K, in, c, y, ldy, lanes); break;
+    case 4: tile_at<kVnni, 4>(st, K, in, c, y, ldy, lanes); break;
+#endif
+    case 3: tile_at<kVnni, 3>(st, K, in, c, y, ldy, lanes); break;
+    case 2: tile_at<kVnni, 2>(st, K, in, c, y, ldy, lanes); break;
+    case 1: tile_at<kVnni, 1>(st, K, in, c, y, ldy, lanes); break;
+    default: break;
+  }
+}
+
+// Quantises input row c (of n) into its tile's place.
+void encode_row(const float* x, int K, int c, int n, Input& in, int8_t* row_q, float* row_d,
+                float* row_s) {
+  q8::quantise_blocks32x16(x, K, row_q, row_d, row_s);
+  const int c0 = c - c % kMaxTile, nr = std::min(kMaxTile, n - c0), j = c - c0;
+  int8_t* q = in.q.data() + (size_t)c0 * K;
+  float* dx = in.dx.data() + (size_t)c0 * (K / 32);
+  float* sx = in.sx.data() + (size_t)c0 * (K / 16);
+  for (int g = 0; g < K / 4; ++g) std::memcpy(q + 4 * ((size_t)g * nr + j), row_q + 4 * g, 4);
+  for (int b = 0; b < K / 32; ++b) dx[(size_t)b * nr + j] = row_d[b];
+  for (int i = 0; i < K / 16; ++i) sx[(size_t)i * nr + j] = row_s[i];
+}
+
+}  // namespace
+
+bool qgemm_supported(GgmlType t) { return find_unpacker(t) != nullptr; }
+
+PrefillKernel default_prefill_kernel() {
+  const char* env = std::getenv("CT_PREFILL_KERNEL");
+  if (env == nullptr || *env == '\0') {
+    return PrefillKernel::kSgemm;
+  }
+  const std::string v = env;
+  if (v == "qgemm") return PrefillKernel::kQgemm;
+  if (v == "qgemm-avx2") return PrefillKernel::kQgemmAvx2;
+  if (v == "sgemm") return PrefillKernel::kSgemm;
+  CT_THROW("CT_PREFILL_KERNEL is '{}', expected qgemm, qgemm-avx2 or sgemm", v);
+}
+
+void qgemm_unpack_row(GgmlType t, const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
+  const UnpackRow fn = find_unpacker(t);
+  CT_ASSERT(fn != nullptr, "qgemm: no unpacker for type {}", ggml_type_name(t));
+  fn(row, cols, u, d, o);
+}
+
+void qgemm_input(const float* x, int cols, float* x_used) {
+  CT_ASSERT(cols % 32 == 0, "qgemm_input: {} columns", cols);
+  std::vector<int8_t> q(cols);
+  std::vector<float> d(cols / 32), sx(cols / 16);
+  q8::quantise_blocks32x16(x, cols, q.data(), d.data(), sx.data());
+  for (int c = 0; c < cols; ++c) x_used[c] = d[c / 32] * (float)q[c];
+}
+
+void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y, int ldy,
+           QgemmPath path) {
+  CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n >= 1, "qgemm: {} matrices, {} rows", n_mats, n);
+  const int K = ws[0]->cols;
+  UnpackRow fns[kMaxMany];
+  int first_strip[kMaxMany + 1] = {0}, offset[kMaxMany + 1] = {0};
+  for (int m = 0; m < n_mats; ++m) {
+    fns[m] = find_unpacker(ws[m]->type);
+    CT_ASSERT(fns[m] != nullptr && ws[m]->cols == K && K % 32 == 0 &&
+                  K % ggml_block_elems(ws[m]->type) == 0,
+              "qgemm: type {} with {} cols (first matrix: {} cols)",
+              ggml_type_name(ws[m]->type), ws[m]->cols, K);
+    offset[m + 1] = offset[m] + ws[m]->rows;
+    first_strip[m + 1] = first_strip[m] + (ws[m]->rows + kStrip - 1) / kStrip;
+  }
+  CT_ASSERT(offset[n_mats] <= ldy, "qgemm: {} output columns in a stride of {}", offset[n_mats], ldy);
+
+  thread_local Input in;
+  in.q.resize((size_t)n * K);
+  in.dx.resize((size_t)n * (K / 32));
+  in.sx.resize((size_t)n * (K / 16));
+#pragma omp parallel if ((int64_t)n * K >= (1 << 16))
+  {
+    thread_local std::vector<int8_t> row_q;
+    thread_local std::vector<float> row_d, row_s;
+    row_q.resize(K);
+    row_d.resize(K / 32);
+    row_s.resize(K / 16);
+#pragma omp for schedule(static)
+    for (int c = 0; c < n; ++c) {
+      encode_row(x + (size_t)c * K, K, c, n, in, row_q.data(), row_d.data(), row_s.data());
+    }
+  }
+  const Input& input = in;
+  const bool vnni = path == QgemmPath::kNative && CT_QGEMM_VNNI;
+  const int total = first_strip[n_mats];
+#pragma omp parallel for schedule(static) if (total >= 2)
+  for (int s = 0; s < total; ++s) {
+    int m = 0;
+    while (s >= first_strip[m + 1]) ++m;
+    const int r0 = (s - first_strip[m]) * kStrip;
+    thread_local Strip st;
+    st.unpack(*ws[m], fns[m], r0);
+    const int lanes = std::min(kStrip, ws[m]->rows - r0);
+    float* ys = y + offset[m] + r0;
+    if (vnni) {
+      strip_rows<true>(st, K, input, n, ys, ldy, lanes);
+    } else {
+      strip_rows<false>(st, K, input, n, ys, ldy, lanes);
+    }
+  }
+}
+
+}  // namespace ct::cpu
