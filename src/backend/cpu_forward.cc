@@ -46,54 +46,47 @@ cpu::QgemmPath qgemm_path(const Workspace& ws) {
 
 // y[n][R] = x[n][K] [W_0; W_1; ...]^T (+ bias[R]), R the matrices' total rows, K their shared
 // columns. One row (decoding, memory-bound): dot products straight from the blocks (qgemv),
-// reading each weight once in its encoding. Several rows (prefill, compute-bound): the matrices
-// are dequantised one after another, stacked, into the workspace's scratch and multiplied by one
-// SGEMM, so Q/K/V and gate/up each stay one product.
+// reading each weight once in its encoding. Several rows (prefill, compute-bound): one product
+// over the stacked matrices (Q/K/V, gate/up), by the quantised GEMM (qgemm) where
+// Workspace::prefill_kernel asks for it and every matrix is block-quantised; otherwise the
+// matrices are dequantised one after another into the workspace's scratch and multiplied by one
+// SGEMM.
 // decode_rows: every row is one decoding sequence's token; they all take the dot-product kernels
 // (qgemv_batch, kMaxBatchRows rows at a time), so each row's result is the same as alone.
 void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, int n, float* y,
              const float* bias, Workspace& ws, bool decode_rows = false) {
   const int K = (*mats.begin())->cols;
-  int R = 0;
-  for (const cpu::QMatrix* m : mats) R += m->rows;
+  const cpu::QMatrix* ms[cpu::kMaxMany];
+  float* ys[cpu::kMaxMany];
+  int n_mats = 0, R = 0;
+  CT_ASSERT(mats.size() <= (size_t)cpu::kMaxMany, "{} stacked matrices", mats.size());
+  for (const cpu::QMatrix* m : mats) {
+    ms[n_mats] = m;
+    ys[n_mats++] = y + R;
+    R += m->rows;
+  }
+  // The quantised kernels leave the bias to be added here.
+  auto add_bias = [&] {
+    if (!bias) return;
+    for (int r = 0; r < n; ++r)
+      for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
+  };
   if (decode_rows && n > 1 && !ws.use_reference) {
-    const cpu::QMatrix* ms[cpu::kMaxMany];
-    int i = 0;
-    for (const cpu::QMatrix* m : mats) ms[i++] = m;
     for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
       const int nr = std::min(cpu::kMaxBatchRows, n - r0);
-      cpu::qgemv_batch(ms, i, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path);
+      cpu::qgemv_batch(ms, n_mats, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path);
     }
-    if (bias) {
-      for (int r = 0; r < n; ++r)
-        for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
-    }
+    add_bias();
     return;
   }
   if (n == 1 && !ws.use_reference) {
-    const cpu::QMatrix* ms[cpu::kMaxMany];
-    float* ys[cpu::kMaxMany];
-    int i = 0, off = 0;
-    for (const cpu::QMatrix* m : mats) {
-      ms[i] = m;
-      ys[i++] = y + off;
-      off += m->rows;
-    }
-    cpu::qgemv_many(ms, ys, i, x, ws.decode_path);
-    if (bias) {
-      for (int j = 0; j < R; ++j) y[j] += bias[j];
-    }
+    cpu::qgemv_many(ms, ys, n_mats, x, ws.decode_path);
+    add_bias();
     return;
   }
   if (!ws.use_reference && quantised_prefill(mats, ws)) {
-    const cpu::QMatrix* ms[cpu::kMaxMany];
-    int i = 0;
-    for (const cpu::QMatrix* m : mats) ms[i++] = m;
-    cpu::qgemm(ms, i, x, n, y, R, qgemm_path(ws));
-    if (bias) {
-      for (int r = 0; r < n; ++r)
-        for (int j = 0; j < R; ++j) y[(size_t)r * R + j] += bias[j];
-    }
+    cpu::qgemm(ms, n_mats, x, n, y, R, qgemm_path(ws));
+    add_bias();
     return;
   }
   if (ws.wbuf.size() < (size_t)R * K) ws.wbuf.resize((size_t)R * K);

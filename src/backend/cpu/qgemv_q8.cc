@@ -358,7 +358,10 @@ RowsDot find(GgmlType t, bool vnni) {
   return vnni ? e->vnni : e->avx2;
 }
 
-void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx) {
+// Quantises x in blocks of 32 (scale d[b] = max|x| / 127) and hands each block's scale and its
+// int32 partial sums of elements 0..15 and 16..31 to sums(b, scale, lo, hi).
+template <class Sums>
+void quantise_32(const float* x, int cols, int8_t* q, float* d, Sums sums) {
   for (int b = 0; b < cols / 32; ++b) {
     const float amax = abs_max(x + 32 * b, 32);
     const float scale = amax / 127.0f;
@@ -366,21 +369,21 @@ void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx)
     __m256i lo, hi;
     quantise32(x + 32 * b, inv, q + 32 * b, lo, hi);
     d[b] = scale;
-    sx[b] = scale * (float)hsum_epi32(_mm256_add_epi32(lo, hi));
+    sums(b, scale, lo, hi);
   }
 }
 
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx) {
+  quantise_32(x, cols, q, d, [sx](int b, float scale, __m256i lo, __m256i hi) {
+    sx[b] = scale * (float)hsum_epi32(_mm256_add_epi32(lo, hi));
+  });
+}
+
 void quantise_blocks32x16(const float* x, int cols, int8_t* q, float* d, float* sx16) {
-  for (int b = 0; b < cols / 32; ++b) {
-    const float amax = abs_max(x + 32 * b, 32);
-    const float scale = amax / 127.0f;
-    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-    __m256i lo, hi;
-    quantise32(x + 32 * b, inv, q + 32 * b, lo, hi);
-    d[b] = scale;
+  quantise_32(x, cols, q, d, [sx16](int b, float scale, __m256i lo, __m256i hi) {
     sx16[2 * b] = scale * (float)hsum_epi32(lo);
     sx16[2 * b + 1] = scale * (float)hsum_epi32(hi);
-  }
+  });
 }
 
 void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16) {
