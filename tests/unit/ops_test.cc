@@ -660,10 +660,13 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
 
 TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
   // Two stacked matrices of different types into a padded output: every input row's results are
-  // the bits of that row alone through each matrix alone, and the padding is untouched.
-  const int cols = 768;
+  // the bits of that row alone through each matrix alone, and the padding is untouched. Under
+  // qgemm's own blocking and under blockings that cross several chunks of input rows (ending in
+  // a partial tile) and several blocks of strips, some spanning both matrices (5 strips, then 4).
+  // n * cols is above qgemm's threshold for encoding the input rows on several threads.
+  const int cols = 2048;
   const GgmlType types[2] = {GgmlType::Q4_K, GgmlType::Q6_K};
-  const int rows[2] = {24, 11};
+  const int rows[2] = {36, 27};
   std::vector<uint8_t> packed[2];
   QMatrix w[2];
   for (int m = 0; m < 2; ++m) {
@@ -672,21 +675,47 @@ TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
     w[m] = QMatrix{types[m], packed[m].data(), rows[m], cols, ggml_row_bytes(types[m], cols)};
   }
   const QMatrix* ws[2] = {&w[0], &w[1]};
-  const int n = 19, stride = rows[0] + rows[1] + 5;
+  const int tile = qgemm_tile_rows();
+  const int n = 5 * tile + 3, stride = rows[0] + rows[1] + 5;
   const auto x = randn((size_t)n * cols, 102);
-  std::vector<float> y((size_t)n * stride, -7.0f);
-  qgemm(ws, 2, x.data(), n, y.data(), stride);
+  std::vector<std::vector<float>> alone(n * 2);
   for (int i = 0; i < n; ++i) {
     for (int m = 0; m < 2; ++m) {
-      std::vector<float> alone(rows[m]);
-      qgemm(&ws[m], 1, x.data() + (size_t)i * cols, 1, alone.data(), rows[m]);
-      for (int r = 0; r < rows[m]; ++r) {
-        ASSERT_EQ(y[(size_t)i * stride + (m ? rows[0] : 0) + r], alone[r])
-            << "input row " << i << " matrix " << m << " row " << r;
-      }
+      alone[2 * i + m].resize(rows[m]);
+      qgemm(&ws[m], 1, x.data() + (size_t)i * cols, 1, alone[2 * i + m].data(), rows[m]);
     }
-    for (int r = rows[0] + rows[1]; r < stride; ++r) ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
   }
+  const QgemmBlocking own = qgemm_blocking(cols, 9);
+  const QgemmBlocking blockings[] = {own, {2, tile}, {3, 2 * tile}, {1, 4 * tile}, {32, tile}};
+  for (const QgemmBlocking& blk : blockings) {
+    std::vector<float> y((size_t)n * stride, -7.0f);
+    qgemm(ws, 2, x.data(), n, y.data(), stride, QgemmPath::kNative, &blk);
+    for (int i = 0; i < n; ++i) {
+      for (int m = 0; m < 2; ++m) {
+        for (int r = 0; r < rows[m]; ++r) {
+          ASSERT_EQ(y[(size_t)i * stride + (m ? rows[0] : 0) + r], alone[2 * i + m][r])
+              << "blocks of " << blk.strips << " strips, " << blk.rows << " rows: input row "
+              << i << " matrix " << m << " row " << r;
+        }
+      }
+      for (int r = rows[0] + rows[1]; r < stride; ++r) ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
+    }
+  }
+}
+
+TEST(QGemm, BlockingKeepsTheCacheBudgetAndTheTile) {
+  // The default blocking: a multiple of the tile, about 256 KiB of input rows, about 192 KiB of
+  // unpacked weights (at least one strip), and enough blocks for every thread.
+  const int tile = qgemm_tile_rows();
+  for (int cols : {576, 1536, 8960}) {
+    const QgemmBlocking b = qgemm_blocking(cols, 4096);
+    EXPECT_EQ(b.rows % tile, 0) << cols;
+    EXPECT_LE((size_t)b.rows * cols, (size_t)256 << 10) << cols;
+    EXPECT_GT((size_t)(b.rows + tile) * cols, (size_t)256 << 10) << cols;
+    EXPECT_GE(b.strips, 1);
+    EXPECT_LE((size_t)b.strips * 8 * cols, std::max<size_t>((size_t)192 << 10, 8 * cols)) << cols;
+  }
+  EXPECT_EQ(qgemm_blocking(1536, 3).strips, 1);  // 3 strips: one block each
 }
 
 }  // namespace

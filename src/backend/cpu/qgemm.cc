@@ -2,6 +2,7 @@
 #include "backend/cpu/qgemm.h"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -364,11 +365,13 @@ void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy,
                   y + (size_t)c0 * ldy, ldy, lanes);
 }
 
+// The input rows [c, end) of one strip; c is a multiple of kMaxTile, and so is end unless it is n
+// (tiles are laid out from row 0: encode_row).
 template <bool kVnni>
-void strip_rows(const Strip& st, int K, const Input& in, int n, float* y, int ldy, int lanes) {
-  int c = 0;
-  for (; c + kMaxTile <= n; c += kMaxTile) tile_at<kVnni, kMaxTile>(st, K, in, c, y, ldy, lanes);
-  switch (n - c) {
+void strip_rows(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
+                int lanes) {
+  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kVnni, kMaxTile>(st, K, in, c, y, ldy, lanes);
+  switch (end - c) {
 #if defined(__AVX512VL__)
     case 7: tile_at<kVnni, 7>(st, K, in, c, y, ldy, lanes); break;
     case 6: tile_at<kVnni, 6>(st, K, in, c, y, ldy, lanes); break;
@@ -425,8 +428,24 @@ void qgemm_input(const float* x, int cols, float* x_used) {
   for (int c = 0; c < cols; ++c) x_used[c] = d[c / 32] * (float)q[c];
 }
 
+int qgemm_tile_rows() { return kMaxTile; }
+
+QgemmBlocking qgemm_blocking(int cols, int total_strips) {
+  // About 192 KiB of unpacked weights and 256 KiB of encoded input rows: within the L2 cache of
+  // the cores seen (512 KiB to 2 MiB), with room for the output rows.
+  constexpr size_t kWeightBytes = 192 << 10, kInputBytes = 256 << 10;
+  const size_t K = (size_t)std::max(cols, 1);
+  QgemmBlocking b;
+  b.strips = (int)std::clamp<size_t>(kWeightBytes / (K * kStrip), 1, kQgemmMaxBlockStrips);
+  b.rows = (int)std::max<size_t>(kMaxTile, kInputBytes / K / kMaxTile * kMaxTile);
+  // At least 4 blocks per thread, so that a small matrix still spreads over every core.
+  const int per = 4 * omp_get_max_threads();
+  b.strips = std::max(1, std::min(b.strips, (total_strips + per - 1) / per));
+  return b;
+}
+
 void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y, int ldy,
-           QgemmPath path) {
+           QgemmPath path, const QgemmBlocking* blocking) {
   CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n >= 1, "qgemm: {} matrices, {} rows", n_mats, n);
   const int K = ws[0]->cols;
   UnpackRow fns[kMaxMany];
@@ -442,10 +461,13 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
   }
   CT_ASSERT(offset[n_mats] <= ldy, "qgemm: {} output columns in a stride of {}", offset[n_mats], ldy);
 
+  // The calling thread's buffer, shared with the team through this reference (inside the
+  // parallel regions `in` would name each worker's own thread_local).
   thread_local Input in;
-  in.q.resize((size_t)n * K);
-  in.dx.resize((size_t)n * (K / 32));
-  in.sx.resize((size_t)n * (K / 16));
+  Input& input = in;
+  input.q.resize((size_t)n * K);
+  input.dx.resize((size_t)n * (K / 32));
+  input.sx.resize((size_t)n * (K / 16));
 #pragma omp parallel if ((int64_t)n * K >= (1 << 16))
   {
     thread_local std::vector<int8_t> row_q;
@@ -455,25 +477,43 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
     row_s.resize(K / 16);
 #pragma omp for schedule(static)
     for (int c = 0; c < n; ++c) {
-      encode_row(x + (size_t)c * K, K, c, n, in, row_q.data(), row_d.data(), row_s.data());
+      encode_row(x + (size_t)c * K, K, c, n, input, row_q.data(), row_d.data(), row_s.data());
     }
   }
-  const Input& input = in;
   const bool vnni = path == QgemmPath::kNative && CT_QGEMM_VNNI;
   const int total = first_strip[n_mats];
-#pragma omp parallel for schedule(static) if (total >= 2)
-  for (int s = 0; s < total; ++s) {
-    int m = 0;
-    while (s >= first_strip[m + 1]) ++m;
-    const int r0 = (s - first_strip[m]) * kStrip;
-    thread_local Strip st;
-    st.unpack(*ws[m], fns[m], r0);
-    const int lanes = std::min(kStrip, ws[m]->rows - r0);
-    float* ys = y + offset[m] + r0;
-    if (vnni) {
-      strip_rows<true>(st, K, input, n, ys, ldy, lanes);
-    } else {
-      strip_rows<false>(st, K, input, n, ys, ldy, lanes);
+  const QgemmBlocking blk = blocking != nullptr ? *blocking : qgemm_blocking(K, total);
+  CT_ASSERT(blk.strips >= 1 && blk.strips <= kQgemmMaxBlockStrips && blk.rows >= kMaxTile &&
+                blk.rows % kMaxTile == 0,
+            "qgemm: blocks of {} strips and {} rows", blk.strips, blk.rows);
+  const int n_blocks = (total + blk.strips - 1) / blk.strips;
+  // Each thread unpacks a block of strips once and walks the input in chunks of blk.rows rows,
+  // every strip of the block over one chunk before the next: the block's weights and the chunk's
+  // input rows stay in the core's cache (a large prompt's rows would not).
+#pragma omp parallel for schedule(static) if (n_blocks >= 2)
+  for (int b = 0; b < n_blocks; ++b) {
+    const int s0 = b * blk.strips, s1 = std::min(total, s0 + blk.strips);
+    thread_local std::vector<Strip> strips;
+    if ((int)strips.size() < blk.strips) strips.resize(blk.strips);
+    int mat[kQgemmMaxBlockStrips], r0[kQgemmMaxBlockStrips];
+    for (int s = s0; s < s1; ++s) {
+      int m = 0;
+      while (s >= first_strip[m + 1]) ++m;
+      mat[s - s0] = m;
+      r0[s - s0] = (s - first_strip[m]) * kStrip;
+      strips[s - s0].unpack(*ws[m], fns[m], r0[s - s0]);
+    }
+    for (int c = 0; c < n; c += blk.rows) {
+      const int end = std::min(n, c + blk.rows);
+      for (int j = 0; j < s1 - s0; ++j) {
+        const int m = mat[j], lanes = std::min(kStrip, ws[m]->rows - r0[j]);
+        float* ys = y + offset[m] + r0[j];
+        if (vnni) {
+          strip_rows<true>(strips[j], K, input, c, end, ys, ldy, lanes);
+        } else {
+          strip_rows<false>(strips[j], K, input, c, end, ys, ldy, lanes);
+        }
+      }
     }
   }
 }

@@ -40,12 +40,26 @@ enum class PrefillKernel { kQgemm, kQgemmAvx2, kSgemm };
 // throws ct::Error naming it.
 PrefillKernel default_prefill_kernel();
 
+// How qgemm walks a product: blocks of `strips` strips of 8 weight rows, each unpacked once per
+// call, times chunks of `rows` input rows (a multiple of the tile, qgemm_tile_rows(), so that every
+// tile lies in one chunk). Results do not depend on it: every output is the same tile's sum.
+// qgemm_blocking picks one for `cols` columns and `total_strips` strips: about 192 KiB of
+// unpacked weights and 256 KiB of input rows (inside the L2 caches of the cores seen), and at
+// least 4 blocks per thread.
+constexpr int kQgemmMaxBlockStrips = 32;
+struct QgemmBlocking {
+  int strips = 1, rows = 8;
+};
+QgemmBlocking qgemm_blocking(int cols, int total_strips);
+int qgemm_tile_rows();
+
 // y[i * ldy + off_m + r] = (W_m x_i)[r] for i < n, off_m the total rows of W_0..W_{m-1} (at most
 // kMaxMany matrices of the same cols, a multiple of 32, all qgemm_supported; ldy >= their total
 // rows). Results equal the product of the dequantised weights with qgemm_input(x_i) up to float
 // rounding; each row's result does not depend on the other rows or on the thread count.
+// `blocking` (tests): instead of qgemm_blocking's choice.
 void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y, int ldy,
-           QgemmPath path = QgemmPath::kNative);
+           QgemmPath path = QgemmPath::kNative, const QgemmBlocking* blocking = nullptr);
 
 // x_used[cols] = x rounded as qgemm rounds it: blocks of 32 elements, scale max|x| / 127, round to
 // nearest even (the same as qgemv_input for Q8_0).
