@@ -5,12 +5,14 @@
 //          llama.cpp| stays within max_abs and its mean within mean_abs, top-1 agrees wherever
 //          llama.cpp's top-2 margin exceeds top1_margin, and the 64-token greedy continuation is
 //          identical.
-//          Our decode steps run the F32-input kernels here (QgemvPath::kF32), the exact product
-//          with the dequantised weights that llama.cpp computes on the copy.
+//          Our prefill runs dequantise + SGEMM (PrefillKernel::kSgemm) and our decode steps the
+//          F32-input kernels (QgemvPath::kF32) here: the exact product with the dequantised
+//          weights that llama.cpp computes on the copy.
 //  - q4_1 / file: llama.cpp on the quantised file itself, where it quantises activations to 8 bits
-//          inside its dot products; our prefill multiplies exactly dequantised weights in F32 and
-//          our decode steps (the default path) round their inputs to 8 bits as llama.cpp does, in
-//          our own blocks and order. So the tolerances are looser and the greedy continuation must
+//          inside its dot products; our default prefill kernel (qgemm where the CPU has VNNI,
+//          else dequantise + SGEMM; CT_PREFILL_KERNEL picks one) and our decode steps (the
+//          default path) round their inputs to 8 bits as llama.cpp does, in our own blocks and
+//          order. So the tolerances are looser and the greedy continuation must
 //          agree for a stated prefix, unless it diverges earlier at a near-tie: where our logit of
 //          llama.cpp's token is within top1_margin of our top one (the first divergence and that
 //          gap are printed; docs/ARCHITECTURE.md discusses it).
@@ -41,7 +43,10 @@ struct Tolerance {
 };
 constexpr Tolerance kTolerances[] = {
     {"smollm2-135m", "ref_logits_smollm2_f32.json", "f32", 0.1f, 0.01, 0.05f, SIZE_MAX},
-    {"smollm2-135m", "ref_logits_smollm2_q4_1.json", "q4_1", 1.5f, 0.3, 0.3f, 12},
+    // top1_margin 0.4: this file's logits differ from llama.cpp's by up to 1.3 under either
+    // prefill kernel (mean 0.12-0.26), so near-ties flip; under qgemm one did at a margin of
+    // 0.348 ("doc" position 6; dequantise + SGEMM: none above 0.3).
+    {"smollm2-135m", "ref_logits_smollm2_q4_1.json", "q4_1", 1.5f, 0.3, 0.4f, 12},
     // The Qwen2.5 files mix Q5_0, Q4_K, Q6_K and Q8_0 (0.5B) or Q4_K and Q6_K (1.5B); llama.cpp
     // quantises activations to 8 bits (Q8_0 / Q8_K) in all of their dot products.
     {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_f32.json", "f32", 0.1f, 0.01, 0.05f,
@@ -84,6 +89,7 @@ TEST_P(LogitsVsLlamaCpp, AllPromptsWithinTolerance) {
     const int n = (int)toks.size();
     KVCache kv = m->make_cache(n + 1);
     Workspace ws;
+    if (std::string(tol.variant) == "f32") ws.prefill_kernel = cpu::PrefillKernel::kSgemm;
     std::vector<float> x((size_t)n * E);
     std::vector<int32_t> p(n);
     for (int i = 0; i < n; ++i) p[i] = i;
@@ -138,7 +144,10 @@ TEST_P(LogitsVsLlamaCpp, GreedyContinuationMatches) {
     const bool f32 = std::string(tol.variant) == "f32";
     KVCache kv = m->make_cache((int)toks.size() + 70);
     Workspace ws;
-    if (f32) ws.decode_path = cpu::QgemvPath::kF32;
+    if (f32) {
+      ws.decode_path = cpu::QgemvPath::kF32;
+      ws.prefill_kernel = cpu::PrefillKernel::kSgemm;
+    }
     auto logits = cpu::prefill(*m, toks.data(), (int)toks.size(), 0, kv, ws);
     const std::vector<float> first_logits = logits;
     GenerateOptions opt;

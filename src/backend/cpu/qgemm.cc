@@ -196,22 +196,26 @@ void unpack_q6_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
   }
 }
 
+// group: the elements that share one scale and offset, 32 for the types whose blocks or
+// sub-blocks have 32 (d and o repeat in pairs), else 16. The kernel's float work is once per
+// group.
 struct Unpacker {
   GgmlType type;
   UnpackRow fn;
+  int group;
 };
 
 const Unpacker kUnpackers[] = {
-    {GgmlType::Q4_0, unpack_q4<false>},     {GgmlType::Q4_1, unpack_q4<true>},
-    {GgmlType::Q5_0, unpack_q5<false>},     {GgmlType::Q5_1, unpack_q5<true>},
-    {GgmlType::Q8_0, unpack_q8_0},          {GgmlType::Q2_K, unpack_q2_k},
-    {GgmlType::Q3_K, unpack_q3_k},          {GgmlType::Q4_K, unpack_q45_k<false>},
-    {GgmlType::Q5_K, unpack_q45_k<true>},   {GgmlType::Q6_K, unpack_q6_k},
+    {GgmlType::Q4_0, unpack_q4<false>, 32},     {GgmlType::Q4_1, unpack_q4<true>, 32},
+    {GgmlType::Q5_0, unpack_q5<false>, 32},     {GgmlType::Q5_1, unpack_q5<true>, 32},
+    {GgmlType::Q8_0, unpack_q8_0, 32},          {GgmlType::Q2_K, unpack_q2_k, 16},
+    {GgmlType::Q3_K, unpack_q3_k, 16},          {GgmlType::Q4_K, unpack_q45_k<false>, 32},
+    {GgmlType::Q5_K, unpack_q45_k<true>, 32},   {GgmlType::Q6_K, unpack_q6_k, 16},
 };
 
-UnpackRow find_unpacker(GgmlType t) {
+const Unpacker* find_unpacker(GgmlType t) {
   for (const Unpacker& e : kUnpackers) {
-    if (e.type == t) return e.fn;
+    if (e.type == t) return &e;
   }
   return nullptr;
 }
@@ -242,17 +246,20 @@ inline void transpose8x8_32(const uint8_t* src, size_t src_stride, uint8_t* dst)
 }
 
 // One strip of kStrip weight rows, interleaved: wq[32 g + 4 r + k] = u_r[4 g + k] (group g of 4
-// elements), wd[8 i + r] and wo[8 i + r] the scale and offset of row r's 16-element block i.
-// Rows past the matrix's end are zero (scale and offset 0). The rows are unpacked one after
-// another into u, d, o ([8][cols], [8][cols / 16]) and then transposed 8 x 8 at a time.
+// elements), wd[8 i + r] and wo[8 i + r] the scale and offset of row r's group i (group
+// elements: the type's Unpacker::group). Rows past the matrix's end are zero (scale and offset
+// 0). The rows are unpacked one after another into u, d, o ([8][cols], [8][cols / 16]), the
+// scales kept once per group, and then transposed 8 x 8 at a time.
 struct Strip {
+  int group = 16;
   std::vector<uint8_t> wq, u;
   std::vector<float> wd, wo, d, o;
-  void unpack(const QMatrix& w, UnpackRow fn, int r0) {
-    const int K = w.cols, nb = K / 16;
+  void unpack(const QMatrix& w, const Unpacker& up, int r0) {
+    const int K = w.cols, nb = K / 16, step = up.group / 16, ng = K / up.group;
+    group = up.group;
     wq.resize((size_t)K * kStrip);
-    wd.resize((size_t)nb * kStrip);
-    wo.resize((size_t)nb * kStrip);
+    wd.resize((size_t)ng * kStrip);
+    wo.resize((size_t)ng * kStrip);
     u.resize((size_t)K * kStrip);
     d.resize((size_t)nb * kStrip);
     o.resize((size_t)nb * kStrip);
@@ -260,17 +267,24 @@ struct Strip {
       uint8_t* ur = u.data() + (size_t)r * K;
       float *dr = d.data() + (size_t)r * nb, *orow = o.data() + (size_t)r * nb;
       if (r0 + r < w.rows) {
-        fn(w.data + (size_t)(r0 + r) * w.row_bytes, K, ur, dr, orow);
+        up.fn(w.data + (size_t)(r0 + r) * w.row_bytes, K, ur, dr, orow);
       } else {
         std::fill(ur, ur + K, 0);
         std::fill(dr, dr + nb, 0.0f);
         std::fill(orow, orow + nb, 0.0f);
       }
     }
+    // One scale and offset per group, rows of ng (in place: index i * step >= i).
+    for (int r = 0; r < kStrip; ++r) {
+      for (int i = 0; i < ng; ++i) {
+        d[(size_t)r * ng + i] = d[(size_t)r * nb + (size_t)i * step];
+        o[(size_t)r * ng + i] = o[(size_t)r * nb + (size_t)i * step];
+      }
+    }
     // 32-byte chunks of the 8 rows: 8 groups of 4 elements each.
     for (int j = 0; j < K / 32; ++j) transpose8x8_32(u.data() + 32 * j, K, wq.data() + 256 * (size_t)j);
-    transpose_floats(d.data(), nb, wd.data());
-    transpose_floats(o.data(), nb, wo.data());
+    transpose_floats(d.data(), ng, wd.data());
+    transpose_floats(o.data(), ng, wo.data());
   }
   // dst[8 i + r] = src[r * nb + i].
   static void transpose_floats(const float* src, int nb, float* dst) {
@@ -310,41 +324,39 @@ inline __m256i bcast4(const int8_t* p) {
 // The input rows' encoding (qgemv_q8.h's quantise_blocks32x16), stored tile by tile: the rows
 // [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights, so that
 // the kernel walks three pointers: q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c]
-// (scale of 32-element block b), sx[c0 K/16 + i nr + c] (sx16 of 16-element block i).
+// (scale of 32-element block b), sx[c0 K/16 + i nr + c] (sx16 of 16-element block i) and
+// sx32[c0 K/32 + b nr + c] (dx times the sum of block b's 32 q).
 struct Input {
   std::vector<int8_t> q;
-  std::vector<float> dx, sx;
+  std::vector<float> dx, sx, sx32;
 };
 
-// y[c * ldy + r] for the NR input rows of the tile at q, dx, sx and r < lanes (the strip's valid
-// rows).
-template <bool kVnni, int NR>
+// y[c * ldy + r] for the NR input rows of the tile at q, dx, sx (sx16 for G = 16, sx32 for
+// G = 32) and r < lanes (the strip's valid rows). G: the strip's group.
+template <bool kVnni, int NR, int G>
 void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float* __restrict wo,
           int K, const int8_t* __restrict q, const float* __restrict dx,
           const float* __restrict sx, float* y, int ldy, int lanes) {
+  constexpr int V = G / 4;  // weight registers per group: 4 elements of each of the 8 rows
   __m256 acc[NR];
   for (int c = 0; c < NR; ++c) acc[c] = _mm256_setzero_ps();
-  for (int i = 0; i < K / 16; ++i) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32));
-    const __m256i w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 64));
-    const __m256i w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 96));
+  for (int i = 0; i < K / G; ++i) {
+    __m256i w[V];
+    for (int v = 0; v < V; ++v) w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
     const __m256 vd = _mm256_loadu_ps(wd), vo = _mm256_loadu_ps(wo);
     for (int c = 0; c < NR; ++c) {
-      __m256i s = dot4<kVnni>(_mm256_setzero_si256(), w0, bcast4(q + 4 * c));
-      s = dot4<kVnni>(s, w1, bcast4(q + 4 * (NR + c)));
-      s = dot4<kVnni>(s, w2, bcast4(q + 4 * (2 * NR + c)));
-      s = dot4<kVnni>(s, w3, bcast4(q + 4 * (3 * NR + c)));
+      __m256i s = dot4<kVnni>(_mm256_setzero_si256(), w[0], bcast4(q + 4 * c));
+      for (int v = 1; v < V; ++v) s = dot4<kVnni>(s, w[v], bcast4(q + 4 * (v * NR + c)));
       const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), vd);
       acc[c] = _mm256_fmadd_ps(t, _mm256_broadcast_ss(dx + c), acc[c]);
       acc[c] = _mm256_fmadd_ps(vo, _mm256_broadcast_ss(sx + c), acc[c]);
     }
-    wq += 128;
+    wq += 32 * V;
     wd += kStrip;
     wo += kStrip;
-    q += 16 * NR;
+    q += 4 * V * NR;
     sx += NR;
-    if (i & 1) dx += NR;
+    if (G == 32 || (i & 1)) dx += NR;
   }
   for (int c = 0; c < NR; ++c) {
     float* yc = y + (size_t)c * ldy;
@@ -360,9 +372,15 @@ void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float*
 
 template <bool kVnni, int NR>
 void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy, int lanes) {
-  tile<kVnni, NR>(st.wq.data(), st.wd.data(), st.wo.data(), K, in.q.data() + (size_t)c0 * K,
-                  in.dx.data() + (size_t)c0 * (K / 32), in.sx.data() + (size_t)c0 * (K / 16),
-                  y + (size_t)c0 * ldy, ldy, lanes);
+  const int8_t* q = in.q.data() + (size_t)c0 * K;
+  const float* dx = in.dx.data() + (size_t)c0 * (K / 32);
+  if (st.group == 32) {
+    tile<kVnni, NR, 32>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+                        in.sx32.data() + (size_t)c0 * (K / 32), y + (size_t)c0 * ldy, ldy, lanes);
+  } else {
+    tile<kVnni, NR, 16>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+                        in.sx.data() + (size_t)c0 * (K / 16), y + (size_t)c0 * ldy, ldy, lanes);
+  }
 }
 
 // The input rows [c, end) of one strip; c is a multiple of kMaxTile, and so is end unless it is n
@@ -393,8 +411,14 @@ void encode_row(const float* x, int K, int c, int n, Input& in, int8_t* row_q, f
   int8_t* q = in.q.data() + (size_t)c0 * K;
   float* dx = in.dx.data() + (size_t)c0 * (K / 32);
   float* sx = in.sx.data() + (size_t)c0 * (K / 16);
+  float* sx32 = in.sx32.data() + (size_t)c0 * (K / 32);
   for (int g = 0; g < K / 4; ++g) std::memcpy(q + 4 * ((size_t)g * nr + j), row_q + 4 * g, 4);
-  for (int b = 0; b < K / 32; ++b) dx[(size_t)b * nr + j] = row_d[b];
+  for (int b = 0; b < K / 32; ++b) {
+    dx[(size_t)b * nr + j] = row_d[b];
+    int sum = 0;
+    for (int e = 0; e < 32; ++e) sum += row_q[32 * b + e];
+    sx32[(size_t)b * nr + j] = row_d[b] * (float)sum;
+  }
   for (int i = 0; i < K / 16; ++i) sx[(size_t)i * nr + j] = row_s[i];
 }
 
@@ -405,7 +429,7 @@ bool qgemm_supported(GgmlType t) { return find_unpacker(t) != nullptr; }
 PrefillKernel default_prefill_kernel() {
   const char* env = std::getenv("CT_PREFILL_KERNEL");
   if (env == nullptr || *env == '\0') {
-    return PrefillKernel::kSgemm;
+    return CT_QGEMM_VNNI ? PrefillKernel::kQgemm : PrefillKernel::kSgemm;
   }
   const std::string v = env;
   if (v == "qgemm") return PrefillKernel::kQgemm;
@@ -415,9 +439,9 @@ PrefillKernel default_prefill_kernel() {
 }
 
 void qgemm_unpack_row(GgmlType t, const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
-  const UnpackRow fn = find_unpacker(t);
-  CT_ASSERT(fn != nullptr, "qgemm: no unpacker for type {}", ggml_type_name(t));
-  fn(row, cols, u, d, o);
+  const Unpacker* up = find_unpacker(t);
+  CT_ASSERT(up != nullptr, "qgemm: no unpacker for type {}", ggml_type_name(t));
+  up->fn(row, cols, u, d, o);
 }
 
 void qgemm_input(const float* x, int cols, float* x_used) {
@@ -448,11 +472,11 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
            QgemmPath path, const QgemmBlocking* blocking) {
   CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n >= 1, "qgemm: {} matrices, {} rows", n_mats, n);
   const int K = ws[0]->cols;
-  UnpackRow fns[kMaxMany];
+  const Unpacker* ups[kMaxMany];
   int first_strip[kMaxMany + 1] = {0}, offset[kMaxMany + 1] = {0};
   for (int m = 0; m < n_mats; ++m) {
-    fns[m] = find_unpacker(ws[m]->type);
-    CT_ASSERT(fns[m] != nullptr && ws[m]->cols == K && K % 32 == 0 &&
+    ups[m] = find_unpacker(ws[m]->type);
+    CT_ASSERT(ups[m] != nullptr && ws[m]->cols == K && K % 32 == 0 &&
                   K % ggml_block_elems(ws[m]->type) == 0,
               "qgemm: type {} with {} cols (first matrix: {} cols)",
               ggml_type_name(ws[m]->type), ws[m]->cols, K);
@@ -468,6 +492,7 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
   input.q.resize((size_t)n * K);
   input.dx.resize((size_t)n * (K / 32));
   input.sx.resize((size_t)n * (K / 16));
+  input.sx32.resize((size_t)n * (K / 32));
 #pragma omp parallel if ((int64_t)n * K >= (1 << 16))
   {
     thread_local std::vector<int8_t> row_q;
@@ -501,7 +526,7 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
       while (s >= first_strip[m + 1]) ++m;
       mat[s - s0] = m;
       r0[s - s0] = (s - first_strip[m]) * kStrip;
-      strips[s - s0].unpack(*ws[m], fns[m], r0[s - s0]);
+      strips[s - s0].unpack(*ws[m], *ups[m], r0[s - s0]);
     }
     for (int c = 0; c < n; c += blk.rows) {
       const int end = std::min(n, c + blk.rows);

@@ -32,12 +32,13 @@ enum class QgemmPath { kNative, kAvx2 };
 // kNative), kQgemmAvx2 (qgemm, kAvx2), kSgemm (each matrix dequantised to F32, then one SGEMM:
 // F32 activations, the path before qgemm, kept for tests and as the benchmarks' baseline).
 enum class PrefillKernel { kQgemm, kQgemmAvx2, kSgemm };
-// kSgemm for now: with qgemm the prefill's activations are rounded to 8 bits, which moves the
-// model tests' prefill logits (checked against the F32 model and llama.cpp at F32-activation
-// tolerances) and has not yet been measured against llama.cpp end to end; qgemm becomes the
-// default once it has (docs/STATUS.md). The environment variable CT_PREFILL_KERNEL (qgemm,
-// qgemm-avx2 or sgemm) selects a kernel, so that one build can measure both; any other value
-// throws ct::Error naming it.
+// kQgemm where the build targets VNNI (AVX-512 VNNI or AVX-VNNI: -march=native on such a CPU),
+// else kSgemm: without VNNI the AVX2 form is slower than SGEMM (docs/PERFORMANCE.md). With qgemm
+// the prefill's activations are rounded to 8 bits per 32 elements, as llama.cpp's are; the
+// real-model tests check its logits against llama.cpp on the quantised files, and the F32
+// comparisons run kSgemm. The environment variable CT_PREFILL_KERNEL (qgemm, qgemm-avx2 or sgemm)
+// selects a kernel, so that one build can measure both; any other value throws ct::Error naming
+// it.
 PrefillKernel default_prefill_kernel();
 
 // How qgemm walks a product: blocks of `strips` strips of 8 weight rows, each unpacked once per
