@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "backend/cpu/blas_core.h"
 #include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
@@ -63,8 +64,11 @@ void run_bench(const BenchArgs& a) {
   std::uniform_int_distribution<int> tok(100, c.n_vocab - 1);
   const double sg = sgemm_gflops(2048, c.n_embd, 2 * c.n_ff);
   out["sgemm_gflops"] = sg;
-  std::printf("OpenBLAS SGEMM [2048x%d]x[%dx%d]: %.1f GFLOP/s\n", c.n_embd, c.n_embd, 2 * c.n_ff,
-              sg);
+  out["blas_core"] = cpu::blas_core_name();
+  out["prefill_kernel"] = cpu::prefill_kernel_name(Workspace().prefill_kernel);
+  std::printf("OpenBLAS SGEMM [2048x%d]x[%dx%d]: %.1f GFLOP/s (%s kernels); prefill kernel %s\n",
+              c.n_embd, c.n_embd, 2 * c.n_ff, sg, out["blas_core"].get<std::string>().c_str(),
+              out["prefill_kernel"].get<std::string>().c_str());
   Workspace ws;
   for (int n : a.prompt_lengths) {
     std::vector<int32_t> t(n);

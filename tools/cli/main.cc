@@ -1,11 +1,40 @@
 // Entry point of the `cachetune` command-line tool: dispatches to the sub-commands and turns
 // ct::Error into a one-line message and exit status 1.
-#include <cstdio>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cpu/blas_core.h"
 #include "core/error.h"
 #include "tools/cli/commands.h"
 
+namespace {
+
+// When OpenBLAS fell back to pre-AVX2 kernels on a CPU it does not know (backend/cpu/blas_core.h),
+// starts this program again, same arguments and process id, with OPENBLAS_CORETYPE naming the
+// right ones. Quiet: `cachetune bench` prints the core in use. A set OPENBLAS_CORETYPE is left
+// alone (the restarted program sees its own), so this happens at most once.
+void restart_with_the_right_blas_core(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  const std::string core = ct::cpu::blas_core_name();
+  const std::string better = ct::cpu::better_blas_core(core, ct::cpu::host_blas_cpu());
+  if (better.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  std::fprintf(stderr,
+               "cachetune: warning: could not restart with OPENBLAS_CORETYPE=%s (%s); OpenBLAS "
+               "stays on its %s kernels\n",
+               better.c_str(), std::strerror(errno), core.c_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  restart_with_the_right_blas_core(argv);
   CLI::App app{"cachetune: chunk-level KV-cache reuse for long-context LLM serving"};
   app.require_subcommand(1);
   ct::cli::register_generate(app);

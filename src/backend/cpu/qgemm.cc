@@ -426,15 +426,24 @@ void encode_row(const float* x, int K, int c, int n, Input& in, int8_t* row_q, f
 
 bool qgemm_supported(GgmlType t) { return find_unpacker(t) != nullptr; }
 
+const char* prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kQgemm: return "qgemm";
+    case PrefillKernel::kQgemmAvx2: return "qgemm-avx2";
+    case PrefillKernel::kSgemm: return "sgemm";
+  }
+  return "?";
+}
+
 PrefillKernel default_prefill_kernel() {
   const char* env = std::getenv("CT_PREFILL_KERNEL");
   if (env == nullptr || *env == '\0') {
     return CT_QGEMM_VNNI ? PrefillKernel::kQgemm : PrefillKernel::kSgemm;
   }
   const std::string v = env;
-  if (v == "qgemm") return PrefillKernel::kQgemm;
-  if (v == "qgemm-avx2") return PrefillKernel::kQgemmAvx2;
-  if (v == "sgemm") return PrefillKernel::kSgemm;
+  for (PrefillKernel k : {PrefillKernel::kQgemm, PrefillKernel::kQgemmAvx2, PrefillKernel::kSgemm}) {
+    if (v == prefill_kernel_name(k)) return k;
+  }
   CT_THROW("CT_PREFILL_KERNEL is '{}', expected qgemm, qgemm-avx2 or sgemm", v);
 }
 

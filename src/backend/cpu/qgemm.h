@@ -40,6 +40,8 @@ enum class PrefillKernel { kQgemm, kQgemmAvx2, kSgemm };
 // selects a kernel, so that one build can measure both; any other value throws ct::Error naming
 // it.
 PrefillKernel default_prefill_kernel();
+// "qgemm", "qgemm-avx2" or "sgemm": the names CT_PREFILL_KERNEL takes.
+const char* prefill_kernel_name(PrefillKernel k);
 
 // How qgemm walks a product: blocks of `strips` strips of 8 weight rows, each unpacked once per
 // call, times chunks of `rows` input rows (a multiple of the tile, qgemm_tile_rows(), so that every
