@@ -43,22 +43,23 @@ struct Tolerance {
 };
 constexpr Tolerance kTolerances[] = {
     {"smollm2-135m", "ref_logits_smollm2_f32.json", "f32", 0.1f, 0.01, 0.05f, SIZE_MAX},
-    // top1_margin 0.4: this file's logits differ from llama.cpp's by up to 1.3 under either
-    // prefill kernel (mean 0.12-0.26), so near-ties flip; under qgemm one did at a margin of
-    // 0.348 ("doc" position 6; dequantise + SGEMM: none above 0.3).
+    // top1_margin 0.4 for the quantised files: their logits differ from llama.cpp's by up to 1.3
+    // (SmolLM2) and 1.1 (Qwen) under either prefill kernel, so near-ties flip. Under qgemm two
+    // did above 0.3: SmolLM2 "doc" position 6 at a margin of 0.348, Qwen-1.5B "long" position
+    // 1048 at 0.316 (dequantise + SGEMM: none above 0.3). docs/STATUS.md, twelfth session.
     {"smollm2-135m", "ref_logits_smollm2_q4_1.json", "q4_1", 1.5f, 0.3, 0.4f, 12},
     // The Qwen2.5 files mix Q5_0, Q4_K, Q6_K and Q8_0 (0.5B) or Q4_K and Q6_K (1.5B); llama.cpp
     // quantises activations to 8 bits (Q8_0 / Q8_K) in all of their dot products.
     {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_f32.json", "f32", 0.1f, 0.01, 0.05f,
      SIZE_MAX},
-    {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_file.json", "file", 1.5f, 0.3, 0.3f, 12},
+    {"qwen2.5-coder-0.5b", "ref_logits_qwen2.5-coder-0.5b_file.json", "file", 1.5f, 0.3, 0.4f, 12},
     {"qwen2.5-coder-1.5b", "ref_logits_qwen2.5-coder-1.5b_f32.json", "f32", 0.1f, 0.01, 0.05f,
      SIZE_MAX},
     // Position 0 is left out here: llama.cpp's own runs on this file and on its F32 copy differ
     // there by up to 7 (both fixtures, any prompt), because the first token's hidden state has
     // outliers of several hundred that an 8-bit block scale flattens. Our position 0 is checked
     // against the F32 copy by the f32 case above (and matches it to 0.02).
-    {"qwen2.5-coder-1.5b", "ref_logits_qwen2.5-coder-1.5b_file.json", "file", 1.5f, 0.3, 0.3f, 12,
+    {"qwen2.5-coder-1.5b", "ref_logits_qwen2.5-coder-1.5b_file.json", "file", 1.5f, 0.3, 0.4f, 12,
      1},
 };
 

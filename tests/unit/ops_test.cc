@@ -663,7 +663,9 @@ TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
   // the bits of that row alone through each matrix alone, and the padding is untouched. Under
   // qgemm's own blocking and under blockings that cross several chunks of input rows (ending in
   // a partial tile) and several blocks of strips, some spanning both matrices (5 strips, then 4).
-  // n * cols is above qgemm's threshold for encoding the input rows on several threads.
+  // n * cols is above qgemm's threshold for encoding the input rows on several threads (they
+  // run on several when the test has more than one OpenMP thread, as tools/test.sh does on a
+  // multi-core machine).
   const int cols = 2048;
   const GgmlType types[2] = {GgmlType::Q4_K, GgmlType::Q6_K};
   const int rows[2] = {36, 27};
@@ -676,7 +678,9 @@ TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
   }
   const QMatrix* ws[2] = {&w[0], &w[1]};
   const int tile = qgemm_tile_rows();
-  const int n = 5 * tile + 3, stride = rows[0] + rows[1] + 5;
+  const int n = 43, stride = rows[0] + rows[1] + 5;  // 43: not a multiple of any tile
+  ASSERT_GE(n * cols, 1 << 16);
+  ASSERT_GT(n, 4 * tile);
   const auto x = randn((size_t)n * cols, 102);
   std::vector<std::vector<float>> alone(n * 2);
   for (int i = 0; i < n; ++i) {

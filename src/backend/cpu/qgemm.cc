@@ -323,7 +323,7 @@ inline __m256i bcast4(const int8_t* p) {
 
 // The input rows' encoding (qgemv_q8.h's quantise_blocks32x16), stored tile by tile: the rows
 // [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights, so that
-// the kernel walks three pointers: q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c]
+// a tile reads three of them (sx or sx32 by the strip's group): q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c]
 // (scale of 32-element block b), sx[c0 K/16 + i nr + c] (sx16 of 16-element block i) and
 // sx32[c0 K/32 + b nr + c] (dx times the sum of block b's 32 q).
 struct Input {
@@ -464,14 +464,15 @@ void qgemm_input(const float* x, int cols, float* x_used) {
 int qgemm_tile_rows() { return kMaxTile; }
 
 QgemmBlocking qgemm_blocking(int cols, int total_strips) {
-  // About 192 KiB of unpacked weights and 256 KiB of encoded input rows: within the L2 cache of
-  // the cores seen (512 KiB to 2 MiB), with room for the output rows.
+  // About 192 KiB of weight quants and 256 KiB of input quants. With their scales (12-25% more
+  // for the weights, 25-38% for the input) that is about 0.55-0.65 MiB: inside the 1-2 MiB L2
+  // of the cores measured (Zen 4, the Xeon of docs/PERFORMANCE.md), not a 512 KiB one.
   constexpr size_t kWeightBytes = 192 << 10, kInputBytes = 256 << 10;
   const size_t K = (size_t)std::max(cols, 1);
   QgemmBlocking b;
   b.strips = (int)std::clamp<size_t>(kWeightBytes / (K * kStrip), 1, kQgemmMaxBlockStrips);
   b.rows = (int)std::max<size_t>(kMaxTile, kInputBytes / K / kMaxTile * kMaxTile);
-  // At least 4 blocks per thread, so that a small matrix still spreads over every core.
+  // Aim at 4 blocks per thread, so that a small matrix still spreads over every core.
   const int per = 4 * omp_get_max_threads();
   b.strips = std::max(1, std::min(b.strips, (total_strips + per - 1) / per));
   return b;

@@ -9,8 +9,9 @@
 // with the input rounded per 32 elements to q in [-127, 127] with scale dx (qgemm_input) and sx16
 // = dx * sum(q) over the 16. The weights are unpacked strip by strip (8 rows, interleaved in
 // groups of 4 bytes so that one 256-bit register holds 4 elements of each of the 8 rows) into a
-// per-thread buffer, and each strip is reused across all the input rows: the 8 rows' outputs are
-// the 8 lanes of one register, so there is no horizontal sum.
+// per-thread buffer, and each strip is reused across all the input rows (chunk by chunk, see
+// QgemmBlocking): the 8 rows' outputs are the 8 lanes of one register, so there is no
+// horizontal sum. Types whose scales cover 32 elements run the float work once per 32.
 #pragma once
 
 #include "backend/cpu/qgemv.h"
@@ -47,8 +48,8 @@ const char* prefill_kernel_name(PrefillKernel k);
 // call, times chunks of `rows` input rows (a multiple of the tile, qgemm_tile_rows(), so that every
 // tile lies in one chunk). Results do not depend on it: every output is the same tile's sum.
 // qgemm_blocking picks one for `cols` columns and `total_strips` strips: about 192 KiB of
-// unpacked weights and 256 KiB of input rows (inside the L2 caches of the cores seen), and at
-// least 4 blocks per thread.
+// weight quants and 256 KiB of input quants (with their scales 0.55-0.65 MiB, inside the L2 of
+// the cores measured), and about 4 blocks per thread.
 constexpr int kQgemmMaxBlockStrips = 32;
 struct QgemmBlocking {
   int strips = 1, rows = 8;
