@@ -65,11 +65,11 @@ void run_bench(const BenchArgs& a) {
   const double sg = sgemm_gflops(2048, c.n_embd, 2 * c.n_ff);
   out["sgemm_gflops"] = sg;
   out["blas_core"] = cpu::blas_core_name();
-  out["prefill_kernel"] = cpu::prefill_kernel_name(Workspace().prefill_kernel);
+  Workspace ws;
+  out["prefill_kernel"] = cpu::prefill_kernel_name(ws.prefill_kernel);
   std::printf("OpenBLAS SGEMM [2048x%d]x[%dx%d]: %.1f GFLOP/s (%s kernels); prefill kernel %s\n",
               c.n_embd, c.n_embd, 2 * c.n_ff, sg, out["blas_core"].get<std::string>().c_str(),
               out["prefill_kernel"].get<std::string>().c_str());
-  Workspace ws;
   for (int n : a.prompt_lengths) {
     std::vector<int32_t> t(n);
     for (auto& x : t) x = tok(rng);

@@ -2,6 +2,7 @@
 #include "backend/cpu/blas_core.h"
 
 #include <cblas.h>
+#include <strings.h>
 
 #include <array>
 
@@ -28,15 +29,10 @@ std::string better_blas_core(std::string_view current, const BlasCpu& cpu) {
       "Sandybridge", "Katmai", "Coppermine", "Northwood", "Banias",     "Barcelona",
       "Bobcat",     "Bulldozer", "Piledriver", "Steamroller", "Opteron"};
   if (!cpu.avx2_fma) return "";
+  const std::string name(current);
   bool old = false;
   for (std::string_view n : kWithoutAvx2) {
-    if (current.size() == n.size()) {
-      bool same = true;
-      for (size_t i = 0; i < n.size() && same; ++i) {
-        same = (current[i] | 0x20) == (n[i] | 0x20);
-      }
-      old = old || same;
-    }
+    old = old || (n.size() == name.size() && ::strncasecmp(name.c_str(), n.data(), n.size()) == 0);
   }
   if (!old) return "";
   if (cpu.avx512_bf16) return "Cooperlake";

@@ -322,10 +322,10 @@ inline __m256i bcast4(const int8_t* p) {
 }
 
 // The input rows' encoding (qgemv_q8.h's quantise_blocks32x16), stored tile by tile: the rows
-// [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights, so that
-// a tile reads three of them (sx or sx32 by the strip's group): q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c]
-// (scale of 32-element block b), sx[c0 K/16 + i nr + c] (sx16 of 16-element block i) and
-// sx32[c0 K/32 + b nr + c] (dx times the sum of block b's 32 q).
+// [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights:
+// q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c] (scale of 32-element block b),
+// sx[c0 K/16 + i nr + c] (sx16 of 16-element block i) and sx32[c0 K/32 + b nr + c] (block b's
+// two sx16 added). A tile reads q, dx and one of sx and sx32 (by the strip's group).
 struct Input {
   std::vector<int8_t> q;
   std::vector<float> dx, sx, sx32;
@@ -415,9 +415,7 @@ void encode_row(const float* x, int K, int c, int n, Input& in, int8_t* row_q, f
   for (int g = 0; g < K / 4; ++g) std::memcpy(q + 4 * ((size_t)g * nr + j), row_q + 4 * g, 4);
   for (int b = 0; b < K / 32; ++b) {
     dx[(size_t)b * nr + j] = row_d[b];
-    int sum = 0;
-    for (int e = 0; e < 32; ++e) sum += row_q[32 * b + e];
-    sx32[(size_t)b * nr + j] = row_d[b] * (float)sum;
+    sx32[(size_t)b * nr + j] = row_s[2 * b] + row_s[2 * b + 1];
   }
   for (int i = 0; i < K / 16; ++i) sx[(size_t)i * nr + j] = row_s[i];
 }
