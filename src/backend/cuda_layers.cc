@@ -2,8 +2,10 @@
 // into the decoder's pinned staging, copied to the device and unpacked, rotated to their global
 // positions (deferred RoPE) and placed in that layer's cache there, just before the layer is
 // queued. The decoder's calls return before the GPU is done, so reading layer l+1 overlaps the
-// GPU computing layer l. No taps and no keep_rows yet (caps()). In a build without CUDA the
-// decoder cannot exist (backend/registry.cc), so neither can this.
+// GPU computing layer l. Taps (K/V before RoPE, query attention) and keep_rows run on the device
+// too, so every layer-loop policy (CacheBlend's layer-0 selection, ProphetKV's attention pass)
+// and the chunk encoding run here; one sequence per pass (caps().max_seqs 1). In a build without
+// CUDA the decoder cannot exist (backend/registry.cc), so neither can this.
 #include "backend/backend.h"
 #include "backend/cuda/decoder.h"
 #include "core/error.h"
@@ -22,13 +24,14 @@ class CudaLayers final : public LayerBackend {
                     "kv_dim {})",
                     dec.dims().n_layer, dec.dims().kv_dim(), c.n_layer, c.kv_dim());
   }
-  BackendCaps caps() const override { return {"cuda", false, false}; }
+  BackendCaps caps() const override { return {"cuda", true, true, 1}; }
   void begin(const int32_t* tokens, const int32_t* pos, int n) override {
     CT_THROW_IF_NOT(n > 0, "a pass needs at least one active row");
     CT_THROW_IF_NOT(pos[n - 1] < dec_.n_ctx(),
                     "GPU decoder ({} positions) does not fit this request ({} positions)",
                     dec_.n_ctx(), pos[n - 1] + 1);
     n_pos_ = pos[n - 1] + 1;
+    act_.assign(pos, pos + n);
     std::vector<float> cos, sin;
     m_.rope().angle_table(pos, n, cos, sin);
     pass_.reset();
@@ -60,7 +63,6 @@ class CudaLayers final : public LayerBackend {
     dec_.set_reused_rows(type, rows_.pos.data(), (int)rows_.pos.size(), cos.data(), sin.data());
   }
   void layer(int l, LayerTap* tap) override {
-    CT_THROW_IF_NOT(tap == nullptr, "the GPU backend has no layer taps yet");
     if (l >= first_ && !rows_.pos.empty()) {
       Timer t;
       auto [k_dst, v_dst] = dec_.reused_staging(l);
@@ -75,10 +77,25 @@ class CudaLayers final : public LayerBackend {
       dec_.write_reused(l);
       load_ms_ += t.ms();
     }
-    dec_.layer(l);
+    if (tap == nullptr) {
+      dec_.layer(l);
+      return;
+    }
+    const cuda::DecoderTap t{tap->k_pre_rope, tap->v, tap->probs_accum, tap->probs_from_row};
+    dec_.layer(l, &t);
   }
-  void keep_rows(const std::vector<int32_t>&) override {
-    CT_THROW("the GPU backend cannot drop active rows during a pass yet");
+  void keep_rows(const std::vector<int32_t>& to) override {
+    std::vector<int32_t> idx;
+    idx.reserve(to.size());
+    for (size_t i = 0; i < act_.size() && idx.size() < to.size(); ++i) {
+      if (act_[i] == to[idx.size()]) idx.push_back((int32_t)i);
+    }
+    CT_ASSERT(idx.size() == to.size(), "active set is not a subset ({} of {})", idx.size(),
+              to.size());
+    std::vector<float> cos, sin;
+    m_.rope().angle_table(to.data(), (int)to.size(), cos, sin);
+    dec_.keep_rows(idx.data(), (int)idx.size(), to.data(), cos.data(), sin.data());
+    act_ = to;
   }
   std::vector<float> finish() override {
     std::vector<float> logits = dec_.finish();
@@ -101,6 +118,7 @@ class CudaLayers final : public LayerBackend {
   cuda::Decoder& dec_;
   KVCache* kv_;
   ReusedRows rows_;
+  std::vector<int32_t> act_;  // global positions of the active rows
   int first_ = 0;
   int n_pos_ = 0;
   size_t row_bytes_ = 0;

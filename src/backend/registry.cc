@@ -74,7 +74,10 @@ std::vector<float> Decoder::forward(const int32_t*, const int32_t*, int, const f
 void Decoder::begin(const int32_t*, const int32_t*, int, const float*, const float*) {
   CT_NO_DECODER;
 }
-void Decoder::layer(int) { CT_NO_DECODER; }
+void Decoder::layer(int, const DecoderTap*) { CT_NO_DECODER; }
+void Decoder::keep_rows(const int32_t*, int, const int32_t*, const float*, const float*) {
+  CT_NO_DECODER;
+}
 std::vector<float> Decoder::finish() { CT_NO_DECODER; }
 void Decoder::set_reused_rows(RowType, const int32_t*, int, const float*, const float*) {
   CT_NO_DECODER;

@@ -13,6 +13,8 @@
 
 namespace ct {
 
+class DeviceSequence;
+
 struct EncodeOptions {
   KvDtype dtype = KvDtype::F16;
   // Encode after a BOS/attention-sink token (not stored): the chunk's first token then does not
@@ -28,6 +30,10 @@ struct EncodeOptions {
   // Further rankings computed from the same isolated encoding (EncodeExtras::rankings), for
   // evaluating several offline policies on one record.
   std::vector<RankOptions> also;
+  // Run the isolated prefill's layers on this device (backend.h; the same model, n_ctx at least
+  // the chunk plus its sink) instead of the CPU, through the same layer contract and taps. The
+  // device's cache is overwritten. The ranking itself runs on the host.
+  DeviceSequence* device = nullptr;
 };
 
 // What encode_chunk measured, and the rankings of EncodeOptions::also in that order.

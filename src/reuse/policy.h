@@ -82,9 +82,9 @@ class Policy {
   PolicyStage stage() const { return stage_; }
 
   // Traits callers ask instead of testing names.
-  // Runs with GPU compute (SelectiveOptions::gpu): today the selection must be known before the
-  // layer loop and need no taps.
-  virtual bool on_gpu() const { return stage() == PolicyStage::kChunk; }
+  // Runs with device compute (SelectiveOptions::device): every policy of the layer loop, whose
+  // taps and keep_rows every backend has; a token-stage policy runs a plain CPU prefill.
+  bool on_gpu() const { return stage() != PolicyStage::kTokens; }
   // Has a per-chunk recompute set of about ceil(r*N) tokens whose Recall@r against the true drift
   // is reported (eval).
   virtual bool scored() const { return true; }

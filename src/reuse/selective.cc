@@ -266,9 +266,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   }
   const Policy& pol = *opt.policy.kind;
   std::vector<float> logits;
-  CT_THROW_IF_NOT(!opt.device || (pol.on_gpu() && !opt.query_attention),
-                  "policy '{}'{} is not available with GPU compute yet; use the CPU path",
-                  pol.name(), opt.query_attention ? " with query attention" : "");
+  CT_THROW_IF_NOT(!opt.device || pol.on_gpu(),
+                  "policy '{}' prefills a token list on the CPU; it has no device path", pol.name());
   std::vector<ChunkPlan> plans(req.chunks.size());
   for (size_t b = 0; b < req.chunks.size(); ++b) {
     plans[b].c = req.chunks[b];

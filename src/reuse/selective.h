@@ -81,8 +81,9 @@ struct SelectiveOptions {
   // n_ctx >= the prompt) instead of the CPU: each layer's reused rows are read as stored (sparse: the complement's
   // rank rows) into pinned memory, copied to the device and unpacked and rotated there
   // (pipeline.overlap and rope_in_loader do not apply). On return the host kv holds the whole
-  // cache, as on the CPU path. Policies with Policy::on_gpu() only (those that select before
-  // the layer loop) and one K/V type per request; the others, and query_attention, are refused. On the GPU, PrefillBreakdown::compute_ms includes the logits and the waiting for
+  // cache, as on the CPU path. Policies with Policy::on_gpu() only (every policy of the layer
+  // loop, the layer-0 and query-attention ones included; not the token-stage ones) and one K/V
+  // type per request; the others are refused. On the GPU, PrefillBreakdown::compute_ms includes the logits and the waiting for
   // the device; load_ms = load_wait_ms is the host's reading and queueing of the reused rows.
   DeviceSequence* device = nullptr;
   // Device only: copy the finished cache back into the host kv (false when decoding continues on

@@ -1,6 +1,7 @@
 // The engine with --device cuda (EngineOptions::cuda) on a tiny random model: a cachetune answer
-// computed and decoded on the GPU equals the CPU engine's (greedy, same chunks), and a policy the
-// GPU path lacks runs on the CPU and says so. Skipped without a device.
+// computed and decoded on the GPU equals the CPU engine's (greedy, same chunks), the layer-loop
+// policies that need taps (CacheBlend, ProphetKV) included, and a token-stage policy, which the
+// GPU path lacks, runs on the CPU and says so. Skipped without a device.
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
@@ -36,7 +37,8 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   GenerateOptions gen;
   gen.max_tokens = 10;
   gen.stop_at_eog = false;
-  for (const Policy* kind : {&find_policy("cachetune"), &find_policy("full"), &find_policy("reuse")}) {
+  for (const Policy* kind : {&find_policy("cachetune"), &find_policy("full"), &find_policy("reuse"),
+                             &find_policy("cacheblend"), &find_policy("prophetkv")}) {
     SCOPED_TRACE(kind->name());
     SelectiveOptions sel;
     sel.policy.kind = kind;
@@ -48,9 +50,9 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
     EXPECT_EQ(b.text, a.text);
     EXPECT_EQ(b.prefill.n_active, a.prefill.n_active);
   }
-  SelectiveOptions blend;
-  blend.policy.kind = &find_policy("cacheblend");
-  EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", blend, gen).device, "cpu");
+  SelectiveOptions lfonly;
+  lfonly.policy.kind = &find_policy("lfonly");
+  EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", lfonly, gen).device, "cpu");
 }
 
 // --ratio auto on the GPU looks up the GPU's calibration: a stored CPU entry for the same tier

@@ -54,10 +54,9 @@ TEST(PolicyRegistry, AnUnknownNameListsTheKnownOnes) {
 TEST(PolicyRegistry, TraitsAgreeWithStages) {
   for (const Policy* p : all_policies()) {
     SCOPED_TRACE(p->name());
-    // The GPU path runs the layer loop with a selection known before it.
-    if (p->on_gpu()) {
-      EXPECT_TRUE(p->stage() == PolicyStage::kChunk || p->stage() == PolicyStage::kRequest);
-    }
+    // The device path runs every policy of the layer loop (its backend has taps and keep_rows);
+    // a token-list prefill runs on the CPU.
+    EXPECT_EQ(p->on_gpu(), p->stage() != PolicyStage::kTokens);
     // A token-list prefill has no per-chunk recompute set to score.
     if (p->stage() == PolicyStage::kTokens) {
       EXPECT_FALSE(p->scored());
@@ -66,8 +65,10 @@ TEST(PolicyRegistry, TraitsAgreeWithStages) {
   EXPECT_TRUE(find_policy("cachetune").on_gpu());
   EXPECT_TRUE(find_policy("oracle").on_gpu());
   EXPECT_TRUE(find_policy("oracle").eval_only());
-  EXPECT_FALSE(find_policy("cacheblend").on_gpu());
-  EXPECT_FALSE(find_policy("prophetkv").on_gpu());
+  EXPECT_TRUE(find_policy("cacheblend").on_gpu());
+  EXPECT_TRUE(find_policy("prophetkv").on_gpu());
+  EXPECT_FALSE(find_policy("prefix").on_gpu());
+  EXPECT_FALSE(find_policy("lfonly").on_gpu());
   EXPECT_TRUE(find_policy("prefix").uses_prefix_cache());
   EXPECT_EQ(find_policy("cacheblend").stage(), PolicyStage::kAfterLayer0);
   EXPECT_EQ(find_policy("lfonly").stage(), PolicyStage::kTokens);

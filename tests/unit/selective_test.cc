@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -212,6 +213,37 @@ TEST_P(SelectiveTest, EncodingAndRankingAreDeterministic) {
   RankOptions all_bins{RankMode::kLowFreq, 1.0}, l2{RankMode::kL2, 0.5};
   const ChunkRanking r1 = rank_stored_chunk(a, all_bins), r2 = rank_stored_chunk(a, l2);
   for (int t = 0; t < a.meta.n_tok; ++t) EXPECT_NEAR(r1.scores[t], r2.scores[t], 1e-4f);
+}
+
+// The isolated encoding runs through the backend contract (CPU LayerBackend, taps); its stored
+// K/V are the plain layer loop's pre-RoPE keys and values of the chunk after its sink, bit for bit.
+TEST_P(SelectiveTest, EncodingThroughTheBackendEqualsThePlainLayerLoop) {
+  const ModelConfig& c = model_->config();
+  const int KV = c.kv_dim();
+  const auto toks = test::random_byte_tokens(33, 16);
+  EncodeOptions eo;
+  eo.dtype = KvDtype::F32;
+  const ChunkKVF32 got = unpack_text_order(encode_chunk(*model_, toks, eo));
+  std::vector<int32_t> all{model_->tokenizer().bos() >= 0 ? model_->tokenizer().bos() : 0};
+  all.insert(all.end(), toks.begin(), toks.end());
+  const int nt = (int)all.size();
+  std::vector<int32_t> pos(nt);
+  for (int i = 0; i < nt; ++i) pos[i] = i;
+  KVCache kv = model_->make_cache(nt);
+  Workspace ws;
+  std::vector<float> x((size_t)nt * c.n_embd), k((size_t)nt * KV), v((size_t)nt * KV);
+  model_->embed(all.data(), nt, x.data());
+  for (int l = 0; l < c.n_layer; ++l) {
+    LayerTap tap;
+    tap.k_pre_rope = k.data();
+    tap.v = v.data();
+    cpu::forward_layer(*model_, l, x.data(), pos.data(), nt, kv, ws, &tap);
+    const size_t at = (size_t)l * (nt - 1) * KV, cells = (size_t)(nt - 1) * KV;
+    EXPECT_EQ(0, std::memcmp(got.k.data() + at, k.data() + KV, cells * sizeof(float)))
+        << "K, layer " << l;
+    EXPECT_EQ(0, std::memcmp(got.v.data() + at, v.data() + KV, cells * sizeof(float)))
+        << "V, layer " << l;
+  }
 }
 
 TEST_P(SelectiveTest, EveryPolicySelectsItsBudget) {

@@ -46,6 +46,8 @@ struct Decoder::Impl {
   // Scratch, grown to the largest batch.
   DeviceArray<int32_t> tokens, pos;
   DeviceArray<float> cos, sin, x, xn, qkv, attn, gu, h, scores, logits;
+  DeviceArray<int32_t> keep_idx;  // keep_rows' indices
+  DeviceArray<float> probs;       // F32 [n_keys]: one layer's attention tap
 
   ~Impl() {
     for (PinnedSlot& p : slots) {
@@ -79,13 +81,29 @@ struct Decoder::Impl {
         "cublasSgemm");
   }
 
-  void layer(int l, int n, int n_keys) {
+  // Device to host, rows of `cols` floats from a strided source (a column block of qkv).
+  void rows_to_host(float* dst, const float* src, int src_stride, int n, int cols,
+                    const char* what) {
+    check(cudaMemcpy2DAsync(dst, cols * sizeof(float), src, src_stride * sizeof(float),
+                            cols * sizeof(float), n, cudaMemcpyDeviceToHost, stream),
+          what);
+  }
+
+  void layer(int l, int n, int n_keys, const DecoderTap* tap) {
     const int E = d.n_embd, Q = d.q_dim(), KV = d.kv_dim(), F = d.n_ff, QKV = Q + 2 * KV;
     const int hd = d.head_dim, G = d.n_head / d.n_head_kv;
     Layer& w = layers[l];
     check(launch_rms_norm(x.p, w.attn_norm.p, xn.p, n, E, d.rms_eps, stream), "rms_norm");
     gemm_wt(xn.p, n, E, w.wqkv.p, QKV, qkv.p, 0.0f);
     if (w.bqkv.p != nullptr) check(launch_add_bias(qkv.p, w.bqkv.p, n, QKV, stream), "add_bias");
+    // The taps read K before the rotation below, which the stream orders after the copy.
+    if (tap && tap->k_pre_rope) rows_to_host(tap->k_pre_rope, qkv.p + Q, QKV, n, KV, "tap K");
+    if (tap && tap->v) rows_to_host(tap->v, qkv.p + Q + KV, QKV, n, KV, "tap V");
+    const bool tap_probs = tap && tap->probs_accum && tap->probs_from_row < n;
+    if (tap_probs) {
+      probs.grow(n_keys, "cudaMalloc(attention tap)");
+      check(cudaMemsetAsync(probs.p, 0, n_keys * sizeof(float), stream), "cudaMemset(tap)");
+    }
     const int half = d.n_rot / 2;
     check(launch_rope(qkv.p, n, QKV, d.n_head, hd, half, cos.p, sin.p, d.neox, stream), "rope q");
     check(launch_rope(qkv.p + Q, n, QKV, d.n_head_kv, hd, half, cos.p, sin.p, d.neox, stream),
@@ -105,6 +123,11 @@ struct Decoder::Impl {
                                       scores.p, n_keys, s_stride, G),
             "cublasSgemmStridedBatched(scores)");
       check(launch_causal_softmax(scores.p, G, n, n_keys, pos.p, stream), "causal_softmax");
+      if (tap_probs) {
+        check(launch_accum_probs(scores.p, G, n, n_keys, tap->probs_from_row,
+                                 1.0f / static_cast<float>(d.n_head), probs.p, stream),
+              "accum_probs");
+      }
       check(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, n, n_keys, &one,
                                       w.v.p + static_cast<size_t>(g) * hd, KV, 0, scores.p, n_keys,
                                       s_stride, &zero, attn.p + static_cast<size_t>(g) * G * hd, Q,
@@ -116,6 +139,16 @@ struct Decoder::Impl {
     gemm_wt(xn.p, n, E, w.w_gate_up.p, 2 * F, gu.p, 0.0f);
     check(launch_silu_mul(gu.p, n, F, h.p, stream), "silu_mul");
     gemm_wt(h.p, n, F, w.w_down.p, E, x.p, 1.0f);  // x += h * Wdown^T
+    if (tap_probs) {
+      std::vector<float> host(n_keys);
+      check(cudaMemcpyAsync(host.data(), probs.p, n_keys * sizeof(float), cudaMemcpyDeviceToHost,
+                            stream),
+            "cudaMemcpyAsync(attention tap)");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tap)");
+      for (int j = 0; j < n_keys; ++j) tap->probs_accum[j] += host[j];
+    } else if (tap) {
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tap)");
+    }
   }
 };
 
@@ -292,12 +325,44 @@ void Decoder::write_reused(int l) {
         "unpack_reused launch");
 }
 
-void Decoder::layer(int l) {
+void Decoder::layer(int l, const DecoderTap* tap) {
   Impl& s = *impl_;
   CT_THROW_IF_NOT(s.n_rows > 0, "cuda::Decoder::layer: begin() first");
   CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::layer: layer {} of {}", l,
                   s.d.n_layer);
-  s.layer(l, s.n_rows, s.n_keys);
+  s.layer(l, s.n_rows, s.n_keys, tap);
+}
+
+void Decoder::keep_rows(const int32_t* idx, int n, const int32_t* pos, const float* cos,
+                        const float* sin) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(s.n_rows > 0, "cuda::Decoder::keep_rows: begin() first");
+  CT_THROW_IF_NOT(n >= 1 && n <= s.n_rows,
+                  "cuda::Decoder::keep_rows: {} rows of {}; expected 1 to {}", n, s.n_rows,
+                  s.n_rows);
+  for (int i = 0; i < n; ++i) {
+    CT_THROW_IF_NOT(idx[i] >= 0 && idx[i] < s.n_rows && (i == 0 || idx[i] > idx[i - 1]),
+                    "cuda::Decoder::keep_rows: idx[{}] = {}; expected strictly increasing "
+                    "indices below {}",
+                    i, idx[i], s.n_rows);
+    CT_THROW_IF_NOT(pos[i] >= 0 && pos[i] < s.n_ctx && (i == 0 || pos[i] > pos[i - 1]),
+                    "cuda::Decoder::keep_rows: pos[{}] = {}; expected strictly increasing "
+                    "positions in [0, {})",
+                    i, pos[i], s.n_ctx);
+  }
+  const size_t E = s.d.n_embd, half = s.d.n_rot / 2;
+  s.keep_idx.grow(n, "cudaMalloc(kept rows)");
+  s.to_device(s.keep_idx.p, idx, n * sizeof(int32_t), "kept rows");
+  // xn is free between layers (each layer writes it before reading it) and holds n_rows rows.
+  check(launch_gather_rows(s.x.p, n, static_cast<int>(E), s.keep_idx.p, s.xn.p, s.stream),
+        "gather_rows");
+  check(cudaMemcpyAsync(s.x.p, s.xn.p, n * E * sizeof(float), cudaMemcpyDeviceToDevice, s.stream),
+        "cudaMemcpyAsync(kept rows)");
+  s.to_device(s.pos.p, pos, n * sizeof(int32_t), "positions");
+  s.to_device(s.cos.p, cos, n * half * sizeof(float), "cos");
+  s.to_device(s.sin.p, sin, n * half * sizeof(float), "sin");
+  s.n_rows = n;
+  s.n_keys = pos[n - 1] + 1;
 }
 
 std::vector<float> Decoder::finish() {

@@ -38,6 +38,17 @@ struct DecoderWeights {
   const float* out_norm = nullptr;  // [n_embd]
 };
 
+// Observation points of one layer (host memory; any may be null), as the CPU's LayerTap: the
+// rows' keys before RoPE and their values, F32 [n][kv_dim] each; and, for rows >= probs_from_row,
+// their attention probabilities averaged over heads and added into probs_accum, F32 [n_keys]
+// (key position j of the causal sequence; keys beyond a row's position add nothing).
+struct DecoderTap {
+  float* k_pre_rope = nullptr;
+  float* v = nullptr;
+  float* probs_accum = nullptr;
+  int probs_from_row = 0;
+};
+
 // Element type of reused K/V rows as stored in chunk records (store/chunk.h's KvDtype).
 enum class RowType { kF32, kF16, kBF16 };
 
@@ -70,7 +81,14 @@ class Decoder {
   // return before it is done (finish() waits), so host work between them, such as reading the
   // next layer's rows, overlaps the GPU's.
   void begin(const int32_t* tokens, const int32_t* pos, int n, const float* cos, const float* sin);
-  void layer(int l);
+  // With a tap, the call waits for the layer, so the tap's host arrays are filled on return.
+  void layer(int l, const DecoderTap* tap = nullptr);
+  // Keeps rows idx[0..n) of the current ones (ascending indices into the rows of begin() or of
+  // the last keep_rows), whose residual stream carries on into the next layer; pos, cos, sin:
+  // their global positions and rotations as in begin(). For a selection made after a layer
+  // (CacheBlend chooses from layer 0's K/V).
+  void keep_rows(const int32_t* idx, int n, const int32_t* pos, const float* cos,
+                 const float* sin);
   std::vector<float> finish();
 
   // Reused chunk rows copied as stored and unpacked, rotated and placed on the device (the

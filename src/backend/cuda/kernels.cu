@@ -129,6 +129,28 @@ __global__ void scatter_rows(const float* __restrict__ src, int src_stride, int 
   dst[static_cast<size_t>(pos[r]) * cols + c] = src[static_cast<size_t>(r) * src_stride + c];
 }
 
+__global__ void gather_rows(const float* __restrict__ src, int n, int cols,
+                            const int32_t* __restrict__ idx, float* __restrict__ dst) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<size_t>(n) * cols) return;
+  const int r = static_cast<int>(i / cols), c = static_cast<int>(i % cols);
+  dst[i] = src[static_cast<size_t>(idx[r]) * cols + c];
+}
+
+// One thread per key: the column sum over the tapped rows of every matrix, so each key's total
+// is added in one fixed order (no atomics: the same sums on every run).
+__global__ void accum_probs_cols(const float* __restrict__ s, int n_mat, int n, int n_keys,
+                                 int row0, float weight, float* __restrict__ accum) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n_keys) return;
+  float acc = 0.0f;
+  for (int m = 0; m < n_mat; ++m) {
+    const float* col = s + static_cast<size_t>(m) * n * n_keys + j;
+    for (int r = row0; r < n; ++r) acc += col[static_cast<size_t>(r) * n_keys];
+  }
+  accum[j] += acc * weight;
+}
+
 __global__ void causal_softmax_rows(float* __restrict__ s, int n, int n_keys,
                                     const int32_t* __restrict__ pos) {
   __shared__ float scratch[kBlock / 32];
@@ -253,6 +275,22 @@ cudaError_t launch_causal_softmax(float* s, int n_mat, int n, int n_keys, const 
                                   cudaStream_t stream) {
   if (n_mat == 0 || n == 0) return cudaSuccess;
   causal_softmax_rows<<<n_mat * n, kBlock, 0, stream>>>(s, n, n_keys, pos);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather_rows(const float* src, int n, int cols, const int32_t* idx, float* dst,
+                               cudaStream_t stream) {
+  const size_t total = static_cast<size_t>(n) * cols;
+  if (total == 0) return cudaSuccess;
+  gather_rows<<<blocks_for(total), kBlock, 0, stream>>>(src, n, cols, idx, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_accum_probs(const float* s, int n_mat, int n, int n_keys, int row0,
+                               float weight, float* accum, cudaStream_t stream) {
+  if (n_mat == 0 || n_keys == 0 || row0 >= n) return cudaSuccess;
+  accum_probs_cols<<<blocks_for(static_cast<size_t>(n_keys)), kBlock, 0, stream>>>(
+      s, n_mat, n, n_keys, row0 < 0 ? 0 : row0, weight, accum);
   return cudaGetLastError();
 }
 

@@ -57,6 +57,16 @@ cudaError_t launch_unpack_reused(const void* raw_k, const void* raw_v, int type,
                                  int head_dim, int half, bool neox, float* kc, float* vc,
                                  cudaStream_t stream);
 
+// dst[i][:] = src[idx[i]][:] for i < n (cols floats per row; src and dst must not overlap).
+cudaError_t launch_gather_rows(const float* src, int n, int cols, const int32_t* idx, float* dst,
+                               cudaStream_t stream);
+
+// The attention tap: accum[j] += weight * sum over m < n_mat and rows r in [row0, n) of
+// s[m][r][j], for s: F32 [n_mat][n][n_keys] (softmaxed scores, zero beyond each row's position)
+// and accum: F32 [n_keys].
+cudaError_t launch_accum_probs(const float* s, int n_mat, int n, int n_keys, int row0,
+                               float weight, float* accum, cudaStream_t stream);
+
 // h[i][j] = silu(gu[i][j]) * gu[i][n_ff + j] for gu: F32 [n][2 * n_ff], h: F32 [n][n_ff].
 cudaError_t launch_silu_mul(const float* gu, int n, int n_ff, float* h, cudaStream_t stream);
 

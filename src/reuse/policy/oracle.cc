@@ -13,7 +13,6 @@ class Oracle final : public Policy {
  public:
   Oracle(const char* name, const char* summary, bool shared)
       : Policy(name, summary, PolicyStage::kRequest), shared_(shared) {}
-  bool on_gpu() const override { return true; }
   bool eval_only() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     const auto* drift = r.opt.policy.drift;

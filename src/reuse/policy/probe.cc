@@ -193,7 +193,6 @@ class ProbeShared final : public Policy {
  public:
   ProbeShared(const char* name, const char* summary, bool position_prior)
       : Policy(name, summary, PolicyStage::kRequest), position_prior_(position_prior) {}
-  bool on_gpu() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     std::vector<ChunkRanking> ranks;
     for (const ChunkSource* c : r.req.chunks) ranks.push_back(probe_ranking_of(*c));
