@@ -118,6 +118,15 @@ class DeviceSequence {
   virtual std::vector<float> prefill(const int32_t* tokens, int n, int pos0) = 0;
 };
 
+// All layers of tokens at positions [0, n) from an empty cache, every layer tapped through the
+// layer contract: on `device` (its cache is overwritten; n <= its n_ctx) or, when null, on the
+// CPU. Keys before RoPE and values go to k and v (F32 [n_layer][n][kv_dim] each); with
+// probs_from_row >= 0, the attention of rows >= probs_from_row (averaged over heads, summed
+// over rows and layers) is added into probs (F32 [n]). The isolated encoding of a chunk and the
+// eval's capture of a full prefill both run this.
+void tapped_prefill(const Model& m, const int32_t* tokens, int n, DeviceSequence* device, float* k,
+                    float* v, float* probs = nullptr, int probs_from_row = -1);
+
 // The device `name` ("cuda", the only one) for model m with n_ctx positions. Throws ct::Error
 // naming the backend when this build lacks it (backend/registry.h) or it cannot start.
 std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx);

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "backend/cpu_forward.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
@@ -138,7 +138,8 @@ RecallCount recall_at(const std::vector<int32_t>& selected, const std::vector<fl
   return c;
 }
 
-PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens, int query_begin) {
+PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens, int query_begin,
+                             DeviceSequence* device) {
   const ModelConfig& c = m.config();
   const int n = (int)tokens.size(), KV = c.kv_dim();
   CT_THROW_IF_NOT(n > 0 && n <= c.n_ctx_train, "cannot capture K/V of {} tokens (context {})", n,
@@ -148,23 +149,9 @@ PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens,
   out.n_tok = n;
   out.k.resize((size_t)c.n_layer * n * KV);
   out.v.resize((size_t)c.n_layer * n * KV);
-  std::vector<int32_t> pos(n);
-  std::iota(pos.begin(), pos.end(), 0);
-  KVCache kv = m.make_cache(n);
-  Workspace ws;
-  std::vector<float> x((size_t)n * c.n_embd);
-  m.embed(tokens.data(), n, x.data());
   if (query_begin >= 0) out.query_attention.assign(n, 0.0f);
-  for (int l = 0; l < c.n_layer; ++l) {
-    LayerTap tap;
-    tap.k_pre_rope = out.k.data() + (size_t)l * n * KV;
-    tap.v = out.v.data() + (size_t)l * n * KV;
-    if (query_begin >= 0) {
-      tap.probs_accum = out.query_attention.data();
-      tap.probs_from_row = query_begin;
-    }
-    cpu::forward_layer(m, l, x.data(), pos.data(), n, kv, ws, &tap);
-  }
+  tapped_prefill(m, tokens.data(), n, device, out.k.data(), out.v.data(),
+                 query_begin >= 0 ? out.query_attention.data() : nullptr, query_begin);
   const double n_q = (double)(n - std::max(0, query_begin)) * c.n_layer;
   for (float& a : out.query_attention) a = (float)(a / n_q);
   return out;

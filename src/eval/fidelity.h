@@ -12,6 +12,8 @@
 
 namespace ct {
 
+class DeviceSequence;
+
 // KL(P || Q) in nats, P = softmax(p_logits), Q = softmax(q_logits), both F32 [n]; computed in
 // double with log-sum-exp, so shifting either logit vector by a constant changes nothing.
 double kl_from_logits(const float* p_logits, const float* q_logits, int n);
@@ -63,9 +65,10 @@ RecallCount recall_at(const std::vector<int32_t>& selected, const std::vector<fl
                       double r);
 
 // K (before RoPE) and V of every row of a plain prefill of `tokens` at positions 0..n-1, taken
-// layer by layer with LayerTap: F32 [n_layer][n][kv_dim] each. With query_begin >= 0 the same
-// pass also accumulates the attention of rows [query_begin, n) over all positions, averaged over
-// those rows, heads and layers (as SelectiveOptions::query_attention does): F32 [n].
+// layer by layer with LayerTap (tapped_prefill, backend/backend.h; on `device` when given):
+// F32 [n_layer][n][kv_dim] each. With query_begin >= 0 the same pass also accumulates the
+// attention of rows [query_begin, n) over all positions, averaged over those rows, heads and
+// layers (as SelectiveOptions::query_attention does): F32 [n].
 struct PrefillKV {
   int n_tok = 0;
   std::vector<float> k, v;
@@ -78,7 +81,7 @@ struct PrefillKV {
   }
 };
 PrefillKV capture_prefill_kv(const Model& m, const std::vector<int32_t>& tokens,
-                             int query_begin = -1);
+                             int query_begin = -1, DeviceSequence* device = nullptr);
 
 // kv_drift of one stored chunk: its isolated K/V (the record, unpacked to text order) against
 // its rows [offset, offset + n_tok) of a captured full-context prefill. With max_abs_diff, also

@@ -84,28 +84,9 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   if (opt.sink) toks.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
   toks.insert(toks.end(), tokens.begin(), tokens.end());
   const int nt = (int)toks.size();
-  std::vector<int32_t> pos(nt);
-  for (int i = 0; i < nt; ++i) pos[i] = i;
-  // The layers through the backend contract (the device's, else the CPU's on a cache of its own);
-  // the output head is not needed, so the pass is not finished.
-  KVCache kv = opt.device ? KVCache() : m.make_cache(nt);
-  Workspace ws;
-  if (opt.device) {
-    CT_THROW_IF_NOT(nt <= opt.device->n_ctx(),
-                    "chunk of {} tokens does not fit the {} device's {} positions", nt,
-                    opt.device->name(), opt.device->n_ctx());
-  }
-  const std::unique_ptr<LayerBackend> be =
-      opt.device ? opt.device->layers(nullptr) : make_cpu_layers(m, kv, ws, PipelineOptions{});
-  be->begin(toks.data(), pos.data(), nt);
   // F32 [L][nt][KV] taps; the sink row (index 0 when present) is dropped below.
   std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
-  for (int l = 0; l < L; ++l) {
-    LayerTap tap;
-    tap.k_pre_rope = k_all.data() + (size_t)l * nt * KV;
-    tap.v = v_all.data() + (size_t)l * nt * KV;
-    be->layer(l, &tap);
-  }
+  tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data());
   std::vector<const float*> kl(L), vl(L);
   for (int l = 0; l < L; ++l) {
     kl[l] = k_all.data() + ((size_t)l * nt + off) * KV;

@@ -273,9 +273,10 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     plans[b].c = req.chunks[b];
     plans[b].offset = lay.chunk_offset[b];
   }
-  // The backend of a pass: the device when given, else the CPU.
-  auto layers = [&]() -> std::unique_ptr<LayerBackend> {
-    if (opt.device) return opt.device->layers(opt.device_kv_to_host ? &kv : nullptr);
+  // The backend of a pass: the device when given, else the CPU. A device copies its cache to
+  // the host kv only for the pass whose cache is kept (not a two-pass policy's first pass).
+  auto layers = [&](bool kept) -> std::unique_ptr<LayerBackend> {
+    if (opt.device) return opt.device->layers(kept && opt.device_kv_to_host ? &kv : nullptr);
     return make_cpu_layers(m, kv, ws, opt.pipeline);
   };
   const PolicyRequest preq{
@@ -283,7 +284,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
         // Pass 1 of a two-pass policy: full reuse, query attention tapped.
         for (ChunkPlan& p : plans) set_selection(p, {});
         PrefillBreakdown bd1;
-        const auto be = layers();
+        const auto be = layers(false);
         return run_pass(m, *be, lay, plans, true, nullptr, opt.pipeline.sparse, bd1).attn;
       }};
 
@@ -318,7 +319,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       for (size_t b = 0; b < plans.size(); ++b) set_selection(plans[b], sel[b]);
     }
     bd.select_ms += st.ms();
-    const auto be = layers();
+    const auto be = layers(true);
     PassResult r = run_pass(m, *be, lay, plans, opt.query_attention != nullptr,
                             layer0 ? &opt.policy : nullptr, opt.pipeline.sparse, bd);
     logits = std::move(r.logits);

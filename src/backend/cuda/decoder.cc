@@ -350,6 +350,10 @@ void Decoder::keep_rows(const int32_t* idx, int n, const int32_t* pos, const flo
                     "positions in [0, {})",
                     i, pos[i], s.n_ctx);
   }
+  // Kept rows attend over at most the keys the scores buffer was sized for in begin().
+  CT_THROW_IF_NOT(pos[n - 1] < s.n_keys,
+                  "cuda::Decoder::keep_rows: last position {} beyond the pass's {} keys",
+                  pos[n - 1], s.n_keys);
   const size_t E = s.d.n_embd, half = s.d.n_rot / 2;
   s.keep_idx.grow(n, "cudaMalloc(kept rows)");
   s.to_device(s.keep_idx.p, idx, n * sizeof(int32_t), "kept rows");
