@@ -29,19 +29,19 @@ void Workspace::reserve(const ModelConfig& c, int n) {
 namespace cpu {
 namespace {
 
-// True when the multi-row product over mats runs on qgemm: the workspace asks for it and every
-// matrix is block-quantised.
-bool quantised_prefill(std::initializer_list<const cpu::QMatrix*> mats, const Workspace& ws) {
-  if (ws.prefill_kernel == cpu::PrefillKernel::kSgemm) return false;
-  for (const cpu::QMatrix* m : mats) {
-    if (!cpu::qgemm_supported(m->type)) return false;
-  }
-  return true;
-}
-
 cpu::QgemmPath qgemm_path(const Workspace& ws) {
   return ws.prefill_kernel == cpu::PrefillKernel::kQgemm ? cpu::QgemmPath::kNative
                                                          : cpu::QgemmPath::kAvx2;
+}
+
+// True when the multi-row product over mats runs on qgemm: the workspace asks for it and every
+// matrix is of a type qgemm is faster for on its path (cpu::qgemm_prefers).
+bool quantised_prefill(std::initializer_list<const cpu::QMatrix*> mats, const Workspace& ws) {
+  if (ws.prefill_kernel == cpu::PrefillKernel::kSgemm) return false;
+  for (const cpu::QMatrix* m : mats) {
+    if (!cpu::qgemm_prefers(m->type)) return false;
+  }
+  return true;
 }
 
 // y[n][R] = x[n][K] [W_0; W_1; ...]^T (+ bias[R]), R the matrices' total rows, K their shared

@@ -596,8 +596,10 @@ TEST(QGemm, UnpackedRowsEqualTheReferenceDequantiser) {
     const size_t rb = ggml_row_bytes(t, cols);
     std::vector<uint8_t> u(cols);
     std::vector<float> d(cols / 16), o(cols / 16), ref(cols);
+    int u_seen = 0;
     for (int r = 0; r < 4; ++r) {
       qgemm_unpack_row(t, packed.data() + r * rb, cols, u.data(), d.data(), o.data());
+      for (int e = 0; e < cols; ++e) u_seen = std::max(u_seen, (int)u[e]);
       ggml_to_f32_ref(t, packed.data() + r * rb, ref.data(), cols);
       for (int e = 0; e < cols; ++e) {
         const double v = (double)d[e / 16] * u[e] + o[e / 16];
@@ -607,6 +609,8 @@ TEST(QGemm, UnpackedRowsEqualTheReferenceDequantiser) {
             << " d " << d[e / 16] << " o " << o[e / 16] << " ref " << ref[e];
       }
     }
+    // The quant bound the AVX2 kernel's choice of maddubs rests on, and random blocks reach it.
+    EXPECT_EQ(u_seen, qgemm_max_quant(t)) << ggml_type_name(t);
   }
 }
 
@@ -614,8 +618,8 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
   // Every quantised type, 37 rows (four strips of 8 and a partial one), input row counts around
   // the tile sizes. Against the double-precision reference on the rounded input (qgemm_input):
   // |y - ref| <= kRelTol * sum_e (|d u| + |o|) |x_used| (float rounding; a layout mistake is of
-  // the order of the magnitude). The input's rounding is checked as in qgemv's test. kAvx2 equals
-  // kNative bit for bit.
+  // the order of the magnitude). The input's rounding is checked as in qgemv's test. kAvx2
+  // (maddubs for the types whose quants stay below 128) and kAvx2Wide equal kNative bit for bit.
   const int rows = 37, cols = 512;
   for (GgmlType t : kAllTypes) {
     if (!qgemm_supported(t)) continue;
@@ -624,10 +628,12 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
     const QMatrix* ws[1] = {&w};
     for (int n : {1, 3, 8, 13, 21}) {
       const auto x = randn((size_t)n * cols, 92 + n);
-      std::vector<float> y((size_t)n * rows), y_avx2((size_t)n * rows);
+      std::vector<float> y((size_t)n * rows), y_avx2((size_t)n * rows), y_wide((size_t)n * rows);
       qgemm(ws, 1, x.data(), n, y.data(), rows);
       qgemm(ws, 1, x.data(), n, y_avx2.data(), rows, QgemmPath::kAvx2);
+      qgemm(ws, 1, x.data(), n, y_wide.data(), rows, QgemmPath::kAvx2Wide);
       ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " n=" << n;
+      ASSERT_EQ(y_wide, y) << ggml_type_name(t) << " n=" << n;
       std::vector<float> x_used(cols), yu(rows);
       std::vector<uint8_t> u(cols);
       std::vector<float> d(cols / 16), o(cols / 16);

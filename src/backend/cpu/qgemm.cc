@@ -198,19 +198,21 @@ void unpack_q6_k(const uint8_t* row, int cols, uint8_t* u, float* d, float* o) {
 
 // group: the elements that share one scale and offset, 32 for the types whose blocks or
 // sub-blocks have 32 (d and o repeat in pairs), else 16. The kernel's float work is once per
-// group.
+// group. u_max: the largest unpacked quant; below 128, AVX2 multiplies with maddubs, whose pair
+// sums (at most 2 * 127 * 128) then cannot saturate.
 struct Unpacker {
   GgmlType type;
   UnpackRow fn;
   int group;
+  int u_max;
 };
 
 const Unpacker kUnpackers[] = {
-    {GgmlType::Q4_0, unpack_q4<false>, 32},     {GgmlType::Q4_1, unpack_q4<true>, 32},
-    {GgmlType::Q5_0, unpack_q5<false>, 32},     {GgmlType::Q5_1, unpack_q5<true>, 32},
-    {GgmlType::Q8_0, unpack_q8_0, 32},          {GgmlType::Q2_K, unpack_q2_k, 16},
-    {GgmlType::Q3_K, unpack_q3_k, 16},          {GgmlType::Q4_K, unpack_q45_k<false>, 32},
-    {GgmlType::Q5_K, unpack_q45_k<true>, 32},   {GgmlType::Q6_K, unpack_q6_k, 16},
+    {GgmlType::Q4_0, unpack_q4<false>, 32, 15},    {GgmlType::Q4_1, unpack_q4<true>, 32, 15},
+    {GgmlType::Q5_0, unpack_q5<false>, 32, 31},    {GgmlType::Q5_1, unpack_q5<true>, 32, 31},
+    {GgmlType::Q8_0, unpack_q8_0, 32, 255},        {GgmlType::Q2_K, unpack_q2_k, 16, 3},
+    {GgmlType::Q3_K, unpack_q3_k, 16, 7},          {GgmlType::Q4_K, unpack_q45_k<false>, 32, 15},
+    {GgmlType::Q5_K, unpack_q45_k<true>, 32, 31},  {GgmlType::Q6_K, unpack_q6_k, 16, 63},
 };
 
 const Unpacker* find_unpacker(GgmlType t) {
@@ -252,11 +254,13 @@ inline void transpose8x8_32(const uint8_t* src, size_t src_stride, uint8_t* dst)
 // scales kept once per group, and then transposed 8 x 8 at a time.
 struct Strip {
   int group = 16;
+  bool narrow = false;  // every quant below 128 (Unpacker::u_max)
   std::vector<uint8_t> wq, u;
   std::vector<float> wd, wo, d, o;
   void unpack(const QMatrix& w, const Unpacker& up, int r0) {
     const int K = w.cols, nb = K / 16, step = up.group / 16, ng = K / up.group;
     group = up.group;
+    narrow = up.u_max < 128;
     wq.resize((size_t)K * kStrip);
     wd.resize((size_t)ng * kStrip);
     wo.resize((size_t)ng * kStrip);
@@ -301,14 +305,24 @@ struct Strip {
 
 // --- the tile kernel ---------------------------------------------------------------------------
 
+// How the tile multiplies bytes: dpbusd (VNNI), maddubs (AVX2, quants below 128) or the wide
+// AVX2 form (any quant). All three give the same int32 sums.
+enum class Dot { kVnni, kNarrow, kWide };
+
 // acc + per int32 lane the sum of the 4 products of u's unsigned bytes with s's signed ones.
-// AVX2: the even and the odd bytes widened to int16 and multiplied-added separately (maddubs
-// would saturate at u = 255, which Q8_0's u reaches); exact like dpbusd.
-template <bool kVnni>
+// kNarrow: maddubs adds byte products in pairs into int16, exact while u < 128 (|sum| <=
+// 2 * 127 * 128 < 32768), then madd by ones widens pairs of those to int32. kWide: the even and
+// the odd bytes widened to int16 and multiplied-added separately (maddubs would saturate at
+// u = 255, which Q8_0's u reaches). Both exact like dpbusd.
+template <Dot kDot>
 inline __m256i dot4(__m256i acc, __m256i u, __m256i s) {
 #if CT_QGEMM_VNNI
-  if constexpr (kVnni) return CT_QGEMM_DPBUSD(acc, u, s);
+  if constexpr (kDot == Dot::kVnni) return CT_QGEMM_DPBUSD(acc, u, s);
 #endif
+  if constexpr (kDot == Dot::kNarrow) {
+    const __m256i p16 = _mm256_maddubs_epi16(u, s);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+  }
   const __m256i lo8 = _mm256_set1_epi16(0x00ff);
   const __m256i ue = _mm256_and_si256(u, lo8), uo = _mm256_srli_epi16(u, 8);
   const __m256i se = _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8), so = _mm256_srai_epi16(s, 8);
@@ -333,7 +347,7 @@ struct Input {
 
 // y[c * ldy + r] for the NR input rows of the tile at q, dx, sx (sx16 for G = 16, sx32 for
 // G = 32) and r < lanes (the strip's valid rows). G: the strip's group.
-template <bool kVnni, int NR, int G>
+template <Dot kDot, int NR, int G>
 void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float* __restrict wo,
           int K, const int8_t* __restrict q, const float* __restrict dx,
           const float* __restrict sx, float* y, int ldy, int lanes) {
@@ -345,8 +359,8 @@ void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float*
     for (int v = 0; v < V; ++v) w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
     const __m256 vd = _mm256_loadu_ps(wd), vo = _mm256_loadu_ps(wo);
     for (int c = 0; c < NR; ++c) {
-      __m256i s = dot4<kVnni>(_mm256_setzero_si256(), w[0], bcast4(q + 4 * c));
-      for (int v = 1; v < V; ++v) s = dot4<kVnni>(s, w[v], bcast4(q + 4 * (v * NR + c)));
+      __m256i s = dot4<kDot>(_mm256_setzero_si256(), w[0], bcast4(q + 4 * c));
+      for (int v = 1; v < V; ++v) s = dot4<kDot>(s, w[v], bcast4(q + 4 * (v * NR + c)));
       const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), vd);
       acc[c] = _mm256_fmadd_ps(t, _mm256_broadcast_ss(dx + c), acc[c]);
       acc[c] = _mm256_fmadd_ps(vo, _mm256_broadcast_ss(sx + c), acc[c]);
@@ -370,36 +384,49 @@ void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float*
   }
 }
 
-template <bool kVnni, int NR>
+template <Dot kDot, int NR>
 void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy, int lanes) {
   const int8_t* q = in.q.data() + (size_t)c0 * K;
   const float* dx = in.dx.data() + (size_t)c0 * (K / 32);
   if (st.group == 32) {
-    tile<kVnni, NR, 32>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+    tile<kDot, NR, 32>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
                         in.sx32.data() + (size_t)c0 * (K / 32), y + (size_t)c0 * ldy, ldy, lanes);
   } else {
-    tile<kVnni, NR, 16>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+    tile<kDot, NR, 16>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
                         in.sx.data() + (size_t)c0 * (K / 16), y + (size_t)c0 * ldy, ldy, lanes);
   }
 }
 
 // The input rows [c, end) of one strip; c is a multiple of kMaxTile, and so is end unless it is n
 // (tiles are laid out from row 0: encode_row).
-template <bool kVnni>
-void strip_rows(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
-                int lanes) {
-  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kVnni, kMaxTile>(st, K, in, c, y, ldy, lanes);
+template <Dot kDot>
+void strip_rows_with(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
+                     int lanes) {
+  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kDot, kMaxTile>(st, K, in, c, y, ldy, lanes);
   switch (end - c) {
 #if defined(__AVX512VL__)
-    case 7: tile_at<kVnni, 7>(st, K, in, c, y, ldy, lanes); break;
-    case 6: tile_at<kVnni, 6>(st, K, in, c, y, ldy, lanes); break;
-    case 5: tile_at<kVnni, 5>(st, K, in, c, y, ldy, lanes); break;
-    case 4: tile_at<kVnni, 4>(st, K, in, c, y, ldy, lanes); break;
+    case 7: tile_at<kDot, 7>(st, K, in, c, y, ldy, lanes); break;
+    case 6: tile_at<kDot, 6>(st, K, in, c, y, ldy, lanes); break;
+    case 5: tile_at<kDot, 5>(st, K, in, c, y, ldy, lanes); break;
+    case 4: tile_at<kDot, 4>(st, K, in, c, y, ldy, lanes); break;
 #endif
-    case 3: tile_at<kVnni, 3>(st, K, in, c, y, ldy, lanes); break;
-    case 2: tile_at<kVnni, 2>(st, K, in, c, y, ldy, lanes); break;
-    case 1: tile_at<kVnni, 1>(st, K, in, c, y, ldy, lanes); break;
+    case 3: tile_at<kDot, 3>(st, K, in, c, y, ldy, lanes); break;
+    case 2: tile_at<kDot, 2>(st, K, in, c, y, ldy, lanes); break;
+    case 1: tile_at<kDot, 1>(st, K, in, c, y, ldy, lanes); break;
     default: break;
+  }
+}
+
+// The strip's multiply: VNNI where the path has it, else maddubs for a narrow strip unless the
+// path asks for the wide form.
+void strip_rows(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
+                int lanes, bool vnni, bool wide) {
+  if (vnni) {
+    strip_rows_with<Dot::kVnni>(st, K, in, c, end, y, ldy, lanes);
+  } else if (st.narrow && !wide) {
+    strip_rows_with<Dot::kNarrow>(st, K, in, c, end, y, ldy, lanes);
+  } else {
+    strip_rows_with<Dot::kWide>(st, K, in, c, end, y, ldy, lanes);
   }
 }
 
@@ -424,6 +451,17 @@ void encode_row(const float* x, int K, int c, int n, Input& in, int8_t* row_q, f
 
 bool qgemm_supported(GgmlType t) { return find_unpacker(t) != nullptr; }
 
+bool qgemm_prefers(GgmlType t) {
+  const Unpacker* up = find_unpacker(t);
+  return up != nullptr && (CT_QGEMM_VNNI || up->u_max < 128);
+}
+
+int qgemm_max_quant(GgmlType t) {
+  const Unpacker* up = find_unpacker(t);
+  CT_ASSERT(up != nullptr, "qgemm: no unpacker for type {}", ggml_type_name(t));
+  return up->u_max;
+}
+
 const char* prefill_kernel_name(PrefillKernel k) {
   switch (k) {
     case PrefillKernel::kQgemm: return "qgemm";
@@ -436,7 +474,7 @@ const char* prefill_kernel_name(PrefillKernel k) {
 PrefillKernel default_prefill_kernel() {
   const char* env = std::getenv("CT_PREFILL_KERNEL");
   if (env == nullptr || *env == '\0') {
-    return CT_QGEMM_VNNI ? PrefillKernel::kQgemm : PrefillKernel::kSgemm;
+    return PrefillKernel::kQgemm;
   }
   const std::string v = env;
   for (PrefillKernel k : {PrefillKernel::kQgemm, PrefillKernel::kQgemmAvx2, PrefillKernel::kSgemm}) {
@@ -514,6 +552,7 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
     }
   }
   const bool vnni = path == QgemmPath::kNative && CT_QGEMM_VNNI;
+  const bool wide = path == QgemmPath::kAvx2Wide;
   const int total = first_strip[n_mats];
   const QgemmBlocking blk = blocking != nullptr ? *blocking : qgemm_blocking(K, total);
   CT_ASSERT(blk.strips >= 1 && blk.strips <= kQgemmMaxBlockStrips && blk.rows >= kMaxTile &&
@@ -541,11 +580,7 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
       for (int j = 0; j < s1 - s0; ++j) {
         const int m = mat[j], lanes = std::min(kStrip, ws[m]->rows - r0[j]);
         float* ys = y + offset[m] + r0[j];
-        if (vnni) {
-          strip_rows<true>(strips[j], K, input, c, end, ys, ldy, lanes);
-        } else {
-          strip_rows<false>(strips[j], K, input, c, end, ys, ldy, lanes);
-        }
+        strip_rows(strips[j], K, input, c, end, ys, ldy, lanes, vnni, wide);
       }
     }
   }

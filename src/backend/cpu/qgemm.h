@@ -22,25 +22,37 @@ namespace ct::cpu {
 // True for the block-quantised types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
 // Q6_K); F32, F16 and BF16 are not.
 bool qgemm_supported(GgmlType t);
+// The largest unpacked quant of a supported type (qgemm_unpack_row's u): 255 for Q8_0, below 128
+// for the others, which is what lets kAvx2 use maddubs for them.
+int qgemm_max_quant(GgmlType t);
 
 // kNative: VNNI where the compiler targets it (qgemv_has_vnni()), else the AVX2 form. kAvx2: the
-// integer dot products in AVX2 (16-bit multiply-adds of the even and odd bytes), equal to kNative
-// bit for bit (every integer sum is exact in both, the float steps are the same), so tests run it
-// on any machine.
-enum class QgemmPath { kNative, kAvx2 };
+// integer dot products in AVX2: maddubs (byte pairs into int16) where every weight quant is below
+// 128, so no pair sum saturates (all types but Q8_0), else kAvx2Wide. kAvx2Wide: 16-bit
+// multiply-adds of the even and the odd bytes for every type (the slower reference of maddubs).
+// All three equal each other bit for bit (every integer sum is exact, the float steps are the
+// same), so tests run each on any machine.
+enum class QgemmPath { kNative, kAvx2, kAvx2Wide };
 
 // The kernels of the forward pass's multi-row products (Workspace::prefill_kernel): kQgemm (qgemm,
 // kNative), kQgemmAvx2 (qgemm, kAvx2), kSgemm (each matrix dequantised to F32, then one SGEMM:
 // F32 activations, the path before qgemm, kept for tests and as the benchmarks' baseline).
 enum class PrefillKernel { kQgemm, kQgemmAvx2, kSgemm };
-// kQgemm where the build targets VNNI (AVX-512 VNNI or AVX-VNNI: -march=native on such a CPU),
-// else kSgemm: without VNNI the AVX2 form is slower than SGEMM (docs/PERFORMANCE.md). With qgemm
+// kQgemm: with VNNI (AVX-512 VNNI or AVX-VNNI, where the build targets it) and without (AVX2's
+// maddubs), qgemm is faster than dequantise + SGEMM for every type that qgemm_prefers
+// (docs/PERFORMANCE.md); the others take SGEMM under any kernel but kSgemm's. With qgemm
 // the prefill's activations are rounded to 8 bits per 32 elements, as llama.cpp's are; the
 // real-model tests check its logits against llama.cpp on the quantised files, and the F32
 // comparisons run kSgemm. The environment variable CT_PREFILL_KERNEL (qgemm, qgemm-avx2 or sgemm)
 // selects a kernel, so that one build can measure both; any other value throws ct::Error naming
 // it.
 PrefillKernel default_prefill_kernel();
+// Whether a product over type t runs faster on qgemm than dequantised to F32 for SGEMM on the
+// CPU this build targets: every supported type with VNNI; without it, the types whose quants stay
+// below 128 (maddubs), not Q8_0, whose wide AVX2 form is slower than SGEMM (docs/PERFORMANCE.md,
+// measured on a Zen 3 core: 22.8 against 35.4 GMAC/s at 512 rows). The same answer under every
+// QgemmPath, so kQgemm and kQgemmAvx2 send the same matrices to qgemm (and give the same bits).
+bool qgemm_prefers(GgmlType t);
 // "qgemm", "qgemm-avx2" or "sgemm": the names CT_PREFILL_KERNEL takes.
 const char* prefill_kernel_name(PrefillKernel k);
 
