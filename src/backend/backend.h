@@ -119,8 +119,8 @@ class DeviceSequence {
 };
 
 // All layers of tokens at positions [0, n) from an empty cache, every layer tapped through the
-// layer contract: on `device` (its cache is overwritten; n <= its n_ctx) or, when null, on the
-// CPU. Keys before RoPE and values go to k and v (F32 [n_layer][n][kv_dim] each); with
+// layer contract: on `device` (its cache is overwritten; its layer backend refuses n beyond its
+// n_ctx) or, when null, on the CPU. Keys before RoPE and values go to k and v (F32 [n_layer][n][kv_dim] each); with
 // probs_from_row >= 0, the attention of rows >= probs_from_row (averaged over heads, summed
 // over rows and layers) is added into probs (F32 [n]). The isolated encoding of a chunk and the
 // eval's capture of a full prefill both run this.

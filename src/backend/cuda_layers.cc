@@ -77,12 +77,9 @@ class CudaLayers final : public LayerBackend {
       dec_.write_reused(l);
       load_ms_ += t.ms();
     }
-    if (tap == nullptr) {
-      dec_.layer(l);
-      return;
-    }
-    const cuda::DecoderTap t{tap->k_pre_rope, tap->v, tap->probs_accum, tap->probs_from_row};
-    dec_.layer(l, &t);
+    cuda::DecoderTap t;
+    if (tap) t = {tap->k_pre_rope, tap->v, tap->probs_accum, tap->probs_from_row};
+    dec_.layer(l, tap ? &t : nullptr);
   }
   void keep_rows(const std::vector<int32_t>& to) override {
     std::vector<int32_t> idx;

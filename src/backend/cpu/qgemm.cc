@@ -215,6 +215,9 @@ const Unpacker kUnpackers[] = {
     {GgmlType::Q5_K, unpack_q45_k<true>, 32, 31},  {GgmlType::Q6_K, unpack_q6_k, 16, 63},
 };
 
+// maddubs adds byte products in pairs into int16: exact while every quant is below 128.
+bool maddubs_exact(const Unpacker& up) { return up.u_max < 128; }
+
 const Unpacker* find_unpacker(GgmlType t) {
   for (const Unpacker& e : kUnpackers) {
     if (e.type == t) return &e;
@@ -260,7 +263,7 @@ struct Strip {
   void unpack(const QMatrix& w, const Unpacker& up, int r0) {
     const int K = w.cols, nb = K / 16, step = up.group / 16, ng = K / up.group;
     group = up.group;
-    narrow = up.u_max < 128;
+    narrow = maddubs_exact(up);
     wq.resize((size_t)K * kStrip);
     wd.resize((size_t)ng * kStrip);
     wo.resize((size_t)ng * kStrip);
@@ -453,7 +456,7 @@ bool qgemm_supported(GgmlType t) { return find_unpacker(t) != nullptr; }
 
 bool qgemm_prefers(GgmlType t) {
   const Unpacker* up = find_unpacker(t);
-  return up != nullptr && (CT_QGEMM_VNNI || up->u_max < 128);
+  return up != nullptr && (CT_QGEMM_VNNI || maddubs_exact(*up));
 }
 
 int qgemm_max_quant(GgmlType t) {

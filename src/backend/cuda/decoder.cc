@@ -139,16 +139,15 @@ struct Decoder::Impl {
     gemm_wt(xn.p, n, E, w.w_gate_up.p, 2 * F, gu.p, 0.0f);
     check(launch_silu_mul(gu.p, n, F, h.p, stream), "silu_mul");
     gemm_wt(h.p, n, F, w.w_down.p, E, x.p, 1.0f);  // x += h * Wdown^T
+    if (!tap) return;
+    std::vector<float> host(tap_probs ? n_keys : 0);
     if (tap_probs) {
-      std::vector<float> host(n_keys);
       check(cudaMemcpyAsync(host.data(), probs.p, n_keys * sizeof(float), cudaMemcpyDeviceToHost,
                             stream),
             "cudaMemcpyAsync(attention tap)");
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tap)");
-      for (int j = 0; j < n_keys; ++j) tap->probs_accum[j] += host[j];
-    } else if (tap) {
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tap)");
     }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tap)");
+    for (size_t j = 0; j < host.size(); ++j) tap->probs_accum[j] += host[j];
   }
 };
 
