@@ -208,35 +208,51 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->ttft_ = ttft;
   g->gen_ = gen;
   g->opt_ = opt;
-  Answer& ans = g->answer_;
-  ans.n_prompt = n_total;
-  SelectiveOptions sel = sel_in;
-  if (sel.policy.kind->uses_prefix_cache() && !sel.prefix_cache)
-    sel.prefix_cache = &prefix_cache_;
-  // Failed reads per chunk in this request. The bound is per chunk: when a tier holding several
-  // of the request's chunks goes away (Redis killed), each of them fails once, one per attempt.
-  std::map<std::string, int> read_failures;
+  g->prompt_ = p;
+  g->sel_ = sel_in;
+  if (g->sel_.policy.kind->uses_prefix_cache() && !g->sel_.prefix_cache)
+    g->sel_.prefix_cache = &prefix_cache_;
+  g->answer_.n_prompt = n_total;
+  g->next_pos_ = n_total;
+  g->sampler_ = std::make_unique<Sampler>(gen.sampling);
+  if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
+  start_prefill(*g);
+  g->decode_.reset();
+  if (gen.max_tokens <= 0 && !g->sliced_) finish(*g);
+  return g;
+}
+
+void Engine::start_prefill(Generation& g) {
+  const RagPromptTokens& p = g.prompt_;
+  const GenerateOptions& gen = g.gen_;
+  const int n_total = p.n_tokens();
+  Answer& ans = g.answer_;
+  g.sliced_.reset();
+  // Failed reads per chunk in this request (g.read_failures_). The bound is per chunk: when a
+  // tier holding several of the request's chunks goes away (Redis killed), each of them fails
+  // once, one per attempt.
   for (;;) {
     Timer lookup;
     ans.chunks.clear();
-    std::vector<std::unique_ptr<ChunkSource>> srcs;
+    g.srcs_.clear();
     ComposedRequest req{p.prefix, {}, p.query};
     for (const auto& toks : p.chunks) {
       ChunkMeta meta;
       std::optional<ChunkKV> unplaced;
       ans.chunks.push_back(ensure_chunk(toks, "", &meta, &unplaced));
       if (unplaced)
-        srcs.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+        g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
       else
-        srcs.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
-      req.chunks.push_back(srcs.back().get());
+        g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+      req.chunks.push_back(g.srcs_.back().get());
     }
     ans.lookup_ms = lookup.ms();
+    SelectiveOptions sel = g.sel_;
     // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
     // stay on the CPU.
     const bool on_gpu =
         gpu_ && sel.policy.kind->on_gpu() && n_total + gen.max_tokens <= gpu_ctx();
-    if (opt.auto_ratio.value_or(opt_.auto_ratio)) {
+    if (g.opt_.auto_ratio.value_or(opt_.auto_ratio)) {
       int slowest = 0;
       for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
       // The calibration of the backend that runs this prefill: a CPU calibration says nothing
@@ -250,30 +266,35 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     sel.device_kv_to_host = false;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
     // On the GPU the cache lives on the device; the host one is only needed on the CPU.
-    KVCache& kv = g->kv_;
+    KVCache& kv = g.kv_;
     kv = on_gpu ? KVCache() : model_->make_cache(n_total + gen.max_tokens + 1);
+    g.on_gpu_ = on_gpu;
+    const bool sliced =
+        opt_.prefill_chunk > 0 && gen.max_tokens > 0 && SlicedPrefill::supports(sel);
     Workspace ws;
-    std::vector<float> logits;
     try {
-      logits = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
+      if (sliced) {
+        // The selection now; the rows step by step in advance().
+        g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
+        if (g.sliced_->done()) {  // nothing to compute (cannot happen: the query is active)
+          g.logits_ = g.sliced_->take_logits();
+          g.sliced_.reset();
+        }
+      } else {
+        g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
+      }
     } catch (const ChunkReadError& e) {
       // Detected corruption, a lost entry or an unreachable tier: drop it, re-encode on the next
       // attempt (twice per chunk at most).
       std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
+      g.sliced_.reset();
       pool_->evict(e.chunk_id());
-      CT_THROW_IF_NOT(++read_failures[e.chunk_id()] <= 2,
+      CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
                       "chunk {} could not be read after re-encoding", e.chunk_id());
       ++ans.retries;
       continue;
     }
-    g->logits_ = std::move(logits);
-    g->on_gpu_ = on_gpu;
-    g->next_pos_ = n_total;
-    g->sampler_ = std::make_unique<Sampler>(gen.sampling);
-    if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-    g->decode_.reset();
-    if (gen.max_tokens <= 0) finish(*g);
-    return g;
+    return;
   }
 }
 
@@ -300,14 +321,31 @@ void Engine::finish(Generation& g) const {
   g.logits_ = std::vector<float>();
 }
 
-void Engine::advance(Generation* const* gens, int n) {
+StepRows Engine::advance(Generation* const* gens, int n) {
   const Tokenizer& tok = model_->tokenizer();
   const int V = model_->config().n_vocab;
-  std::vector<Generation*> feed;
+  std::vector<Generation*> feed, pre;
   std::vector<int32_t> ids;
+  StepRows rows;
   for (int i = 0; i < n; ++i) {
     Generation& g = *gens[i];
     if (g.done_) continue;
+    if (g.sliced_) {
+      // Its next slice joins this step while the step's prefill rows stay within the budget
+      // (the oldest first; a slice's size depends only on its own request).
+      const int want = std::min(opt_.prefill_chunk, g.sliced_->rows_left());
+      if (g.opt_.cancelled && g.opt_.cancelled()) {
+        g.error_ = std::make_exception_ptr(RequestCancelled("during"));
+        g.sliced_.reset();
+        finish(g);
+        continue;
+      }
+      if (rows.prefill == 0 || rows.prefill + want <= opt_.prefill_chunk) {
+        pre.push_back(&g);
+        rows.prefill += want;
+      }
+      continue;
+    }
     const int32_t id = g.sampler_->sample(g.logits_.data(), V);
     if (g.first_) {
       g.first_ = false;
@@ -355,7 +393,12 @@ void Engine::advance(Generation* const* gens, int n) {
     feed.push_back(&g);
     ids.push_back(id);
   }
-  if (feed.empty()) return;
+  rows.decode = (int)feed.size();
+  if (!pre.empty()) {
+    mixed_step(feed, ids, pre);
+    return rows;
+  }
+  if (feed.empty()) return rows;
   std::vector<KVCache*> kvs;
   for (Generation* g : feed) kvs.push_back(&g->kv_);
   const std::vector<float> logits =
@@ -363,6 +406,74 @@ void Engine::advance(Generation* const* gens, int n) {
   for (size_t i = 0; i < feed.size(); ++i) {
     feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
     ++feed[i]->next_pos_;
+  }
+  return rows;
+}
+
+void Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
+                        const std::vector<Generation*>& pre) {
+  const int V = model_->config().n_vocab;
+  const int nd = (int)feed.size();
+  std::vector<float> logits;
+  std::vector<int> slice(pre.size());
+  LayerTimes times;
+  for (;;) {
+    std::vector<int32_t> tokens(ids), pos;
+    std::vector<BatchSeq> seqs;
+    for (Generation* g : feed) {
+      pos.push_back(g->kv_.n_pos);
+      seqs.push_back(BatchSeq{&g->kv_, 1, true});
+    }
+    std::vector<const ReusedRows*> reused;
+    for (size_t i = 0; i < pre.size(); ++i) {
+      slice[i] = std::min(opt_.prefill_chunk, pre[i]->sliced_->rows_left());
+      reused.push_back(pre[i]->sliced_->add_slice(slice[i], tokens, pos, seqs));
+    }
+    try {
+      const auto be = make_cpu_layers(*model_, *seqs[0].kv, decode_ws_, pre[0]->sel_.pipeline);
+      be->begin_batch(tokens.data(), pos.data(), (int)tokens.size(), seqs);
+      // A first slice places its request's reused rows, every layer's before that layer runs.
+      for (size_t i = 0; i < pre.size(); ++i) {
+        if (reused[i]) be->set_reused_for(nd + (int)i, *reused[i], 0);
+      }
+      for (int l = 0; l < model_->config().n_layer; ++l) be->layer(l, nullptr);
+      logits = be->finish_batch();
+      times = be->times();
+      break;
+    } catch (const ChunkReadError& e) {
+      // Only a first slice reads chunks: the requests that read this one start their prefill
+      // again (re-encoding it), and the step runs again; the decode rows it had written are
+      // written again at the same positions.
+      std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
+      pool_->evict(e.chunk_id());
+      bool restarted = false;
+      for (size_t i = 0; i < pre.size(); ++i) {
+        Generation& g = *pre[i];
+        bool reads = false;
+        for (const ChunkInfo& c : g.answer_.chunks) reads |= reused[i] && c.id == e.chunk_id();
+        if (!reads) continue;
+        CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
+                        "chunk {} could not be read after re-encoding", e.chunk_id());
+        ++g.answer_.retries;
+        start_prefill(g);
+        CT_ASSERT(g.sliced_, "a restarted prefill is no longer sliced");
+        restarted = true;
+      }
+      if (!restarted) throw;
+    }
+  }
+  for (int i = 0; i < nd; ++i) {
+    feed[i]->logits_.assign(logits.begin() + (size_t)i * V, logits.begin() + (size_t)(i + 1) * V);
+    ++feed[i]->kv_.n_pos;
+    ++feed[i]->next_pos_;
+  }
+  for (size_t i = 0; i < pre.size(); ++i) {
+    Generation& g = *pre[i];
+    g.sliced_->slice_done(slice[i], logits.data() + (size_t)(nd + i) * V, times);
+    if (!g.sliced_->done()) continue;
+    g.answer_.prefill = g.sliced_->breakdown();
+    g.logits_ = g.sliced_->take_logits();
+    g.sliced_.reset();
   }
 }
 

@@ -6,8 +6,10 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,11 @@ struct EngineOptions {
   // path does not offer (SelectiveOptions::gpu) run on the CPU; Answer::device says which ran.
   bool cuda = false;
   int gpu_ctx = 8192;
+  // Chunked prefill: at most this many prefill rows per engine step (advance), so that a long
+  // prompt is prefilled over several steps, each shared with the decode rows of running requests.
+  // 0: each prefill runs whole in begin(). Policies that cannot run in slices (layer-0 and
+  // token-stage policies, the GPU; SlicedPrefill::supports) always run whole.
+  int prefill_chunk = 0;
 };
 
 
@@ -85,6 +92,20 @@ struct Answer {
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
 };
 
+// A request whose AnswerOptions::cancelled said so before (Scheduler::answer) or during
+// (Engine::advance, between slices) its prefill.
+class RequestCancelled : public std::runtime_error {
+ public:
+  explicit RequestCancelled(const char* when = "before")
+      : std::runtime_error(std::string("request cancelled ") + when + " its prefill") {}
+};
+
+// What one engine step (Engine::advance) computed.
+struct StepRows {
+  int decode = 0;   // decode rows (one per generating request)
+  int prefill = 0;  // prefill rows (slices of chunked prefills)
+};
+
 struct AnswerOptions {
   std::string instruction = kQaInstruction;          // empty: plain chat (see build_rag_prompt)
   std::vector<ChatMessage> history;                  // system and earlier turns before the question
@@ -104,6 +125,8 @@ class Generation {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
   bool done() const { return done_; }
+  // Still prefilling in slices (EngineOptions::prefill_chunk): no token yet.
+  bool prefilling() const { return sliced_ != nullptr; }
   // Complete once done(); answer().tokens grows while decoding.
   const Answer& answer() const { return answer_; }
   Answer take_answer() { return std::move(answer_); }
@@ -117,6 +140,11 @@ class Generation {
  private:
   friend class Engine;
   Answer answer_;
+  RagPromptTokens prompt_;
+  SelectiveOptions sel_;                            // as asked (auto ratio and device per attempt)
+  std::vector<std::unique_ptr<ChunkSource>> srcs_;  // the chunks the prefill reads
+  std::unique_ptr<SlicedPrefill> sliced_;           // while prefilling in slices
+  std::map<std::string, int> read_failures_;        // per chunk id (re-encodes after damage)
   GenerateOptions gen_;
   AnswerOptions opt_;
   KVCache kv_;
@@ -181,15 +209,20 @@ class Engine {
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
 
   // The two halves of answer(), for a scheduler that decodes many requests together. begin()
-  // looks up (or encodes) the chunks and runs the prefill; `arrival` starts the request's TTFT.
-  // advance() samples the next token of every unfinished generation, hands it to its on_piece,
-  // and feeds all that go on through one batched decode step (CPU) or one step each (GPU).
-  // A request's tokens are the same whatever it is batched with (cpu::decode_batch). On a
-  // CUDA engine at most one GPU generation may be unfinished at a time (one GPU sequence).
+  // looks up (or encodes) the chunks and runs the prefill, or with EngineOptions::prefill_chunk
+  // prepares it in slices; `arrival` starts the request's TTFT. advance() is one engine step:
+  // it samples the next token of every generation that has its logits, hands it to its
+  // on_piece, and runs one batched pass (CPU) over those that go on (a decode row each) and the
+  // next slices of prefilling generations (at most prefill_chunk rows, oldest first); on the
+  // GPU one step each. A request's tokens are the same whatever it is batched with
+  // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
+  // read during a slice is re-encoded and that request's prefill starts again. A prefilling
+  // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
+  // On a CUDA engine at most one GPU generation may be unfinished at a time (one GPU sequence).
   std::unique_ptr<Generation> begin(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                                     const GenerateOptions& gen, const AnswerOptions& opt = {},
                                     const Timer& arrival = Timer());
-  void advance(Generation* const* gens, int n);
+  StepRows advance(Generation* const* gens, int n);
 
  private:
   int tier_index(const std::string& name) const;
@@ -201,6 +234,11 @@ class Engine {
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
   void finish(Generation& g) const;
+  // begin()'s lookups and prefill (or its slices), again after a chunk could not be read.
+  void start_prefill(Generation& g);
+  // One pass over decode rows (tokens ids fed to feed) and the next slices of pre.
+  void mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
+                  const std::vector<Generation*>& pre);
   std::unique_ptr<DeviceSequence> gpu_;                            // EngineOptions::cuda
   Workspace decode_ws_;                                            // advance()'s batch
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()

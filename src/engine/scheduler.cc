@@ -1,5 +1,6 @@
 // The scheduler's thread: one loop that runs queued engine tasks, admits at most one request per
-// iteration (its prefill), then one decode step over every running request.
+// iteration (its prefill, or with chunked prefill its chunk lookups and selection), then one
+// engine step over every running request.
 #include "engine/scheduler.h"
 
 #include <fmt/format.h>
@@ -177,7 +178,7 @@ void Scheduler::loop() {
         if (admit->opt.cancelled && admit->opt.cancelled()) {
           std::lock_guard<std::mutex> lk(mu_);
           ++stats_.cancelled_queued;
-          throw RequestCancelled();
+          throw RequestCancelled("before");
         }
         admit->g = engine_.begin(*admit->prompt, admit->sel, admit->gen, admit->opt,
                                  admit->arrival);
@@ -196,17 +197,23 @@ void Scheduler::loop() {
     std::vector<Generation*> gens;
     for (auto& j : running) gens.push_back(j->g.get());
     std::exception_ptr err;
+    StepRows step;
     try {
-      engine_.advance(gens.data(), (int)gens.size());
+      step = engine_.advance(gens.data(), (int)gens.size());
     } catch (...) {
       err = std::current_exception();  // an engine failure: every request in the step fails
     }
+    const int rows = step.decode + step.prefill;
     std::function<void(int)> observer;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      ++stats_.steps;
-      stats_.step_rows += gens.size();
-      stats_.max_rows = std::max(stats_.max_rows, (int)gens.size());
+      if (rows > 0) {
+        ++stats_.steps;
+        stats_.step_rows += rows;
+        stats_.prefill_rows += step.prefill;
+        stats_.mixed_steps += step.decode > 0 && step.prefill > 0;
+        stats_.max_rows = std::max(stats_.max_rows, rows);
+      }
       std::vector<std::shared_ptr<Job>> still;
       for (auto& j : running) {
         if (j->g->done()) {
@@ -222,9 +229,9 @@ void Scheduler::loop() {
       stats_.running = (int)running.size();
       observer = observer_;
     }
-    if (observer) {
+    if (observer && rows > 0) {
       try {
-        observer((int)gens.size());
+        observer(rows);
       } catch (...) {  // an observer's failure must not end the scheduler's thread
       }
     }

@@ -1,8 +1,11 @@
 // Continuous batching over one Engine: requests from any number of threads are queued, admitted
-// while the KV budget allows, prefilled one at a time between decode steps, and decoded together
-// (one batched forward pass per step over every running request, Engine::advance). A request
-// joins the batch after its prefill and leaves it at its last token, or at the next token once
-// its client has gone (its on_piece throws). One thread, the scheduler's, drives the engine;
+// while the KV budget allows (one per step), and stepped together: each step is one batched
+// forward pass over a decode row of every generating request plus, with the engine's chunked
+// prefill (EngineOptions::prefill_chunk), a budgeted slice of the prefill rows of admitted
+// requests still prefilling (Engine::advance). Without it a request is prefilled whole when
+// admitted. A request leaves the batch at its last token, or at the next token once its client
+// has gone (its on_piece throws), or between two slices of its prefill when
+// AnswerOptions::cancelled says so. One thread, the scheduler's, drives the engine;
 // other engine work (chunk ingestion) runs there too, between steps (run()).
 #pragma once
 
@@ -26,7 +29,7 @@ struct SchedulerOptions {
   // Host bytes of K/V all running requests may hold together (each holds
   // Generation::kv_bytes_for(prompt, max_tokens) from its admission to its last token).
   size_t kv_budget_bytes = size_t(4) << 30;
-  int max_running = 16;  // requests decoding at once (rows of a decode step)
+  int max_running = 16;  // requests admitted at once (prefilling in slices or decoding)
   int max_queue = 64;    // requests waiting for admission (>= 1); more are refused
 };
 
@@ -44,20 +47,16 @@ class AdmissionError : public std::runtime_error {
   int retry_after_s_;
 };
 
-// Scheduler::answer of a request whose AnswerOptions::cancelled said so before its prefill.
-class RequestCancelled : public std::runtime_error {
- public:
-  RequestCancelled() : std::runtime_error("request cancelled before its prefill") {}
-};
-
 struct SchedulerStats {
   int queued = 0;            // waiting for admission
-  int running = 0;           // prefilled, decoding
+  int running = 0;           // admitted: prefilling in slices or decoding
   size_t kv_in_use = 0;      // bytes reserved by running requests
   size_t kv_budget = 0;      // SchedulerOptions::kv_budget_bytes
-  uint64_t steps = 0;        // decode steps run
-  uint64_t step_rows = 0;    // rows over all decode steps (mean batch = step_rows / steps)
-  int max_rows = 0;          // largest decode step
+  uint64_t steps = 0;        // engine steps run
+  uint64_t step_rows = 0;    // rows over all steps, decode and prefill (mean = step_rows / steps)
+  int max_rows = 0;          // largest step
+  uint64_t prefill_rows = 0;  // of step_rows, prefill rows (chunked prefill)
+  uint64_t mixed_steps = 0;   // steps with both decode rows and prefill rows
   uint64_t completed = 0;    // requests finished (answered, failed or cancelled)
   uint64_t cancelled_queued = 0;  // of those, dropped before their prefill (client gone)
   uint64_t refused = 0;      // AdmissionError thrown
@@ -84,7 +83,8 @@ class Scheduler {
   void run(const std::function<void()>& fn);
 
   SchedulerStats stats() const;
-  // Called on the scheduler's thread after each decode step with the step's row count.
+  // Called on the scheduler's thread after each step with the step's row count (decode and
+  // prefill rows).
   void set_step_observer(std::function<void(int rows)> f);
   const SchedulerOptions& options() const { return opt_; }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "backend/cpu_forward.h"
 #include "core/error.h"
@@ -243,12 +244,12 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   return selective_prefill(m, req, opt, kv, ws, breakdown, nullptr);
 }
 
-std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
-                                     const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
-                                     PrefillBreakdown* breakdown, SelectionReport* report) {
-  Timer total;
-  PrefillBreakdown bd;
-  const RequestLayout lay = layout_request(req);
+namespace {
+
+// Checks the request against the model and the cache, lays it out and gives each chunk its plan.
+RequestLayout checked_layout(const Model& m, const ComposedRequest& req, const SelectiveOptions& opt,
+                             const KVCache& kv, std::vector<ChunkPlan>& plans) {
+  RequestLayout lay = layout_request(req);
   const ModelConfig& c = m.config();
   // A device prefill that keeps its cache on the device does not touch the host kv.
   const bool host_kv_unused = opt.device && !opt.device_kv_to_host;
@@ -264,29 +265,61 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
                     cm.id.substr(0, 12), cm.model_fingerprint, cm.n_layer, cm.kv_dim,
                     m.fingerprint(), c.n_layer, c.kv_dim());
   }
-  const Policy& pol = *opt.policy.kind;
-  std::vector<float> logits;
-  CT_THROW_IF_NOT(!opt.device || pol.on_gpu(),
-                  "policy '{}' prefills a token list on the CPU; it has no device path", pol.name());
-  std::vector<ChunkPlan> plans(req.chunks.size());
+  CT_THROW_IF_NOT(!opt.device || opt.policy.kind->on_gpu(),
+                  "policy '{}' prefills a token list on the CPU; it has no device path",
+                  opt.policy.kind->name());
+  plans.assign(req.chunks.size(), ChunkPlan{});
   for (size_t b = 0; b < req.chunks.size(); ++b) {
     plans[b].c = req.chunks[b];
     plans[b].offset = lay.chunk_offset[b];
   }
-  // The backend of a pass: the device when given, else the CPU. A device copies its cache to
-  // the host kv only for the pass whose cache is kept (not a two-pass policy's first pass).
-  auto layers = [&](bool kept) -> std::unique_ptr<LayerBackend> {
+  return lay;
+}
+
+// The backend of one pass: the device when given, else the CPU. A device copies its cache to the
+// host kv only for the pass whose cache is kept (not a two-pass policy's first pass).
+using LayersFn = std::function<std::unique_ptr<LayerBackend>(bool kept)>;
+
+// What request-stage and token-stage policies see; its reuse pass (pass 1 of a two-pass policy:
+// full reuse, query attention tapped) runs on layers(false). Holds references to its arguments.
+PolicyRequest policy_request(const Model& m, const ComposedRequest& req, const RequestLayout& lay,
+                             const SelectiveOptions& opt, std::vector<ChunkPlan>& plans,
+                             const LayersFn& layers) {
+  return PolicyRequest{m, req, lay, opt, [&m, &lay, &opt, &plans, &layers] {
+                         for (ChunkPlan& p : plans) set_selection(p, {});
+                         PrefillBreakdown bd1;
+                         const auto be = layers(false);
+                         return run_pass(m, *be, lay, plans, true, nullptr, opt.pipeline.sparse,
+                                         bd1)
+                             .attn;
+                       }};
+}
+
+// A chunk- or request-stage policy's selection, into the plans.
+void select_before_layers(const PolicyRequest& preq, std::vector<ChunkPlan>& plans) {
+  const Policy& pol = *preq.opt.policy.kind;
+  const std::vector<std::vector<int32_t>> sel = pol.select_request(preq);
+  CT_ASSERT(sel.size() == plans.size(), "policy '{}' selected for {} of {} chunks", pol.name(),
+            sel.size(), plans.size());
+  for (size_t b = 0; b < plans.size(); ++b) set_selection(plans[b], sel[b]);
+}
+
+}  // namespace
+
+std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
+                                     const SelectiveOptions& opt, KVCache& kv, Workspace& ws,
+                                     PrefillBreakdown* breakdown, SelectionReport* report) {
+  Timer total;
+  PrefillBreakdown bd;
+  std::vector<ChunkPlan> plans;
+  const RequestLayout lay = checked_layout(m, req, opt, kv, plans);
+  const Policy& pol = *opt.policy.kind;
+  std::vector<float> logits;
+  const LayersFn layers = [&](bool kept) -> std::unique_ptr<LayerBackend> {
     if (opt.device) return opt.device->layers(kept && opt.device_kv_to_host ? &kv : nullptr);
     return make_cpu_layers(m, kv, ws, opt.pipeline);
   };
-  const PolicyRequest preq{
-      m, req, lay, opt, [&] {
-        // Pass 1 of a two-pass policy: full reuse, query attention tapped.
-        for (ChunkPlan& p : plans) set_selection(p, {});
-        PrefillBreakdown bd1;
-        const auto be = layers(false);
-        return run_pass(m, *be, lay, plans, true, nullptr, opt.pipeline.sparse, bd1).attn;
-      }};
+  const PolicyRequest preq = policy_request(m, req, lay, opt, plans, layers);
 
   if (pol.stage() == PolicyStage::kTokens) {
     // A plain prefill of a token list on top of the rows the policy placed.
@@ -313,10 +346,7 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
     if (layer0) {
       for (ChunkPlan& p : plans) set_selection(p, {});
     } else {
-      const std::vector<std::vector<int32_t>> sel = pol.select_request(preq);
-      CT_ASSERT(sel.size() == plans.size(), "policy '{}' selected for {} of {} chunks", pol.name(),
-                sel.size(), plans.size());
-      for (size_t b = 0; b < plans.size(); ++b) set_selection(plans[b], sel[b]);
+      select_before_layers(preq, plans);
     }
     bd.select_ms += st.ms();
     const auto be = layers(true);
@@ -343,5 +373,85 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
   if (breakdown) *breakdown = bd;
   return logits;
 }
+
+struct SlicedPrefill::State {
+  explicit State(KVCache& c) : kv(c) {}
+  KVCache& kv;
+  int n_vocab = 0;
+  RequestLayout lay;
+  std::vector<ChunkPlan> plans;  // reused_rows() reads through them: they stay put
+  std::vector<int32_t> act;      // active positions, ascending
+  ReusedRows rows;
+  size_t next = 0;  // first active row not yet computed
+  std::vector<float> logits;
+  PrefillBreakdown bd;
+  Timer total;
+};
+
+bool SlicedPrefill::supports(const SelectiveOptions& opt) {
+  const PolicyStage st = opt.policy.kind->stage();
+  return !opt.device && !opt.query_attention &&
+         (st == PolicyStage::kChunk || st == PolicyStage::kRequest);
+}
+
+SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
+                             const SelectiveOptions& opt, KVCache& kv, Workspace& ws)
+    : s_(std::make_unique<State>(kv)) {
+  CT_THROW_IF_NOT(supports(opt),
+                  "policy '{}' cannot prefill in slices (a layer-0 or token-stage policy, a "
+                  "device, or query attention); run it whole",
+                  opt.policy.kind->name());
+  State& s = *s_;
+  s.n_vocab = m.config().n_vocab;
+  s.lay = checked_layout(m, req, opt, kv, s.plans);
+  Timer st;
+  const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
+  select_before_layers(policy_request(m, req, s.lay, opt, s.plans, layers), s.plans);
+  s.bd.select_ms = st.ms();
+  s.act = active_positions(s.lay, s.plans);
+  s.rows = reused_rows(s.plans, opt.pipeline.sparse);
+  s.bd.n_total = s.lay.n_total;
+  s.bd.n_active = (int)s.act.size();
+  s.bd.n_loaded = s.rows.n_placed();
+}
+
+SlicedPrefill::~SlicedPrefill() = default;
+
+int SlicedPrefill::rows_left() const { return (int)(s_->act.size() - s_->next); }
+
+const ReusedRows* SlicedPrefill::add_slice(int n, std::vector<int32_t>& tokens,
+                                           std::vector<int32_t>& pos,
+                                           std::vector<BatchSeq>& seqs) const {
+  const State& s = *s_;
+  n = std::min(n, rows_left());
+  CT_THROW_IF_NOT(n > 0, "a slice of {} rows ({} left)", n, rows_left());
+  for (size_t i = s.next; i < s.next + n; ++i) {
+    pos.push_back(s.act[i]);
+    tokens.push_back(s.lay.tokens[s.act[i]]);
+  }
+  seqs.push_back(BatchSeq{&s.kv, n, false});
+  return s.next == 0 ? &s.rows : nullptr;
+}
+
+void SlicedPrefill::slice_done(int n, const float* last_logits, const LayerTimes& t) {
+  State& s = *s_;
+  n = std::min(n, rows_left());
+  s.next += n;
+  s.bd.load_ms += t.load_ms;
+  s.bd.load_wait_ms += t.load_wait_ms;
+  s.bd.compute_ms += t.compute_ms;
+  s.bd.logits_ms += t.logits_ms;
+  if (!done()) return;
+  s.logits.assign(last_logits, last_logits + s.n_vocab);
+  s.kv.n_pos = s.lay.n_total;
+  s.bd.total_ms = s.total.ms();
+}
+
+std::vector<float> SlicedPrefill::take_logits() {
+  CT_THROW_IF_NOT(done(), "the sliced prefill has {} rows left", rows_left());
+  return std::move(s_->logits);
+}
+
+const PrefillBreakdown& SlicedPrefill::breakdown() const { return s_->bd; }
 
 }  // namespace ct

@@ -70,7 +70,7 @@ ServerMetrics::ServerMetrics()
       kv_budget_bytes_in_use(registry.gauge("cachetune_kv_budget_bytes_in_use",
                                             "Bytes of the KV memory budget held by sequences")),
       batch_rows(registry.histogram("cachetune_batch_rows",
-                                    "Decode rows in one engine step (one per running sequence)",
+                                    "Rows in one engine step: a decode row per generating sequence and prefill rows",
                                     kBatchRowBuckets)) {}
 
 std::string ServerMetrics::route_label(const std::string& path) {

@@ -6,7 +6,7 @@
 //   cachetune_queue_length             gauge      requests waiting for admission
 //   cachetune_running_sequences        gauge      sequences in the running batch
 //   cachetune_kv_budget_bytes_in_use   gauge      bytes of the KV budget held by sequences
-//   cachetune_batch_rows               histogram  decode rows per engine step
+//   cachetune_batch_rows               histogram  rows per engine step (decode and prefill)
 #pragma once
 
 #include <chrono>

@@ -4,6 +4,7 @@
 // cancelled request leave without disturbing the others.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -309,6 +310,73 @@ TEST_F(BatchingTest, ACancelledRequestLeavesAndTheOthersFinish) {
     }
   }
   EXPECT_EQ(sched.stats().kv_in_use, 0u);
+}
+
+// Chunked prefill: prompts are prefilled over several steps, in slices of at most prefill_chunk
+// rows beside the decode rows of running requests, and every request still gets exactly the
+// tokens it gets alone on an engine with the same setting.
+TEST_F(BatchingTest, ChunkedPrefillStepsBesideDecodeRowsAndKeepsEachRequestsTokens) {
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 8;
+  const std::vector<Req> rs = requests();
+  const auto want = alone(eo, rs, 12);
+  Engine eng(eo);
+  Scheduler sched(eng, SchedulerOptions{});
+  const Tokenizer& tok = eng.model().tokenizer();
+  std::vector<std::vector<int32_t>> got(rs.size());
+  std::vector<std::thread> threads;
+  Gate gate;
+  gate.hold(sched);
+  int longest = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    longest = std::max(longest, build_rag_prompt(tok, rs[i].docs, rs[i].question).n_tokens());
+    threads.emplace_back([&, i] {
+      const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
+      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(12)).tokens;
+    });
+  }
+  ASSERT_GT(longest, 3 * eo.prefill_chunk);  // the prompts really take several slices
+  wait_queued(sched, (int)rs.size());
+  gate.release();
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
+  const SchedulerStats st = sched.stats();
+  EXPECT_GT(st.prefill_rows, 0u);
+  EXPECT_GT(st.mixed_steps, 0u);  // prefill slices ran beside decode rows
+  // A step holds one decode row per request and at most prefill_chunk prefill rows.
+  EXPECT_LE(st.max_rows, (int)rs.size() + eo.prefill_chunk);
+  EXPECT_EQ(st.kv_in_use, 0u);
+  EXPECT_EQ(st.running, 0);
+}
+
+// A prefilling request whose client has gone stops between two slices: no token, its error is
+// RequestCancelled, and its cache goes back.
+TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 2;
+  Engine eng(eo);
+  const Req r = requests()[1];  // full recompute: every prompt row is a prefill row
+  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), r.docs, r.question);
+  bool gone = false;
+  int pieces = 0;
+  AnswerOptions ao;
+  ao.cancelled = [&] { return gone; };
+  ao.on_piece = [&](const std::string&) { ++pieces; };
+  std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4), ao);
+  Generation* gp = g.get();
+  ASSERT_TRUE(g->prefilling());
+  EXPECT_EQ(eng.advance(&gp, 1).prefill, 2);
+  EXPECT_TRUE(g->prefilling());
+  gone = true;
+  const StepRows st = eng.advance(&gp, 1);
+  EXPECT_EQ(st.prefill + st.decode, 0);
+  EXPECT_TRUE(g->done());
+  EXPECT_FALSE(g->prefilling());
+  ASSERT_TRUE(g->error());
+  EXPECT_THROW(std::rethrow_exception(g->error()), RequestCancelled);
+  EXPECT_EQ(pieces, 0);
+  EXPECT_TRUE(g->answer().tokens.empty());
+  EXPECT_EQ(g->kv_bytes(), 0u);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@ class EngineRecoveryTest : public ::testing::Test {
     EngineOptions eo;
     eo.model_path = *model_path_;
     eo.tiers = {parse_tier_spec("disk:" + cache_.path())};
+    eo.prefill_chunk = prefill_chunk_;
     return eo;
   }
 
@@ -136,11 +137,19 @@ class EngineRecoveryTest : public ::testing::Test {
   static test::TempDir* model_dir_;
   static std::string* model_path_;
   test::TempDir cache_;
+  int prefill_chunk_ = 0;  // EngineOptions::prefill_chunk
 };
 test::TempDir* EngineRecoveryTest::model_dir_ = nullptr;
 std::string* EngineRecoveryTest::model_path_ = nullptr;
 
 TEST_F(EngineRecoveryTest, FlippedByteInAStoredRecord) {
+  expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
+}
+
+// With chunked prefill the damage is found in the first slice's pass (an engine step), where
+// the request's prefill starts again on a re-encoded chunk.
+TEST_F(EngineRecoveryTest, FlippedByteFoundInAChunkedPrefillsFirstSlice) {
+  prefill_chunk_ = 4;
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -243,6 +244,90 @@ TEST_P(SelectiveTest, EncodingThroughTheBackendEqualsThePlainLayerLoop) {
         << "K, layer " << l;
     EXPECT_EQ(0, std::memcmp(got.v.data() + at, v.data() + KV, cells * sizeof(float)))
         << "V, layer " << l;
+  }
+}
+
+// Chunked prefill (SlicedPrefill, the engine's continuous batching): the active rows stepped in
+// slices through the CPU backend, every other pass beside another sequence's decode row, give
+// the whole prefill's logits and cache; the first slice places the reused rows of every layer.
+TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
+  const ModelConfig& c = model_->config();
+  const int V = c.n_vocab, KV = c.kv_dim();
+  EncodeOptions eo;
+  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(40, 30), eo);
+  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(25, 31), eo);
+  const ComposedRequest req{
+      test::random_byte_tokens(5, 32), {src(a), src(b), src(a)}, test::random_byte_tokens(7, 33)};
+  const RequestLayout lay = layout_request(req);
+  Workspace ws;
+  for (const char* name : {"cachetune", "full", "reuse", "head", "prophetkv"}) {
+    SelectiveOptions opt;
+    opt.policy.kind = &find_policy(name);
+    opt.policy.ratio = 0.3;
+    ASSERT_TRUE(SlicedPrefill::supports(opt)) << name;
+    KVCache want_kv = model_->make_cache(lay.n_total);
+    PrefillBreakdown want_bd;
+    const std::vector<float> want = selective_prefill(*model_, req, opt, want_kv, ws, &want_bd);
+    for (int chunk : {1, 6, 1000}) {
+      SCOPED_TRACE(std::string(name) + ", slices of " + std::to_string(chunk) + " rows");
+      KVCache kv = model_->make_cache(lay.n_total);
+      KVCache other = model_->make_cache(256);
+      const auto other_prompt = test::random_byte_tokens(3, 34);
+      cpu::prefill(*model_, other_prompt.data(), 3, 0, other, ws);
+      SlicedPrefill sp(*model_, req, opt, kv, ws);
+      EXPECT_EQ(sp.rows_left(), want_bd.n_active);
+      int passes = 0;
+      while (!sp.done()) {
+        std::vector<int32_t> toks, pos;
+        std::vector<BatchSeq> seqs;
+        const bool with_decode = passes % 2 == 1;
+        if (with_decode) {
+          toks.push_back(9);
+          pos.push_back(other.n_pos);
+          seqs.push_back(BatchSeq{&other, 1, true});
+        }
+        const int n = std::min(chunk, sp.rows_left());
+        const ReusedRows* rows = sp.add_slice(n, toks, pos, seqs);
+        EXPECT_EQ(rows != nullptr, passes == 0);
+        const auto be = make_cpu_layers(*model_, kv, ws, PipelineOptions{});
+        be->begin_batch(toks.data(), pos.data(), (int)toks.size(), seqs);
+        if (rows) be->set_reused_for((int)seqs.size() - 1, *rows, 0);
+        for (int l = 0; l < c.n_layer; ++l) be->layer(l, nullptr);
+        const std::vector<float> lg = be->finish_batch();
+        ASSERT_EQ(lg.size(), seqs.size() * V);
+        if (with_decode) ++other.n_pos;
+        sp.slice_done(n, lg.data() + (seqs.size() - 1) * V, be->times());
+        ++passes;
+      }
+      EXPECT_EQ(passes, (want_bd.n_active + chunk - 1) / chunk);
+      EXPECT_EQ(kv.n_pos, lay.n_total);
+      EXPECT_EQ(sp.breakdown().n_loaded, want_bd.n_loaded);
+      const std::vector<float> got = sp.take_logits();
+      float scale = 0;
+      for (float x : want) scale = std::max(scale, std::fabs(x));
+      EXPECT_LE(max_abs_diff(got, want), 1e-5f * scale);
+      for (int l = 0; l < c.n_layer; ++l) {
+        float d = 0;
+        for (size_t i = 0; i < (size_t)lay.n_total * KV; ++i) {
+          d = std::max(d, std::fabs(kv.k(l)[i] - want_kv.k(l)[i]));
+          d = std::max(d, std::fabs(kv.v(l)[i] - want_kv.v(l)[i]));
+        }
+        EXPECT_LE(d, 1e-4f) << "layer " << l;
+      }
+    }
+  }
+  // A layer-0 policy or a token-stage one runs whole, and says so when asked to slice.
+  for (const char* name : {"cacheblend", "prefix"}) {
+    SelectiveOptions opt;
+    opt.policy.kind = &find_policy(name);
+    EXPECT_FALSE(SlicedPrefill::supports(opt)) << name;
+    KVCache kv = model_->make_cache(lay.n_total);
+    try {
+      SlicedPrefill sp(*model_, req, opt, kv, ws);
+      ADD_FAILURE() << name << " was sliced";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string max_body = "8M";
   std::string kv_budget = "4G";
   std::string max_header = "64K";
+  int prefill_chunk = 256;
 };
 
 std::atomic<bool> g_stop_requested{false};
@@ -37,6 +38,9 @@ extern "C" void on_stop_signal(int) { g_stop_requested = true; }
 void run_serve(ServeArgs a) {
   EngineOptions eo = a.engine.options();
   eo.calibration_path = a.calibration;
+  CT_THROW_IF_NOT(a.prefill_chunk >= 0, "--prefill-chunk {}; expected >= 0 (0: whole prefills)",
+                  a.prefill_chunk);
+  eo.prefill_chunk = a.prefill_chunk;
   bool auto_ratio = false;
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &auto_ratio);
   server::ServerOptions so = a.server;
@@ -115,10 +119,11 @@ void run_serve(ServeArgs a) {
   }
   const ModelConfig& mc = eng.model().config();
   std::fprintf(stderr,
-               "cachetune serve: KV budget %zu bytes (%zu bytes per token; %d requests decode "
-               "at once, %d may wait)\n",
+               "cachetune serve: KV budget %zu bytes (%zu bytes per token; %d requests run "
+               "at once, %d may wait; prefill chunk %d rows)\n",
                so.batching.kv_budget_bytes, (size_t)2 * mc.n_layer * mc.kv_dim() * sizeof(float),
-               eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue);
+               eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue,
+               eng.options().prefill_chunk);
   srv.serve();
   done = true;
   watcher.join();
@@ -150,6 +155,10 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--max-batch", a->server.batching.max_running,
                 "Most requests decoding together in one batch")
+      ->capture_default_str();
+  c->add_option("--prefill-chunk", a->prefill_chunk,
+                "Chunked prefill: most prompt rows prefilled per engine step, beside the decode "
+                "rows of running requests (0: each prefill runs whole when admitted)")
       ->capture_default_str();
   c->add_option("--max-queue", a->server.batching.max_queue,
                 "Most requests waiting for admission; more get 503 with Retry-After")
