@@ -17,6 +17,10 @@ before that (the sweep's highest rate, reported as a lower bound, if it never sa
     python3 bench/serve_sweep.py --model smollm2-135m --rates 0.25 0.5 1 2 4 \\
         --policies full prefix cacheblend epic cachetune --duration 40 --out bench/results/serve_sweep
 
+Also reports inter-token latency (ITL: gaps between a stream's content deltas) per rate; with
+--prefill-chunk 0 against the default 256 it shows what chunked prefill does to the running
+requests' token gaps while long prompts are prefilled.
+
 Writes <out>.json (every request's figures, the summaries, the command, CPU and load) and
 <out>.png (p90 TTFT against request rate, one line per policy) when matplotlib is installed.
 """
@@ -67,7 +71,8 @@ def start_server(args):
         ["--model", args.model, "--tiers", f"host:{args.host_tier}", "--kv-budget", args.kv_budget,
          "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue),
          "--http-threads", str(args.max_batch + args.max_queue + 16),
-         "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0"],
+         "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0",
+         "--prefill-chunk", str(args.prefill_chunk)],
         args.out + ".server.log", "serve_sweep")
 
 
@@ -101,6 +106,7 @@ def one_request(port, ex, policy, max_tokens, rng_seed):
             return rec
         ttft = None
         n_tok = 0
+        stamps = []  # arrival of each content delta
         buf = b""
         while True:
             line = r.readline()
@@ -118,14 +124,17 @@ def one_request(port, ex, policy, max_tokens, rng_seed):
                 return rec
             ch = ev.get("choices") or [{}]
             if ch[0].get("delta", {}).get("content"):
+                stamps.append(time.perf_counter())
                 if ttft is None:
-                    ttft = time.perf_counter() - t0
+                    ttft = stamps[-1] - t0
             if "usage" in ev:
                 n_tok = ev["usage"].get("completion_tokens", 0)
                 rec["server_ttft_ms"] = ev.get("cachetune", {}).get("ttft_ms")
         rec["e2e"] = time.perf_counter() - t0
         rec["ttft"] = ttft if ttft is not None else rec["e2e"]
         rec["tokens"] = n_tok
+        # Inter-token latency: the gaps between consecutive content deltas as the client saw them.
+        rec["itl"] = [b - a for a, b in zip(stamps, stamps[1:])]
         rec["ok"] = True
     except Exception as e:  # noqa: BLE001 - a failed request is a data point, not a crash
         rec["error"] = repr(e)
@@ -145,8 +154,11 @@ def summarize(recs, duration):
     tt = [r["ttft"] for r in ok]
     e2e = [r["e2e"] for r in ok]
     toks = sum(r.get("tokens", 0) for r in ok)
+    itl = [g for r in ok for g in r.get("itl", [])]
     return {"requests": len(recs), "ok": len(ok), "errors": len(recs) - len(ok),
             "ttft_p50": pct(tt, 50), "ttft_p90": pct(tt, 90), "ttft_p99": pct(tt, 99),
+            "itl_p50": pct(itl, 50), "itl_p90": pct(itl, 90), "itl_p99": pct(itl, 99),
+            "itl_max": max(itl) if itl else None,
             "e2e_p50": pct(e2e, 50), "e2e_p90": pct(e2e, 90),
             "completed_per_s": len(ok) / duration if duration > 0 else 0,
             "output_tok_per_s": toks / duration if duration > 0 else 0}
@@ -213,6 +225,8 @@ def main():
     ap.add_argument("--kv-budget", default="6G")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-queue", type=int, default=256)
+    ap.add_argument("--prefill-chunk", type=int, default=256,
+                    help="the server's --prefill-chunk (0: whole prefills)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "serve_sweep"))
     args = ap.parse_args()
@@ -258,7 +272,8 @@ def main():
                 s["saturated"] = bool(saturated)
                 pr["rates"].append({"summary": s, "requests": recs})
                 print(f"  rate {rate:5.2f}/s: {s['ok']}/{s['requests']} ok, TTFT p50 {s['ttft_p50']} "
-                      f"p90 {s['ttft_p90']} p99 {s['ttft_p99']}, {s['completed_per_s']:.2f} req/s, "
+                      f"p90 {s['ttft_p90']} p99 {s['ttft_p99']}, ITL p50 {s['itl_p50']} "
+                      f"p99 {s['itl_p99']} max {s['itl_max']}, {s['completed_per_s']:.2f} req/s, "
                       f"{s['output_tok_per_s']:.1f} tok/s{'  SATURATED' if saturated else ''}",
                       flush=True)
                 if saturated:

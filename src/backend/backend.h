@@ -46,6 +46,9 @@ struct ReusedRows {
   };
   std::vector<Segment> segments;
   std::vector<int32_t> pos;  // [sum of n_rows]
+  // The keys are already rotated to their positions (a context encoded in place, as the probe
+  // ranking's prefix): placed as they are, with no deferred RoPE.
+  bool rotated = false;
   // Reads segment s's raw rows of layer l into k and v ([n_rows][kv_dim] of its dtype each).
   // Called from the backend's loader thread as well; throws what the source throws.
   std::function<void(int l, int s, void* k, void* v)> read;

@@ -49,7 +49,12 @@ class LayerLoader {
  public:
   LayerLoader(const Model& m, const ReusedRows& rows, KVCache& kv, const PipelineOptions& opt,
               int first_layer)
-      : m_(m), rows_(rows), kv_(kv), opt_(opt), n_layer_(m.config().n_layer), ready_(n_layer_, 0) {
+      : m_(m),
+        rows_(rows),
+        kv_(kv),
+        opt_(opt),
+        n_layer_(std::min(m.config().n_layer, kv.n_layer())),  // a cache of the first layers only
+        ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
     for (int32_t g : rows_.pos) {
       if (g >= 0) pos_.push_back(g);
@@ -95,7 +100,7 @@ class LayerLoader {
       cv_.wait(lock, [&] { return ready_[l] || error_; });
       if (error_) std::rethrow_exception(error_);
     }
-    if (!opt_.rope_in_loader) {
+    if (!opt_.rope_in_loader && !rows_.rotated) {
       // RoPE on the compute thread is load work that the layer loop pays for in full.
       Timer rt;
       rope(l);
@@ -132,7 +137,7 @@ class LayerLoader {
         kv_unpack(seg.dtype, stage_v_.data() + row_bytes * j, vc + (size_t)g * KV, KV);
       }
     }
-    if (do_rope) rope(l);
+    if (do_rope && !rows_.rotated) rope(l);
     loader_ms_ += t.ms();
   }
   // Only one thread ever calls rope() in a given loader (the loader thread with rope_in_loader
@@ -205,6 +210,9 @@ class CpuLayers final : public LayerBackend {
     q.loader = std::make_unique<LayerLoader>(m_, q.rows, *batch_[seq].kv, opt_, first_layer);
   }
   void layer(int l, LayerTap* tap) override {
+    for (const BatchSeq& b : batch_) {
+      CT_THROW_IF_NOT(l < b.kv->n_layer(), "layer {} on a cache of {} layers", l, b.kv->n_layer());
+    }
     for (Seq& q : seqs_) {
       if (q.loader) q.loader->wait(l);
     }

@@ -6,6 +6,8 @@
 // too, so every layer-loop policy (CacheBlend's layer-0 selection, ProphetKV's attention pass)
 // and the chunk encoding run here; one sequence per pass (caps().max_seqs 1). In a build without
 // CUDA the decoder cannot exist (backend/registry.cc), so neither can this.
+#include <algorithm>
+
 #include "backend/backend.h"
 #include "backend/cuda/decoder.h"
 #include "core/error.h"
@@ -56,6 +58,10 @@ class CudaLayers final : public LayerBackend {
     for (int32_t& g : angle_pos) g = std::max(g, 0);
     std::vector<float> cos, sin;
     m_.rope().angle_table(angle_pos.data(), (int)angle_pos.size(), cos, sin);
+    if (rows_.rotated) {  // the identity rotation: x * 1 - y * 0 is x, bit for bit
+      std::fill(cos.begin(), cos.end(), 1.0f);
+      std::fill(sin.begin(), sin.end(), 0.0f);
+    }
     const cuda::RowType type = dtype == KvDtype::F32    ? cuda::RowType::kF32
                                : dtype == KvDtype::BF16 ? cuda::RowType::kBF16
                                                         : cuda::RowType::kF16;

@@ -58,12 +58,13 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
 namespace {
 ChunkRanking rank_with(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                        const std::vector<const float*>& kl, const std::vector<const float*>& vl,
-                       int n, int KV, const RankOptions& ro, const ProbeOptions& po) {
+                       int n, int KV, const RankOptions& ro, const ProbeOptions& po,
+                       DeviceSequence* device) {
   switch (ro.mode) {
     case RankMode::kHead:
       return head_ranking(n);
     case RankMode::kProbe:
-      return probe_rank(m, tokens, sink, kl, vl, po);
+      return probe_rank(m, tokens, sink, kl, vl, po, device);
     default:
       return rank_chunk_tokens(kl, vl, n, KV, ro);
   }
@@ -94,7 +95,8 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   }
   const double forward_ms = ft.ms();
   Timer rt;
-  ChunkRanking rank = rank_with(m, tokens, opt.sink, kl, vl, n, KV, opt.rank, opt.probe);
+  ChunkRanking rank =
+      rank_with(m, tokens, opt.sink, kl, vl, n, KV, opt.rank, opt.probe, opt.device);
   ChunkKV out;
   ChunkMeta& meta = out.meta;
   meta.rank_ms = rt.ms();
@@ -105,7 +107,8 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
     extras->also_ms.clear();
     for (const RankOptions& ro : opt.also) {
       Timer at;
-      extras->rankings.push_back(rank_with(m, tokens, opt.sink, kl, vl, n, KV, ro, opt.probe));
+      extras->rankings.push_back(
+          rank_with(m, tokens, opt.sink, kl, vl, n, KV, ro, opt.probe, opt.device));
       extras->also_ms.push_back(at.ms());
     }
   }

@@ -11,6 +11,8 @@
 #include <memory>
 #include <numeric>
 
+#include "backend/backend.h"
+#include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "reuse/encoder.h"
 #include "reuse/policy.h"
@@ -62,6 +64,88 @@ bool is_permutation_of_n(const std::vector<int32_t>& o, int n) {
     if (i >= (int)s.size() || s[i] != i) return false;
   }
   return (int)s.size() == n;
+}
+
+// The probe pass runs through the layer contract, the probe context placed as already-rotated
+// rows. The reference: the plain layer loop over a cache holding the context's own encoding, and
+// the documented score, computed here in double (in a slightly different order, hence the
+// tolerance), with and without a sink.
+TEST_F(OfflinePolicyTest, ProbeRankingThroughTheBackendEqualsThePlainLayerLoop) {
+  const ModelConfig& c = model_->config();
+  const int KV = c.kv_dim();
+  const ProbeOptions o;
+  const int layers = probe_layers(o, c.n_layer);
+  ASSERT_GE(layers, 2);
+  for (bool sink : {true, false}) {
+    SCOPED_TRACE(sink ? "sink" : "no sink");
+    const auto toks = test::random_byte_tokens(37, 21);
+    const int n = (int)toks.size();
+    // The isolated encoding's pre-RoPE K/V, as encode_chunk taps them.
+    std::vector<int32_t> iso;
+    if (sink) iso.push_back(model_->tokenizer().bos() >= 0 ? model_->tokenizer().bos() : 0);
+    iso.insert(iso.end(), toks.begin(), toks.end());
+    const int ni = (int)iso.size(), off = sink ? 1 : 0;
+    std::vector<float> k_all((size_t)c.n_layer * ni * KV), v_all(k_all.size());
+    tapped_prefill(*model_, iso.data(), ni, nullptr, k_all.data(), v_all.data());
+    std::vector<const float*> kl(c.n_layer), vl(c.n_layer);
+    for (int l = 0; l < c.n_layer; ++l) {
+      kl[l] = k_all.data() + ((size_t)l * ni + off) * KV;
+      vl[l] = v_all.data() + ((size_t)l * ni + off) * KV;
+    }
+    const ChunkRanking got = probe_rank(*model_, toks, sink, kl, vl, o);
+
+    // Reference: the probe context prefilled, then the chunk after it, plain layer loop.
+    std::vector<int32_t> all;
+    if (sink) all.push_back(iso[0]);
+    const auto body = model_->tokenizer().encode(o.text, false);
+    all.insert(all.end(), body.begin(), body.end());
+    const int P = (int)all.size();
+    KVCache kv(layers, P + n, KV);
+    Workspace ws;
+    std::vector<float> x((size_t)P * c.n_embd);
+    model_->embed(all.data(), P, x.data());
+    std::vector<int32_t> pos(P);
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int l = 0; l < layers; ++l) cpu::forward_layer(*model_, l, x.data(), pos.data(), P, kv, ws);
+    x.assign((size_t)n * c.n_embd, 0.0f);
+    model_->embed(toks.data(), n, x.data());
+    pos.resize(n);
+    std::iota(pos.begin(), pos.end(), P);
+    std::vector<float> kp((size_t)n * KV), vp((size_t)n * KV);
+    std::vector<double> score(n, 0.0);
+    double scale = 0;
+    int scored = 0;
+    for (int l = 0; l < layers; ++l) {
+      LayerTap tap;
+      tap.k_pre_rope = kp.data();
+      tap.v = vp.data();
+      cpu::forward_layer(*model_, l, x.data(), pos.data(), n, kv, ws, &tap);
+      if (l == 0) continue;
+      std::vector<double> dk(n), dv(n);
+      double mk = 0, mv = 0;
+      for (int t = 0; t < n; ++t) {
+        double sk = 0, sv = 0;
+        for (int i = 0; i < KV; ++i) {
+          const double a = (double)kp[(size_t)t * KV + i] - kl[l][(size_t)t * KV + i];
+          const double b = (double)vp[(size_t)t * KV + i] - vl[l][(size_t)t * KV + i];
+          sk += a * a;
+          sv += b * b;
+        }
+        dk[t] = std::sqrt(sk);
+        dv[t] = std::sqrt(sv);
+        mk += dk[t] / n;
+        mv += dv[t] / n;
+      }
+      for (int t = 0; t < n; ++t) score[t] += 0.5 * dk[t] / mk + 0.5 * dv[t] / mv;
+      scale += 0.5 * (mk + mv);
+      ++scored;
+    }
+    ASSERT_EQ(got.scores.size(), (size_t)n);
+    for (int t = 0; t < n; ++t) {
+      const float want = (float)(score[t] / scored * (scale / scored));
+      EXPECT_NEAR(got.scores[t], want, 1e-5f * std::fabs(want)) << "token " << t;
+    }
+  }
 }
 
 TEST_F(OfflinePolicyTest, TheDefaultEncodingStoresTheProbeRanking) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "backend/backend.h"
 #include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/sha256.h"
@@ -98,7 +99,8 @@ double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vecto
 
 ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                         const std::vector<const float*>& k_iso,
-                        const std::vector<const float*>& v_iso, const ProbeOptions& o) {
+                        const std::vector<const float*>& v_iso, const ProbeOptions& o,
+                        DeviceSequence* device) {
   const ModelConfig& c = m.config();
   const int n = (int)tokens.size(), KV = c.kv_dim();
   const int layers = probe_layers(o, c.n_layer);
@@ -111,16 +113,34 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   CT_THROW_IF_NOT(P + n <= c.n_ctx_train,
                   "probe context ({} tokens) + chunk ({} tokens) exceed the model context of {}", P,
                   n, c.n_ctx_train);
-  KVCache kv(layers, P + n, KV);
-  for (int l = 0; l < layers; ++l) {
-    std::memcpy(kv.k(l), pre->k[l].data(), pre->k[l].size() * sizeof(float));
-    std::memcpy(kv.v(l), pre->v[l].data(), pre->v[l].size() * sizeof(float));
-  }
+  // The chunk after the probe context, through the layer contract: the context's rows are
+  // placed as they are (already rotated), the chunk's rows computed over them, layer by layer.
+  // On the CPU the cache holds only the probed layers; a device overwrites its own sequence.
+  ReusedRows ctx;
+  ctx.segments.push_back({KvDtype::F32, P, "probe context"});
+  ctx.pos.resize(P);
+  std::iota(ctx.pos.begin(), ctx.pos.end(), 0);
+  ctx.rotated = true;
+  const size_t ctx_bytes = (size_t)P * KV * sizeof(float);
+  ctx.read = [&pre, ctx_bytes](int l, int, void* k, void* v) {
+    std::memcpy(k, pre->k[l].data(), ctx_bytes);
+    std::memcpy(v, pre->v[l].data(), ctx_bytes);
+  };
+  KVCache kv;
   Workspace ws;
-  std::vector<float> x((size_t)n * c.n_embd);
-  m.embed(tokens.data(), n, x.data());
+  PipelineOptions po;
+  po.overlap = false;  // a few layers of one short pass: no loader thread
+  std::unique_ptr<LayerBackend> be;
+  if (device) {
+    be = device->layers(nullptr);
+  } else {
+    kv = KVCache(layers, P + n, KV);
+    be = make_cpu_layers(m, kv, ws, po);
+  }
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), P);
+  be->begin(tokens.data(), pos.data(), n);
+  be->set_reused(ctx, 0);
   std::vector<float> kp((size_t)n * KV), vp((size_t)n * KV);
   std::vector<double> score(n, 0.0), dk, dv;
   int n_scored = 0;
@@ -129,7 +149,7 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
     LayerTap tap;
     tap.k_pre_rope = kp.data();
     tap.v = vp.data();
-    cpu::forward_layer(m, l, x.data(), pos.data(), n, kv, ws, &tap);
+    be->layer(l, &tap);
     if (l == 0) continue;  // layer 0's K and V depend on the token alone
     const double mk = drift_norms(kp.data(), k_iso[l], n, KV, dk);
     const double mv = drift_norms(vp.data(), v_iso[l], n, KV, dv);

@@ -21,6 +21,8 @@
 
 namespace ct {
 
+class DeviceSequence;  // backend/backend.h
+
 // The default probe context: a short, neutral paragraph unrelated to any data set.
 extern const char* const kDefaultProbeText;
 
@@ -47,9 +49,12 @@ std::string probe_params(const ProbeOptions& o);
 // a layer with no drift contributes 0), where S, the mean over the same layers of
 // 0.5 * (mean_t |dK| + mean_t |dV|), puts the chunks of one model on one scale (the order within
 // a chunk does not depend on it; "probe2": "probe1" records had S = 1). Deterministic; ties go to
-// the lower index.
+// the lower index. The probe pass runs through the layer contract (backend.h): on `device` when
+// given (its cache is overwritten), else on the CPU; the probe context's own encoding is made
+// once per model and probe text on the CPU and placed as already-rotated rows.
 ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                         const std::vector<const float*>& k_iso,
-                        const std::vector<const float*>& v_iso, const ProbeOptions& o);
+                        const std::vector<const float*>& v_iso, const ProbeOptions& o,
+                        DeviceSequence* device = nullptr);
 
 }  // namespace ct
