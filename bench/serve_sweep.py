@@ -18,7 +18,7 @@ before that (the sweep's highest rate, reported as a lower bound, if it never sa
         --policies full prefix cacheblend epic cachetune --duration 40 --out bench/results/serve_sweep
 
 Also reports inter-token latency (ITL: gaps between a stream's content deltas) per rate; with
---prefill-chunk 0 against the default 256 it shows what chunked prefill does to the running
+--prefill-chunk 0 against the default 512 it shows what chunked prefill does to the running
 requests' token gaps while long prompts are prefilled.
 
 Writes <out>.json (every request's figures, the summaries, the command, CPU and load) and
@@ -225,7 +225,7 @@ def main():
     ap.add_argument("--kv-budget", default="6G")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--max-queue", type=int, default=256)
-    ap.add_argument("--prefill-chunk", type=int, default=256,
+    ap.add_argument("--prefill-chunk", type=int, default=512,
                     help="the server's --prefill-chunk (0: whole prefills)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "serve_sweep"))

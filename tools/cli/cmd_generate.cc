@@ -36,6 +36,7 @@ struct GenerateArgs {
   std::string ratio = "0.15";  // a number in [0, 1], or "auto": the tier's calibrated ratio
   std::string calibration;
   std::string instruction = kQaInstruction;
+  int prefill_chunk = 0;
 };
 
 std::string read_file(const std::string& path) {
@@ -54,6 +55,8 @@ void run_chunked(const GenerateArgs& a) {
   if (!a.model.empty() && ef.model.empty()) ef.model = a.model;
   EngineOptions eo = ef.options();
   eo.calibration_path = a.calibration;
+  CT_THROW_IF_NOT(a.prefill_chunk >= 0, "--prefill-chunk {}; expected >= 0", a.prefill_chunk);
+  eo.prefill_chunk = a.prefill_chunk;
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &eo.auto_ratio);
   Engine eng(std::move(eo));
   std::vector<std::string> docs;
@@ -194,6 +197,10 @@ void register_generate(CLI::App& app) {
                 "Calibration store for --ratio auto (default: $CACHETUNE_CALIBRATION or "
                 "~/.cache/cachetune/calibration.json)");
   c->add_option("--instruction", a->instruction, "Instruction before the documents");
+  c->add_option("--prefill-chunk", a->prefill_chunk,
+                "Prefill in slices of this many rows, as `serve` steps them (chunk mode; 0: "
+                "whole)")
+      ->capture_default_str();
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");

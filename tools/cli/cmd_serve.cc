@@ -29,7 +29,7 @@ struct ServeArgs {
   std::string max_body = "8M";
   std::string kv_budget = "4G";
   std::string max_header = "64K";
-  int prefill_chunk = 256;
+  int prefill_chunk = 512;
 };
 
 std::atomic<bool> g_stop_requested{false};
