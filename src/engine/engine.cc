@@ -326,6 +326,7 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   const int V = model_->config().n_vocab;
   std::vector<Generation*> feed, pre;
   std::vector<int32_t> ids;
+  std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
   for (int i = 0; i < n; ++i) {
     Generation& g = *gens[i];
@@ -334,14 +335,20 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       // Its next slice joins this step while the step's prefill rows stay within the budget
       // (the oldest first; a slice's size depends only on its own request).
       const int want = std::min(opt_.prefill_chunk, g.sliced_->rows_left());
-      if (g.opt_.cancelled && g.opt_.cancelled()) {
-        g.error_ = std::make_exception_ptr(RequestCancelled("during"));
-        g.sliced_.reset();
-        finish(g);
+      std::exception_ptr stop;
+      try {
+        if (g.opt_.cancelled && g.opt_.cancelled())
+          stop = std::make_exception_ptr(RequestCancelled("during"));
+      } catch (...) {
+        stop = std::current_exception();  // the callback's failure ends this request only
+      }
+      if (stop) {
+        fail(g, stop);
         continue;
       }
       if (rows.prefill == 0 || rows.prefill + want <= opt_.prefill_chunk) {
         pre.push_back(&g);
+        slices.push_back(want);
         rows.prefill += want;
       }
       continue;
@@ -395,10 +402,15 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   }
   rows.decode = (int)feed.size();
   if (!pre.empty()) {
-    mixed_step(feed, ids, pre);
-    return rows;
+    rows.prefill = mixed_step(feed, ids, pre, slices);
+  } else if (!feed.empty()) {
+    decode_step(feed, ids);
   }
-  if (feed.empty()) return rows;
+  return rows;
+}
+
+void Engine::decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids) {
+  const int V = model_->config().n_vocab;
   std::vector<KVCache*> kvs;
   for (Generation* g : feed) kvs.push_back(&g->kv_);
   const std::vector<float> logits =
@@ -407,17 +419,21 @@ StepRows Engine::advance(Generation* const* gens, int n) {
     feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
     ++feed[i]->next_pos_;
   }
-  return rows;
 }
 
-void Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
-                        const std::vector<Generation*>& pre) {
+void Engine::fail(Generation& g, std::exception_ptr error) const {
+  g.error_ = std::move(error);
+  g.sliced_.reset();
+  finish(g);
+}
+
+int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
+                       std::vector<Generation*>& pre, std::vector<int>& slice) {
   const int V = model_->config().n_vocab;
   const int nd = (int)feed.size();
   std::vector<float> logits;
-  std::vector<int> slice(pre.size());
   LayerTimes times;
-  for (;;) {
+  while (!pre.empty()) {
     std::vector<int32_t> tokens(ids), pos;
     std::vector<BatchSeq> seqs;
     for (Generation* g : feed) {
@@ -426,7 +442,8 @@ void Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<
     }
     std::vector<const ReusedRows*> reused;
     for (size_t i = 0; i < pre.size(); ++i) {
-      slice[i] = std::min(opt_.prefill_chunk, pre[i]->sliced_->rows_left());
+      // A restarted prefill may have fewer rows than the step counted, never more.
+      slice[i] = std::min(slice[i], pre[i]->sliced_->rows_left());
       reused.push_back(pre[i]->sliced_->add_slice(slice[i], tokens, pos, seqs));
     }
     try {
@@ -443,38 +460,58 @@ void Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<
     } catch (const ChunkReadError& e) {
       // Only a first slice reads chunks: the requests that read this one start their prefill
       // again (re-encoding it), and the step runs again; the decode rows it had written are
-      // written again at the same positions.
+      // written again at the same positions. A request whose restart fails ends with that
+      // error; the others go on.
       std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
       pool_->evict(e.chunk_id());
       bool restarted = false;
+      std::vector<Generation*> still;
+      std::vector<int> still_slice;
       for (size_t i = 0; i < pre.size(); ++i) {
         Generation& g = *pre[i];
         bool reads = false;
         for (const ChunkInfo& c : g.answer_.chunks) reads |= reused[i] && c.id == e.chunk_id();
-        if (!reads) continue;
-        CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
-                        "chunk {} could not be read after re-encoding", e.chunk_id());
-        ++g.answer_.retries;
-        start_prefill(g);
-        CT_ASSERT(g.sliced_, "a restarted prefill is no longer sliced");
-        restarted = true;
+        if (reads) {
+          restarted = true;
+          try {
+            CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
+                            "chunk {} could not be read after re-encoding", e.chunk_id());
+            ++g.answer_.retries;
+            start_prefill(g);
+            CT_ASSERT(g.sliced_, "a restarted prefill is no longer sliced");
+          } catch (...) {
+            fail(g, std::current_exception());
+            continue;
+          }
+        }
+        still.push_back(&g);
+        still_slice.push_back(slice[i]);
       }
       if (!restarted) throw;
+      pre.swap(still);
+      slice.swap(still_slice);
     }
+  }
+  if (pre.empty()) {  // every prefill of the step failed: the decode rows alone
+    if (nd > 0) decode_step(feed, ids);
+    return 0;
   }
   for (int i = 0; i < nd; ++i) {
     feed[i]->logits_.assign(logits.begin() + (size_t)i * V, logits.begin() + (size_t)(i + 1) * V);
     ++feed[i]->kv_.n_pos;
     ++feed[i]->next_pos_;
   }
+  int prefill_rows = 0;
   for (size_t i = 0; i < pre.size(); ++i) {
     Generation& g = *pre[i];
+    prefill_rows += slice[i];
     g.sliced_->slice_done(slice[i], logits.data() + (size_t)(nd + i) * V, times);
     if (!g.sliced_->done()) continue;
     g.answer_.prefill = g.sliced_->breakdown();
     g.logits_ = g.sliced_->take_logits();
     g.sliced_.reset();
   }
+  return prefill_rows;
 }
 
 }  // namespace ct

@@ -236,9 +236,15 @@ class Engine {
   void finish(Generation& g) const;
   // begin()'s lookups and prefill (or its slices), again after a chunk could not be read.
   void start_prefill(Generation& g);
-  // One pass over decode rows (tokens ids fed to feed) and the next slices of pre.
-  void mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
-                  const std::vector<Generation*>& pre);
+  // One batched decode step (cpu::decode_batch) of the token ids fed to feed.
+  void decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids);
+  // Ends g with `error` (it leaves the batch at this step).
+  void fail(Generation& g, std::exception_ptr error) const;
+  // One pass over decode rows (token ids fed to feed) and the next slices of pre (slice[i]
+  // rows each); returns the prefill rows it ran. A prefill that fails to restart after a chunk
+  // read error leaves pre (and the step) with its error.
+  int mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
+                 std::vector<Generation*>& pre, std::vector<int>& slice);
   std::unique_ptr<DeviceSequence> gpu_;                            // EngineOptions::cuda
   Workspace decode_ws_;                                            // advance()'s batch
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()

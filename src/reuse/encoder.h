@@ -32,8 +32,8 @@ struct EncodeOptions {
   std::vector<RankOptions> also;
   // Run the isolated prefill's layers on this device (backend.h; the same model, n_ctx at least
   // the chunk plus its sink) instead of the CPU, through the same layer contract and taps. The
-  // device's cache is overwritten. So does the probe ranking's pass; the other rankings are
-  // computed on the host.
+  // device's cache is overwritten. The probe ranking's pass runs there too when the device also
+  // holds the probe context (probe_rank); the other rankings are computed on the host.
   DeviceSequence* device = nullptr;
 };
 

@@ -137,9 +137,12 @@ TEST(CudaTaps, KeepRowsAfterLayerZeroMatchesTheCpu) {
 TEST(CudaTaps, ChunkEncodingOnTheDeviceMatchesTheCpu) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
-  const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
+  test::TinyModelOptions o;
+  o.context_length = 1024;
+  const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", o));
   const std::vector<int32_t> toks = test::random_byte_tokens(60, 13);
-  auto dev = make_device("cuda", *m, 64);
+  // Room for the probe context before the chunk: the probe ranking's pass runs there too.
+  auto dev = make_device("cuda", *m, 512);
   for (RankMode mode : {RankMode::kProbe, RankMode::kHead, RankMode::kLowFreq}) {
     SCOPED_TRACE(rank_mode_name(mode));
     EncodeOptions eo;
@@ -159,8 +162,15 @@ TEST(CudaTaps, ChunkEncodingOnTheDeviceMatchesTheCpu) {
     }
   }
   {
+    auto small = make_device("cuda", *m, 64);
     EncodeOptions eo;
-    eo.device = dev.get();
+    eo.device = small.get();
+    // 60 tokens and the sink fit; the probe context does not, so its pass runs on the CPU.
+    const ChunkKV gpu = encode_chunk(*m, toks, eo);
+    const ChunkKV cpu = encode_chunk(*m, toks, EncodeOptions{});
+    ASSERT_EQ(gpu.meta.scores.size(), cpu.meta.scores.size());
+    EXPECT_LT(rel(gpu.meta.scores, cpu.meta.scores), 1e-3)
+        << "ranking scores, probe pass on the CPU";
     EXPECT_THROW(encode_chunk(*m, test::random_byte_tokens(64, 14), eo), Error)
         << "64 tokens and the sink do not fit 64 positions";
   }

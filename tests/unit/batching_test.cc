@@ -377,6 +377,22 @@ TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
   EXPECT_EQ(pieces, 0);
   EXPECT_TRUE(g->answer().tokens.empty());
   EXPECT_EQ(g->kv_bytes(), 0u);
+
+  // A cancelled() that throws ends its own request only; the one stepped beside it finishes
+  // with the tokens it gets alone.
+  struct Broken {};
+  AnswerOptions bad;
+  bad.cancelled = []() -> bool { throw Broken{}; };
+  const Req r2 = requests()[0];
+  const RagPromptTokens p2 = build_rag_prompt(eng.model().tokenizer(), r2.docs, r2.question);
+  std::unique_ptr<Generation> g1 = eng.begin(p, sel_of(r), gen_of(4), bad);
+  std::unique_ptr<Generation> g2 = eng.begin(p2, sel_of(r2), gen_of(4));
+  Generation* both[2] = {g1.get(), g2.get()};
+  while (!g2->done()) eng.advance(both, 2);
+  ASSERT_TRUE(g1->done());
+  EXPECT_THROW(std::rethrow_exception(g1->error()), Broken);
+  EXPECT_FALSE(g2->error());
+  EXPECT_EQ(g2->answer().tokens, alone(eo, {r2}, 4)[0]);
 }
 
 }  // namespace

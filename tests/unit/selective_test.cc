@@ -271,9 +271,11 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
     for (int chunk : {1, 6, 1000}) {
       SCOPED_TRACE(std::string(name) + ", slices of " + std::to_string(chunk) + " rows");
       KVCache kv = model_->make_cache(lay.n_total);
-      KVCache other = model_->make_cache(256);
+      // The other sequence, and the same one decoding alone: its rows must not notice the slices.
+      KVCache other = model_->make_cache(256), alone = model_->make_cache(256);
       const auto other_prompt = test::random_byte_tokens(3, 34);
       cpu::prefill(*model_, other_prompt.data(), 3, 0, other, ws);
+      cpu::prefill(*model_, other_prompt.data(), 3, 0, alone, ws);
       SlicedPrefill sp(*model_, req, opt, kv, ws);
       EXPECT_EQ(sp.rows_left(), want_bd.n_active);
       int passes = 0;
@@ -295,7 +297,13 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
         for (int l = 0; l < c.n_layer; ++l) be->layer(l, nullptr);
         const std::vector<float> lg = be->finish_batch();
         ASSERT_EQ(lg.size(), seqs.size() * V);
-        if (with_decode) ++other.n_pos;
+        if (with_decode) {
+          ++other.n_pos;
+          const int32_t t = 9;
+          const std::vector<float> solo = cpu::prefill(*model_, &t, 1, alone.n_pos, alone, ws);
+          ASSERT_EQ(0, std::memcmp(lg.data(), solo.data(), V * sizeof(float)))
+              << "the decode row's logits, pass " << passes;
+        }
         sp.slice_done(n, lg.data() + (seqs.size() - 1) * V, be->times());
         ++passes;
       }

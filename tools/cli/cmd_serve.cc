@@ -154,7 +154,7 @@ void register_serve(CLI::App& app) {
                 "until its prompt + max_tokens fit, one larger than the whole budget gets 400")
       ->capture_default_str();
   c->add_option("--max-batch", a->server.batching.max_running,
-                "Most requests decoding together in one batch")
+                "Most requests running together (prefilling in slices or decoding) in one batch")
       ->capture_default_str();
   c->add_option("--prefill-chunk", a->prefill_chunk,
                 "Chunked prefill: most prompt rows prefilled per engine step, beside the decode "

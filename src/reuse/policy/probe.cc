@@ -115,7 +115,8 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
                   n, c.n_ctx_train);
   // The chunk after the probe context, through the layer contract: the context's rows are
   // placed as they are (already rotated), the chunk's rows computed over them, layer by layer.
-  // On the CPU the cache holds only the probed layers; a device overwrites its own sequence.
+  // On the CPU the cache holds only the probed layers; a device overwrites its own sequence
+  // (when it holds the context and the chunk; else the CPU runs the pass).
   ReusedRows ctx;
   ctx.segments.push_back({KvDtype::F32, P, "probe context"});
   ctx.pos.resize(P);
@@ -131,7 +132,7 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   PipelineOptions po;
   po.overlap = false;  // a few layers of one short pass: no loader thread
   std::unique_ptr<LayerBackend> be;
-  if (device) {
+  if (device && device->n_ctx() >= P + n) {
     be = device->layers(nullptr);
   } else {
     kv = KVCache(layers, P + n, KV);

@@ -50,8 +50,10 @@ std::string probe_params(const ProbeOptions& o);
 // 0.5 * (mean_t |dK| + mean_t |dV|), puts the chunks of one model on one scale (the order within
 // a chunk does not depend on it; "probe2": "probe1" records had S = 1). Deterministic; ties go to
 // the lower index. The probe pass runs through the layer contract (backend.h): on `device` when
-// given (its cache is overwritten), else on the CPU; the probe context's own encoding is made
-// once per model and probe text on the CPU and placed as already-rotated rows.
+// given and its sequence holds the probe context plus the chunk (its cache is overwritten), else
+// on the CPU; the probe context's own encoding is made once per model and probe text on the CPU
+// and placed as already-rotated rows. A device's rounding differs from the CPU's, so its scores
+// may order near-ties differently.
 ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                         const std::vector<const float*>& k_iso,
                         const std::vector<const float*>& v_iso, const ProbeOptions& o,
