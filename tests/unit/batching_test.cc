@@ -149,12 +149,10 @@ void wait_queued(const Scheduler& s, int n) {
   while (s.stats().queued < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
-  const std::vector<Req> rs = requests();
-  const auto want = alone(engine_options(), rs, 12);
-  Engine eng(engine_options());
-  Scheduler sched(eng, SchedulerOptions{});
-  const Tokenizer& tok = eng.model().tokenizer();
+// Each request from its own thread through the scheduler, all queued before the first is
+// admitted; returns each one's tokens.
+std::vector<std::vector<int32_t>> concurrently(Scheduler& sched, const Tokenizer& tok,
+                                               const std::vector<Req>& rs, int max_tokens) {
   std::vector<std::vector<int32_t>> got(rs.size());
   std::vector<std::thread> threads;
   Gate gate;
@@ -162,12 +160,21 @@ TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
   for (size_t i = 0; i < rs.size(); ++i) {
     threads.emplace_back([&, i] {
       const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
-      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(12)).tokens;
+      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(max_tokens)).tokens;
     });
   }
   wait_queued(sched, (int)rs.size());
   gate.release();
   for (auto& t : threads) t.join();
+  return got;
+}
+
+TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
+  const std::vector<Req> rs = requests();
+  const auto want = alone(engine_options(), rs, 12);
+  Engine eng(engine_options());
+  Scheduler sched(eng, SchedulerOptions{});
+  const auto got = concurrently(sched, eng.model().tokenizer(), rs, 12);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
   const SchedulerStats st = sched.stats();
   // One admission per step and 12 tokens each: all six decode together at the sixth step.
@@ -323,22 +330,11 @@ TEST_F(BatchingTest, ChunkedPrefillStepsBesideDecodeRowsAndKeepsEachRequestsToke
   Engine eng(eo);
   Scheduler sched(eng, SchedulerOptions{});
   const Tokenizer& tok = eng.model().tokenizer();
-  std::vector<std::vector<int32_t>> got(rs.size());
-  std::vector<std::thread> threads;
-  Gate gate;
-  gate.hold(sched);
   int longest = 0;
-  for (size_t i = 0; i < rs.size(); ++i) {
-    longest = std::max(longest, build_rag_prompt(tok, rs[i].docs, rs[i].question).n_tokens());
-    threads.emplace_back([&, i] {
-      const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
-      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(12)).tokens;
-    });
-  }
+  for (const Req& r : rs)
+    longest = std::max(longest, build_rag_prompt(tok, r.docs, r.question).n_tokens());
   ASSERT_GT(longest, 3 * eo.prefill_chunk);  // the prompts really take several slices
-  wait_queued(sched, (int)rs.size());
-  gate.release();
-  for (auto& t : threads) t.join();
+  const auto got = concurrently(sched, tok, rs, 12);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
   const SchedulerStats st = sched.stats();
   EXPECT_GT(st.prefill_rows, 0u);
