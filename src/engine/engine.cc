@@ -218,7 +218,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   start_prefill(*g);
   g->decode_.reset();
-  if (gen.max_tokens <= 0 && !g->sliced_) finish(*g);
+  if (gen.max_tokens <= 0) finish(*g);  // never sliced: nothing to decode
   return g;
 }
 
@@ -228,9 +228,6 @@ void Engine::start_prefill(Generation& g) {
   const int n_total = p.n_tokens();
   Answer& ans = g.answer_;
   g.sliced_.reset();
-  // Failed reads per chunk in this request (g.read_failures_). The bound is per chunk: when a
-  // tier holding several of the request's chunks goes away (Redis killed), each of them fails
-  // once, one per attempt.
   for (;;) {
     Timer lookup;
     ans.chunks.clear();
@@ -274,25 +271,16 @@ void Engine::start_prefill(Generation& g) {
     Workspace ws;
     try {
       if (sliced) {
-        // The selection now; the rows step by step in advance().
+        // The selection now; the rows step by step in advance() (at least the query's).
         g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
-        if (g.sliced_->done()) {  // nothing to compute (cannot happen: the query is active)
-          g.logits_ = g.sliced_->take_logits();
-          g.sliced_.reset();
-        }
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
       }
     } catch (const ChunkReadError& e) {
-      // Detected corruption, a lost entry or an unreachable tier: drop it, re-encode on the next
-      // attempt (twice per chunk at most).
-      std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
       g.sliced_.reset();
-      pool_->evict(e.chunk_id());
-      CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
-                      "chunk {} could not be read after re-encoding", e.chunk_id());
-      ++ans.retries;
-      continue;
+      drop_unreadable(e);
+      count_read_failure(g, e.chunk_id());
+      continue;  // re-encoded on the next attempt
     }
     return;
   }
@@ -421,6 +409,19 @@ void Engine::decode_step(const std::vector<Generation*>& feed, const std::vector
   }
 }
 
+void Engine::drop_unreadable(const ChunkReadError& e) {
+  std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
+  pool_->evict(e.chunk_id());
+}
+
+void Engine::count_read_failure(Generation& g, const std::string& chunk_id) {
+  // The bound is per chunk: when a tier holding several of the request's chunks goes away
+  // (Redis killed), each of them fails once, one per attempt.
+  CT_THROW_IF_NOT(++g.read_failures_[chunk_id] <= 2, "chunk {} could not be read after re-encoding",
+                  chunk_id);
+  ++g.answer_.retries;
+}
+
 void Engine::fail(Generation& g, std::exception_ptr error) const {
   g.error_ = std::move(error);
   g.sliced_.reset();
@@ -462,8 +463,7 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
       // again (re-encoding it), and the step runs again; the decode rows it had written are
       // written again at the same positions. A request whose restart fails ends with that
       // error; the others go on.
-      std::fprintf(stderr, "cachetune: %s; re-encoding\n", e.what());
-      pool_->evict(e.chunk_id());
+      drop_unreadable(e);
       bool restarted = false;
       std::vector<Generation*> still;
       std::vector<int> still_slice;
@@ -474,9 +474,7 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
         if (reads) {
           restarted = true;
           try {
-            CT_THROW_IF_NOT(++g.read_failures_[e.chunk_id()] <= 2,
-                            "chunk {} could not be read after re-encoding", e.chunk_id());
-            ++g.answer_.retries;
+            count_read_failure(g, e.chunk_id());
             start_prefill(g);
             CT_ASSERT(g.sliced_, "a restarted prefill is no longer sliced");
           } catch (...) {

@@ -238,6 +238,11 @@ class Engine {
   void start_prefill(Generation& g);
   // One batched decode step (cpu::decode_batch) of the token ids fed to feed.
   void decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids);
+  // A chunk that could not be read (detected corruption, a lost entry, an unreachable tier):
+  // logged and dropped from the pool, so that the next lookup encodes it again.
+  void drop_unreadable(const ChunkReadError& e);
+  // Counts a failed read of chunk_id for g (Answer::retries); throws after the second.
+  static void count_read_failure(Generation& g, const std::string& chunk_id);
   // Ends g with `error` (it leaves the batch at this step).
   void fail(Generation& g, std::exception_ptr error) const;
   // One pass over decode rows (token ids fed to feed) and the next slices of pre (slice[i]
