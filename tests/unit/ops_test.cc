@@ -377,15 +377,18 @@ void expect_kernels_match_reference(
 }
 
 TEST(QGemv, MatchesDequantisedReferenceForEveryType) {
-  // 512 columns: two K-quant super-blocks, sixteen 32-element blocks.
-  const int rows = 70, cols = 512;
-  for (GgmlType t : kAllTypes) {
+  // 512 columns: two K-quant super-blocks, sixteen 32-element blocks (the 32-element kernels work
+  // on four blocks at a time); for those types also 608 columns (19 blocks: the last group
+  // overlaps the one before) and 96 (3 blocks: one short group).
+  const int rows = 70;
+  for (GgmlType t : kAllTypes)
+  for (int cols : ggml_block_elems(t) == 32 ? std::vector<int>{512, 608, 96} : std::vector<int>{512}) {
     const auto wf = randn((size_t)rows * cols, 30, 0.5f);
     const auto packed = encode_matrix(t, wf, rows, cols);
     QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
     ASSERT_TRUE(qgemv_supported(t)) << ggml_type_name(t);
     auto x = randn(cols, 31);
-    expect_kernels_match_reference(w, x.data(), 1e-6, ggml_type_name(t));
+    expect_kernels_match_reference(w, x.data(), 1e-6, ggml_type_name(t) + " cols " + std::to_string(cols));
     // The quantised product stays close to the F32 one (catches a kernel and reference that
     // agree on a wrong layout only if the encoder shares the mistake; the fixture tests rule
     // that out).
@@ -526,9 +529,10 @@ TEST(QGemv, ManyEqualsSeparateCallsBitForBit) {
 
 TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
   // A decode step over several sequences: every type, two stacked matrices, row counts up to
-  // kMaxBatchRows, each output row equal to qgemv_many on that input row alone.
-  const int cols = 512;
-  for (GgmlType t : kAllTypes) {
+  // kMaxBatchRows, each output row equal to qgemv_many on that input row alone. The 32-element
+  // types also at 544 columns (17 blocks: four full groups of four and a last block alone).
+  for (GgmlType t : kAllTypes)
+  for (int cols : ggml_block_elems(t) == 32 ? std::vector<int>{512, 544} : std::vector<int>{512}) {
     const int rows[2] = {67, 9};
     std::vector<std::vector<uint8_t>> packed(2);
     QMatrix w[2];
@@ -549,7 +553,7 @@ TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
       qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
       // The AVX2 path (the only one on an AVX2-only machine) gives the same bits.
       qgemv_batch(ws, 2, x.data(), n, y_avx2.data(), stride, QgemvPath::kAvx2);
-      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " n=" << n;
+      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " cols=" << cols << " n=" << n;
       for (int i = 0; i < n; ++i) {
         std::vector<float> a(rows[0]), b(rows[1]);
         float* ys[2] = {a.data(), b.data()};
@@ -632,7 +636,7 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
       qgemm(ws, 1, x.data(), n, y.data(), rows);
       qgemm(ws, 1, x.data(), n, y_avx2.data(), rows, QgemmPath::kAvx2);
       qgemm(ws, 1, x.data(), n, y_wide.data(), rows, QgemmPath::kAvx2Wide);
-      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " n=" << n;
+      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " cols=" << cols << " n=" << n;
       ASSERT_EQ(y_wide, y) << ggml_type_name(t) << " n=" << n;
       std::vector<float> x_used(cols), yu(rows);
       std::vector<uint8_t> u(cols);

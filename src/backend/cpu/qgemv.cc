@@ -401,6 +401,7 @@ struct Inputs {
   std::vector<int8_t> q32, qk;
   std::vector<float> d32, sx32, dk, s32, s16f;
   std::vector<int16_t> s16;
+  std::vector<int32_t> h16;
   std::vector<q8::Act> act;
   std::vector<XSums> sums;
 };
@@ -443,6 +444,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     in.q32.resize(n_el);
     in.d32.resize(n_el / 32);
     in.sx32.resize(n_el / 32);
+    in.h16.resize(n_el / 16);
   }
   if (formats & q8::kBlocks256) {
     in.qk.resize(n_el);
@@ -456,8 +458,10 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     const size_t e = (size_t)i * cols;
     q8::Act& a = in.act[i];
     if (formats & q8::kBlocks32) {
-      q8::quantise_blocks32(xi, cols, &in.q32[e], &in.d32[e / 32], &in.sx32[e / 32]);
+      q8::quantise_blocks32(xi, cols, &in.q32[e], &in.d32[e / 32], &in.sx32[e / 32],
+                            &in.h16[e / 16]);
       a.q32 = &in.q32[e];
+      a.h16 = &in.h16[e / 16];
       a.d32 = &in.d32[e / 32];
       a.sx32 = &in.sx32[e / 32];
     }
@@ -542,7 +546,8 @@ void qgemv_input(GgmlType t, const float* x, int cols, float* x_used, QgemvPath 
   std::vector<int8_t> q(cols);
   if (f == q8::kBlocks32) {
     std::vector<float> d(cols / 32), sx(cols / 32);
-    q8::quantise_blocks32(x, cols, q.data(), d.data(), sx.data());
+    std::vector<int32_t> h16(cols / 16);
+    q8::quantise_blocks32(x, cols, q.data(), d.data(), sx.data(), h16.data());
     for (int c = 0; c < cols; ++c) x_used[c] = d[c / 32] * (float)q[c];
   } else {
     std::vector<float> d(cols / 256);

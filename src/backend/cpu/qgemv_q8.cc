@@ -1,10 +1,11 @@
-// 8-bit-activation decode kernels (qgemv_q8.h). Per 32-element block of Q4_0/Q5_0/Q8_0 the
-// weight quants are signed w in [-16, 15] (Q8_0: [-128, 127]) and the block's integer dot with the
-// input's q is sum |w| * (sign(w) q) (maddubs needs one unsigned operand; |w| <= 128 and
-// |q| <= 127 keep every pair sum inside int16, so it never saturates); Q4_1 dots its unsigned
-// quants and adds m * d32 * sum(q). K-quants (Q4_K, Q5_K, Q6_K) multiply each sub-block's int16
-// pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or the offset 32
-// (Q6_K) with the input's 16-element sums in integers, and convert once per super-block.
+// 8-bit-activation decode kernels (qgemv_q8.h). Per 32-element block, Q4_0 and Q5_0 dot their
+// unsigned quants q with the input's q8 and subtract the offset (8 or 16) times the input's
+// 16-element sums in integers; Q8_0 computes sum |w| * (sign(w) q8) (maddubs needs one unsigned
+// operand; |w| <= 128 and |q8| <= 127 keep every pair sum inside int16, so it never saturates);
+// Q4_1 dots its unsigned quants and adds m * d32 * sum(q8). These four convert to float once per
+// four blocks (sums4). K-quants (Q4_K, Q5_K, Q6_K) multiply each sub-block's int16 pair sums by
+// its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or the offset 32 (Q6_K) with the
+// input's 16-element sums in integers, and convert once per super-block.
 // Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
 // registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory.
 #include "backend/cpu/qgemv_q8.h"
@@ -134,67 +135,163 @@ void rows_tiled(const uint8_t* row, const Act* act, int n, int cols, float* y, s
   }
 }
 
-// Q4_0 (d, 16 bytes of nibbles; q - 8), Q5_0 (d, 4 bytes qh, 16 bytes qs; q - 16), Q8_0 (d, 32
-// int8): the signed weights of one block, and its byte size.
+// The 32-element-block types (Q4_0, Q4_1, Q5_0, Q8_0) work on four blocks at a time. Per block
+// and input row, the integer dot product lands in 8 int32 lanes (4 elements each); two rounds of
+// hadd fold the four blocks' lanes into one register, lane j (< 4) holding block j's exact sum
+// over its elements 0..15 and lane 4 + j over 16..31 (sums4). Then one conversion and one float
+// multiply-add per four blocks and row, against the blocks' weight scales times the input's
+// (lane layout [s_0, s_1, s_2, s_3, s_0, s_1, s_2, s_3]), instead of one per block.
+inline __m256i sums4(const __m256i m[4]) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+}
+
+// The fp16 field at byte `off` of nv (<= 4) consecutive blocks of kBytes, as floats in lanes j and
+// 4 + j (lanes of missing blocks 0).
+template <size_t kBytes>
+inline __m256 scales4(const uint8_t* blk, int off, int nv) {
+  alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < nv; ++j) {
+    std::memcpy(&h[j], blk + j * kBytes + off, 2);
+    h[j + 4] = h[j];
+  }
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// Four floats v[0..nv) (then zeros) in both 128-bit halves. kFull: all four, read in place.
+template <bool kFull>
+inline __m256 floats4(const float* v, int nv) {
+  if constexpr (kFull) {
+    return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(v));
+  } else {
+    alignas(16) float t[4] = {0, 0, 0, 0};
+    for (int j = 0; j < nv; ++j) t[j] = v[j];
+    return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t));
+  }
+}
+
+// The input's per-16-element integer sums of four blocks (h16[2j], h16[2j + 1] for block j) in
+// sums4's lane order.
+template <bool kFull>
+inline __m256i halves4(const int32_t* h16, int nv) {
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  if constexpr (kFull) {
+    return _mm256_permutevar8x32_epi32(load256(h16), order);
+  } else {
+    alignas(32) int32_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < 2 * nv; ++j) t[j] = h16[j];
+    return _mm256_permutevar8x32_epi32(load256(t), order);
+  }
+}
+
+// Zeroes lanes j and 4 + j of v for j < skip (blocks a group repeats from the one before).
+inline __m256 skip_lanes(__m256 v, int skip) {
+  if (skip == 0) return v;
+  const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(j, _mm256_set1_epi32(skip - 1))));
+}
+
+// Runs K's four-block group over a row: full groups, then the last 1-3 blocks. With at least four
+// blocks in the row, that is the group of the last four blocks with the lanes of those already
+// done zeroed through their weight scales (full loads, no copies); else a group whose missing
+// blocks are zero.
+template <class K, bool kVnni, int N>
+inline void blocks32_row(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+  __m256 acc[N];
+  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+  const int nb = cols / 32;
+  int b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    K::template group<kVnni, N, true>(row + (size_t)b * K::kBytes, a, b, 4, 0, acc);
+  }
+  if (b < nb && nb >= 4) {
+    K::template group<kVnni, N, true>(row + (size_t)(nb - 4) * K::kBytes, a, nb - 4, 4, 4 - (nb - b), acc);
+  } else if (b < nb) {
+    K::template group<kVnni, N, false>(row + (size_t)b * K::kBytes, a, b, nb - b, 0, acc);
+  }
+  for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+}
+
+// Q4_0 (d, 16 bytes of nibbles; element d (q - 8)), Q5_0 (d, 4 bytes qh, 16 bytes qs; d (q - 16))
+// and Q8_0 (d, 32 int8; d q). Q4_0 and Q5_0 multiply the unsigned q and subtract the offset times
+// the input's 16-element sums in integers; Q8_0 multiplies |w| by sign(w) x (maddubs needs one
+// unsigned operand; |w| <= 128 and |x| <= 127 keep every pair sum inside int16).
 enum class Signed32 { kQ4_0, kQ5_0, kQ8_0 };
 
 template <Signed32 kT>
 struct KSigned32 {
   static constexpr size_t kBytes = kT == Signed32::kQ4_0 ? 18 : kT == Signed32::kQ5_0 ? 22 : 34;
-  static __m256i weights(const uint8_t* blk) {
+  static constexpr int kOffsetShift = kT == Signed32::kQ4_0 ? 3 : kT == Signed32::kQ5_0 ? 4 : 0;
+  static __m256i quants(const uint8_t* blk) {
     if constexpr (kT == Signed32::kQ4_0) {
-      return _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+      return nibbles32(blk + 2);
     } else if constexpr (kT == Signed32::kQ5_0) {
-      return _mm256_sub_epi8(_mm256_or_si256(nibbles32(blk + 6), q5_high_bits(blk + 2)),
-                             _mm256_set1_epi8(16));
+      return _mm256_or_si256(nibbles32(blk + 6), q5_high_bits(blk + 2));
     } else {
       return load256(blk + 2);
     }
   }
+  template <bool kVnni, int N, bool kFull>
+  static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip, __m256* acc) {
+    __m256i w[4], u[4];
+    for (int j = 0; j < 4; ++j) {
+      w[j] = kFull || j < nv ? quants(blk + j * kBytes) : _mm256_setzero_si256();
+      u[j] = kOffsetShift > 0 ? w[j] : _mm256_sign_epi8(w[j], w[j]);  // Q8_0: |w|, -128 -> 128
+    }
+    const __m256 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
+    for (int r = 0; r < N; ++r) {
+      __m256i m[4];
+      for (int j = 0; j < 4; ++j) {
+        if (!kFull && j >= nv) {
+          m[j] = _mm256_setzero_si256();
+          continue;
+        }
+        const __m256i x = load256(a[r].q32 + 32 * (b + j));
+        m[j] = dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j],
+                               kOffsetShift > 0 ? x : _mm256_sign_epi8(x, w[j]));
+      }
+      __m256i s = sums4(m);
+      if constexpr (kOffsetShift > 0) {
+        s = _mm256_sub_epi32(s, _mm256_slli_epi32(halves4<kFull>(a[r].h16 + 2 * b, nv), kOffsetShift));
+      }
+      const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[r]);
+    }
+  }
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
-    __m256 acc[N];
-    for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < cols / 32; ++b) {
-      const uint8_t* blk = row + (size_t)b * kBytes;
-      const __m256i w = weights(blk);
-      const __m256i u = _mm256_sign_epi8(w, w);  // |w|; -128 stays 0x80, i.e. 128 unsigned
-      const __m256 dw = _mm256_set1_ps(half(blk));
-      for (int r = 0; r < N; ++r) {
-        const __m256i s = _mm256_sign_epi8(load256(a[r].q32 + 32 * b), w);
-        const __m256i p = dot_u8s8<kVnni>(_mm256_setzero_si256(), u, s);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                 _mm256_mul_ps(dw, _mm256_broadcast_ss(a[r].d32 + b)), acc[r]);
-      }
-    }
-    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+    blocks32_row<KSigned32, kVnni, N>(row, a, cols, y, ys);
   }
 };
 
 // Q4_1: d, m, 16 bytes of nibbles; element d * q + m, so a block adds d * d32 * sum(q_w q) +
-// m * sx32.
+// m * sx32 (the min term rides in lanes 0-3 of a second multiply-add, lanes 4-7 zero).
 struct KQ4_1 {
+  static constexpr size_t kBytes = 20;
+  template <bool kVnni, int N, bool kFull>
+  static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip, __m256* acc) {
+    __m256i u[4];
+    for (int j = 0; j < 4; ++j) {
+      u[j] = kFull || j < nv ? nibbles32(blk + j * kBytes + 4) : _mm256_setzero_si256();
+    }
+    const __m256 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
+    // The mins in lanes 0-3 only: zero the upper half.
+    const __m256 mw = _mm256_blend_ps(skip_lanes(scales4<kBytes>(blk, 2, kFull ? 4 : nv), skip),
+                                      _mm256_setzero_ps(), 0xf0);
+    for (int r = 0; r < N; ++r) {
+      __m256i m[4];
+      for (int j = 0; j < 4; ++j) {
+        m[j] = !kFull && j >= nv
+                   ? _mm256_setzero_si256()
+                   : dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], load256(a[r].q32 + 32 * (b + j)));
+      }
+      const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums4(m)), _mm256_mul_ps(dw, dx), acc[r]);
+      acc[r] = _mm256_fmadd_ps(mw, floats4<kFull>(a[r].sx32 + b, nv), acc[r]);
+    }
+  }
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
-    __m256 acc[N];
-    float mins[N];
-    for (int r = 0; r < N; ++r) {
-      acc[r] = _mm256_setzero_ps();
-      mins[r] = 0;
-    }
-    for (int b = 0; b < cols / 32; ++b) {
-      const uint8_t* blk = row + (size_t)b * 20;
-      const __m256i u = nibbles32(blk + 4);
-      const __m256 dw = _mm256_set1_ps(half(blk));
-      const float m = half(blk + 2);
-      for (int r = 0; r < N; ++r) {
-        const __m256i p = dot_u8s8<kVnni>(_mm256_setzero_si256(), u, load256(a[r].q32 + 32 * b));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-                                 _mm256_mul_ps(dw, _mm256_broadcast_ss(a[r].d32 + b)), acc[r]);
-        mins[r] = std::fma(m, a[r].sx32[b], mins[r]);
-      }
-    }
-    for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]) + mins[r];
+    blocks32_row<KQ4_1, kVnni, N>(row, a, cols, y, ys);
   }
 };
 
@@ -373,9 +470,12 @@ void quantise_32(const float* x, int cols, int8_t* q, float* d, Sums sums) {
   }
 }
 
-void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx) {
-  quantise_32(x, cols, q, d, [sx](int b, float scale, __m256i lo, __m256i hi) {
-    sx[b] = scale * (float)hsum_epi32(_mm256_add_epi32(lo, hi));
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h16) {
+  quantise_32(x, cols, q, d, [sx, h16](int b, float scale, __m256i lo, __m256i hi) {
+    const int s_lo = hsum_epi32(lo), s_hi = hsum_epi32(hi);
+    h16[2 * b] = s_lo;
+    h16[2 * b + 1] = s_hi;
+    sx[b] = scale * (float)(s_lo + s_hi);
   });
 }
 

@@ -1,7 +1,7 @@
 // Decode kernels with 8-bit activations (internal to backend/cpu; qgemv.cc dispatches to them).
 // Each input row is quantised once per product to 8 bits, and a weight block is dotted with it in
 // integer arithmetic (AVX2 maddubs/madd, or VNNI dpbusd/dpwssd where the compiler targets it),
-// one float multiply-add per block or super-block. One packed weight row is dotted with up to
+// one float multiply-add per four 32-element blocks or per super-block. One packed weight row is dotted with up to
 // kMaxBatchRows input rows while its blocks are in registers.
 #pragma once
 
@@ -15,7 +15,8 @@ namespace ct::cpu::q8 {
 // Activation encodings (bit flags: a product whose matrices use both computes both).
 // kBlocks32, for the types with 32-element blocks: each 32 elements x[32b, 32b + 32) as q in
 // [-127, 127] with x ~ d32[b] * q, d32[b] = max|x| / 127, and sx32[b] = d32[b] * sum(q) (what a
-// block's min term needs). kBlocks256, for the K-quants: one scale per 256 elements, so a
+// block's min term needs), h16[j] = sum of q over x[16j, 16j + 16) (the Q4_0/Q5_0 offsets, in
+// integers). kBlocks256, for the K-quants: one scale per 256 elements, so a
 // super-block's sub-block sums stay integers and add up exactly before one float multiply;
 // s16[j] = sum of q over x[16j, 16j + 16) (the mins and the Q6_K offset need them).
 enum Format : unsigned { kNone = 0, kBlocks32 = 1, kBlocks256 = 2 };
@@ -26,6 +27,7 @@ struct Act {
   const int8_t* q32 = nullptr;   // [cols]
   const float* d32 = nullptr;    // [cols / 32]
   const float* sx32 = nullptr;   // [cols / 32]
+  const int32_t* h16 = nullptr;  // [cols / 16]
   const int8_t* qk = nullptr;    // [cols]
   const float* dk = nullptr;     // [cols / 256]
   const int16_t* s16 = nullptr;  // [cols / 16]
@@ -34,7 +36,7 @@ struct Act {
 // The encoding type t's 8-bit kernel reads, kNone for the types that stay on F32 kernels.
 Format format_of(GgmlType t);
 
-void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx);
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h16);
 void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16);
 // The prefill GEMM's encoding (qgemm.h): kBlocks32's q and d (the same rounding), and per 16
 // elements sx16[j] = d[j / 2] * sum of q over x[16j, 16j + 16).
