@@ -26,6 +26,8 @@ import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COLUMNS = ["name", "file", "bytes", "sha256", "package", "version", "parts", "member"]
+# An optional ninth column: the model's measured quality floor (tools/r_curve.py), or "-".
+OPTIONAL = ["r_min"]
 CHUNK = 1 << 20
 
 
@@ -42,13 +44,21 @@ def parse_registry(path):
             if not line.strip() or line.startswith("#"):
                 continue
             cols = line.split("\t")
-            if cols == COLUMNS:
+            if cols in (COLUMNS, COLUMNS + OPTIONAL):
                 continue
             where = f"{path}:{n}"
-            if len(cols) != len(COLUMNS):
+            if len(cols) not in (len(COLUMNS), len(COLUMNS) + len(OPTIONAL)):
                 raise RegistryError(f"{where}: {len(cols)} tab-separated columns, expected "
-                                    f"{len(COLUMNS)} ({' '.join(COLUMNS)})")
-            e = dict(zip(COLUMNS, cols))
+                                    f"{len(COLUMNS)} ({' '.join(COLUMNS)}) or "
+                                    f"{len(COLUMNS) + len(OPTIONAL)} (and {' '.join(OPTIONAL)})")
+            e = dict(zip(COLUMNS + OPTIONAL, cols))
+            r_min = e.pop("r_min", "-")
+            try:
+                e["r_min"] = None if r_min == "-" else float(r_min)
+            except ValueError:
+                e["r_min"] = -1.0
+            if e["r_min"] is not None and not 0 < e["r_min"] <= 1:
+                raise RegistryError(f"{where}: r_min '{r_min}': expected a number in (0, 1] or '-'")
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", e["name"]):
                 raise RegistryError(f"{where}: name '{e['name']}': expected letters, digits, . _ -")
             if "/" in e["file"] or not e["file"].endswith(".gguf"):

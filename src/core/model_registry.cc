@@ -15,9 +15,10 @@
 namespace ct {
 namespace {
 
-constexpr const char* kColumns[] = {"name",    "file",    "bytes", "sha256",
-                                    "package", "version", "parts", "member"};
+constexpr const char* kColumns[] = {"name",    "file",    "bytes", "sha256", "package",
+                                    "version", "parts", "member", "r_min"};
 constexpr size_t kNumColumns = sizeof(kColumns) / sizeof(kColumns[0]);
+constexpr size_t kRequiredColumns = kNumColumns - 1;  // r_min is optional
 
 std::vector<std::string> split_tabs(const std::string& line) {
   std::vector<std::string> out;
@@ -63,13 +64,13 @@ std::vector<ModelEntry> parse_model_registry(const std::string& text, const std:
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos || line[0] == '#') continue;
     const auto cols = split_tabs(line);
-    bool header = cols.size() == kNumColumns;
-    for (size_t i = 0; header && i < kNumColumns; ++i) header = cols[i] == kColumns[i];
+    bool header = cols.size() == kNumColumns || cols.size() == kRequiredColumns;
+    for (size_t i = 0; header && i < cols.size(); ++i) header = cols[i] == kColumns[i];
     if (header) continue;
-    CT_THROW_IF_NOT(cols.size() == kNumColumns,
+    CT_THROW_IF_NOT(cols.size() == kNumColumns || cols.size() == kRequiredColumns,
                     "{}:{}: {} tab-separated columns, expected {} (name file bytes sha256 package "
-                    "version parts member)",
-                    source, n, cols.size(), kNumColumns);
+                    "version parts member) or {} (and r_min)",
+                    source, n, cols.size(), kRequiredColumns, kNumColumns);
     ModelEntry e;
     e.name = cols[0];
     e.file = cols[1];
@@ -94,6 +95,18 @@ std::vector<ModelEntry> parse_model_registry(const std::string& text, const std:
     e.parts = std::stoi(cols[6]);
     CT_THROW_IF_NOT(!e.package.empty() && !e.version.empty() && !e.member.empty(),
                     "{}:{}: model '{}' has an empty package, version or member", source, n, e.name);
+    if (cols.size() == kNumColumns && cols[8] != "-") {
+      const std::string& v = cols[8];
+      size_t used = 0;
+      double r = -1;
+      try {
+        r = std::stod(v, &used);
+      } catch (const std::exception&) {
+      }
+      CT_THROW_IF_NOT(used == v.size() && r > 0 && r <= 1,
+                      "{}:{}: r_min '{}': expected a number in (0, 1] or '-'", source, n, v);
+      e.r_min = r;
+    }
     CT_THROW_IF_NOT(find_model(reg, e.name) == nullptr, "{}:{}: name '{}' appears twice", source, n,
                     e.name);
     reg.push_back(std::move(e));
@@ -191,6 +204,17 @@ std::string resolve_model(const std::string& name_or_path) {
 std::string default_model_path() {
   if (const char* m = std::getenv("CACHETUNE_MODEL"); m && *m) return m;
   return models_dir() + "/" + model_registry().front().file;
+}
+
+double model_r_min(const std::string& model_path) {
+  struct stat st {};
+  if (::stat(model_path.c_str(), &st) != 0) return kDefaultRMin;
+  const size_t slash = model_path.find_last_of('/');
+  const std::string base = slash == std::string::npos ? model_path : model_path.substr(slash + 1);
+  for (const ModelEntry& e : model_registry()) {
+    if (e.file == base && e.bytes == (uint64_t)st.st_size && e.r_min > 0) return e.r_min;
+  }
+  return kDefaultRMin;
 }
 
 }  // namespace ct

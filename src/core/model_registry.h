@@ -18,10 +18,17 @@ struct ModelEntry {
   std::string version;  // pinned version of every part
   int parts = 0;        // wheels whose members, concatenated in order, form the file
   std::string member;   // the file inside each wheel (end of the member's path)
+  // The model's quality floor: the smallest recompute ratio worth using, measured from its
+  // quality-against-r curve (bench/quality_r_sweep.sh, rule in tools/r_curve.py). Optional ninth
+  // column; 0 (written "-" or left out) when not measured.
+  double r_min = 0;
 };
 
+// The floor used for a model whose registry row has none (the paper's App. E.4 value).
+constexpr double kDefaultRMin = 0.15;
+
 // Parses registry text: '#' comments, an optional header row, then one tab-separated row per
-// model with the columns above. Throws ct::Error naming `source`, the line, the value and what
+// model with the columns above (eight, or nine with r_min). Throws ct::Error naming `source`, the line, the value and what
 // was expected. The first row is the default model.
 std::vector<ModelEntry> parse_model_registry(const std::string& text, const std::string& source);
 
@@ -59,5 +66,10 @@ Installed model_install_state(const ModelEntry& e, const std::string& dir);
 // not installed (or not at its size) and a path that does not exist throw ct::Error; the former
 // says "run: cachetune pull NAME".
 std::string resolve_model(const std::string& name_or_path);
+
+// The quality floor r_min for the model file at `model_path`: the registry row whose file has
+// that base name and that size, when the row has one measured; else kDefaultRMin. What
+// `generate`, `serve` and `calibrate` use as their floor and default ratio unless --rmin says.
+double model_r_min(const std::string& model_path);
 
 }  // namespace ct

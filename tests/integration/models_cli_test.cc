@@ -11,6 +11,7 @@
 
 #include "core/sha256.h"
 #include "support/fake_wheels.h"
+#include "support/tiny_model.h"
 
 namespace ct {
 namespace {
@@ -104,6 +105,37 @@ TEST_F(ModelsCliTest, ModelNamesThatAreNotInstalledSayHowToPullThem) {
   EXPECT_EQ(neither.rc, 1) << neither.output;
   EXPECT_NE(neither.output.find("not a model name (known: fake-default, other"), std::string::npos)
       << neither.output;
+}
+
+TEST_F(ModelsCliTest, AModelsMeasuredFloorIsItsDefaultRatioUnlessTheFlagsSayOtherwise) {
+  // A tiny random model registered (by file name and size) with r_min 0.3: chunk-mode generate
+  // runs cachetune at 0.30 by default; --rmin and --ratio win over it; `models` lists it.
+  test::TinyModelOptions o;
+  o.context_length = 1024;
+  const std::string model = test::write_tiny_model((root_ / "models/tiny.gguf").string(), o);
+  std::string row = test::fake_registry_row("tiny", "tiny.gguf", fs::file_size(model),
+                                            std::string(64, 'c'), 1);
+  row.insert(row.size() - 1, "\t0.3");
+  std::ofstream(root_ / "r.tsv", std::ios::app) << row;
+  std::ofstream(root_ / "doc.txt") << "The lighthouse on the cape was built in 1871 of granite.";
+  const std::string gen = "generate --model " + model + " --tiers host:64M --chunk " +
+                          (root_ / "doc.txt").string() + " -q 'When was it built?' --max-tokens 2";
+  const auto dflt = cli(gen);
+  ASSERT_EQ(dflt.rc, 0) << dflt.output;
+  EXPECT_NE(dflt.output.find("[cachetune r=0.30]"), std::string::npos) << dflt.output;
+  const auto floor = cli(gen + " --rmin 0.2");
+  ASSERT_EQ(floor.rc, 0) << floor.output;
+  EXPECT_NE(floor.output.find("[cachetune r=0.20]"), std::string::npos) << floor.output;
+  const auto ratio = cli(gen + " --ratio 0.5");
+  ASSERT_EQ(ratio.rc, 0) << ratio.output;
+  EXPECT_NE(ratio.output.find("[cachetune r=0.50]"), std::string::npos) << ratio.output;
+  const auto bad = cli(gen + " --rmin 1.5");
+  EXPECT_EQ(bad.rc, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--rmin 1.5: expected a number in [0, 1]"), std::string::npos)
+      << bad.output;
+  const auto listed = cli("models");
+  ASSERT_EQ(listed.rc, 0) << listed.output;
+  EXPECT_NE(listed.output.find(" 0.3 "), std::string::npos) << listed.output;
 }
 
 }  // namespace

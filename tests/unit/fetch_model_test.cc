@@ -173,6 +173,14 @@ TEST_F(FetchModelTest, UnknownNamesListTheKnownOnesAndBadRegistriesNameTheLine) 
   const RunResult bad = fetch("fake");
   EXPECT_EQ(bad.rc, 2) << bad.output;
   EXPECT_NE(bad.output.find("r.tsv:1: sha256 'not-a-sha'"), std::string::npos) << bad.output;
+  // The optional ninth column, r_min: a number in (0, 1] or "-", as the C++ parser takes it.
+  std::ofstream(root_ / "r.tsv") << "fake\tfake.gguf\t12\t" << std::string(64, 'a')
+                                 << "\tp\t1\t1\tx.bin\t1.5\n";
+  const RunResult bad_floor = fetch("fake");
+  EXPECT_EQ(bad_floor.rc, 2) << bad_floor.output;
+  EXPECT_NE(bad_floor.output.find("r.tsv:1: r_min '1.5': expected a number in (0, 1] or '-'"),
+            std::string::npos)
+      << bad_floor.output;
 }
 
 }  // namespace

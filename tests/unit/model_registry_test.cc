@@ -70,6 +70,22 @@ TEST(ModelRegistry, ParsesCommentsHeaderAndRows) {
   EXPECT_EQ(reg[0].bytes, 10u);
   EXPECT_EQ(reg[0].parts, 2);
   EXPECT_EQ(reg[0].member, "data/p{i:02}.bin");
+  EXPECT_EQ(reg[0].r_min, 0.0);  // no ninth column: not measured
+}
+
+TEST(ModelRegistry, TheOptionalNinthColumnIsTheMeasuredFloor) {
+  std::string row = kRow;
+  row.insert(row.size() - 1, "\t0.2");
+  std::string other = std::string(kRow).replace(0, 1, "n");
+  other.insert(other.size() - 1, "\t-");
+  const auto reg = parse_model_registry(
+      std::string("name\tfile\tbytes\tsha256\tpackage\tversion\tparts\tmember\tr_min\n") + row +
+          other + std::string(kRow).replace(0, 1, "o"),
+      "t.tsv");
+  ASSERT_EQ(reg.size(), 3u);
+  EXPECT_EQ(reg[0].r_min, 0.2);
+  EXPECT_EQ(reg[1].r_min, 0.0);
+  EXPECT_EQ(reg[2].r_min, 0.0);
 }
 
 TEST(ModelRegistry, BadRowsNameTheSourceLineAndValue) {
@@ -83,6 +99,13 @@ TEST(ModelRegistry, BadRowsNameTheSourceLineAndValue) {
   };
   EXPECT_NE(err("# c\nm\tm.gguf\t10\n").find("r.tsv:2: 3 tab-separated columns, expected 8"),
             std::string::npos);
+  for (const char* bad : {"0", "1.5", "x", "0.2x", "nan", ""}) {
+    const std::string e = err(row("10", sha, "1").insert(row("10", sha, "1").size() - 1,
+                                                         std::string("\t") + bad));
+    EXPECT_NE(e.find(std::string("r.tsv:1: r_min '") + bad + "': expected a number in (0, 1] or '-'"),
+              std::string::npos)
+        << e;
+  }
   EXPECT_NE(err(row("ten", sha, "1")).find("r.tsv:1: bytes 'ten': expected a positive integer"),
             std::string::npos);
   EXPECT_NE(err(row("0", sha, "1")).find("bytes '0'"), std::string::npos);
@@ -169,6 +192,23 @@ TEST_F(ModelResolveTest, NamesResolveToInstalledFilesAndOtherwiseSayHowToPull) {
       << neither;
   save("CACHETUNE_MODEL", model_file("tiny.gguf"));  // overrides the default, not names
   EXPECT_EQ(resolve_model(""), model_file("tiny.gguf"));
+}
+
+TEST_F(ModelResolveTest, AModelsFloorComesFromItsRegistryRowWhenMeasured) {
+  std::ofstream(root_ / "r.tsv")
+      << "first\tfirst.gguf\t4\t" << std::string(64, 'a') << "\tp\t1\t1\tx.bin\t0.3\n"
+      << "tiny\ttiny.gguf\t5\t" << std::string(64, 'b') << "\tp\t1\t1\tx.bin\t-\n";
+  std::ofstream(model_file("first.gguf")) << "abcd";
+  std::ofstream(model_file("tiny.gguf")) << "abcde";
+  EXPECT_EQ(model_r_min(model_file("first.gguf")), 0.3);
+  EXPECT_EQ(model_r_min(model_file("tiny.gguf")), kDefaultRMin);  // "-": not measured
+  // A copy elsewhere with the same name and size is the same model; another size is not.
+  fs::create_directories(root_ / "copy");
+  std::ofstream(root_ / "copy/first.gguf") << "wxyz";
+  EXPECT_EQ(model_r_min((root_ / "copy/first.gguf").string()), 0.3);
+  std::ofstream(root_ / "copy/first.gguf") << "wxyz!";
+  EXPECT_EQ(model_r_min((root_ / "copy/first.gguf").string()), kDefaultRMin);
+  EXPECT_EQ(model_r_min((root_ / "nothing.gguf").string()), kDefaultRMin);
 }
 
 TEST_F(ModelResolveTest, TheSidecarVouchesOnlyForTheFileAsItWas) {

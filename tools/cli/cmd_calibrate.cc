@@ -143,6 +143,7 @@ void run_calibrate(CalibrateArgs& a) {
   CT_THROW_IF_NOT(!a.sweep || a.sweep_step > 0, "--sweep-step {}: expected > 0", a.sweep_step);
   Timer total;
   EngineOptions eo = a.engine.options();
+  a.cal.r_min = eo.r_min;  // --rmin, else the model's measured floor
   eo.tiers = {parse_tier_spec(a.tier)};
   eo.calibration_path = a.calibration;
   Engine eng(std::move(eo));
@@ -189,8 +190,7 @@ void register_calibrate(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking")
       ->capture_default_str();
-  c->add_option("--rmin", a->cal.r_min, "Quality floor: no ratio below is probed or chosen")
-      ->capture_default_str();
+  add_rmin_option(c, &a->engine.r_min);
   c->add_option("--rmax", a->cal.r_max, "Largest ratio searched")->capture_default_str();
   c->add_option("--eps", a->cal.eps, "Stop when the search bracket is narrower than this")
       ->capture_default_str();

@@ -33,7 +33,8 @@ struct GenerateArgs {
   std::vector<std::string> chunks;
   std::string question;
   std::vector<std::string> policies = {"cachetune"};
-  std::string ratio = "0.15";  // a number in [0, 1], or "auto": the tier's calibrated ratio
+  // A number in [0, 1], "auto" (the tier's calibrated ratio) or empty: the model's r_min.
+  std::string ratio;
   std::string calibration;
   std::string instruction = kQaInstruction;
   int prefill_chunk = 0;
@@ -191,8 +192,7 @@ void register_generate(CLI::App& app) {
       ->capture_default_str();
   c->add_option("-r,--ratio", a->ratio,
                 "Recompute ratio r, or 'auto': the ratio `cachetune calibrate` stored for the "
-                "tier holding the chunks (r_min 0.15 when there is none)")
-      ->capture_default_str();
+                "tier holding the chunks (r_min when there is none). Default: r_min (--rmin)");
   c->add_option("--calibration", a->calibration,
                 "Calibration store for --ratio auto (default: $CACHETUNE_CALIBRATION or "
                 "~/.cache/cachetune/calibration.json)");
@@ -204,6 +204,7 @@ void register_generate(CLI::App& app) {
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");
+  add_rmin_option(c, &a->engine.r_min);
   c->add_option("--device", a->engine.device,
                 "Chunk mode: where prefill and decoding run, cpu or cuda (policies the GPU path "
                 "lacks run on the CPU)")

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/model_registry.h"
 #include "core/paths.h"
@@ -85,20 +87,22 @@ void run_pull(const PullArgs& a) {
 void run_models() {
   const auto reg = model_registry();
   const std::string dir = models_dir();
-  std::printf("%-22s %-11s %10s  %s\n", "NAME", "STATE", "SIZE", "PATH");
+  std::printf("%-22s %-11s %10s  %-6s %s\n", "NAME", "STATE", "SIZE", "R_MIN", "PATH");
   for (size_t i = 0; i < reg.size(); ++i) {
     const ModelEntry& e = reg[i];
     const Installed in = model_install_state(e, dir);
     const std::string name = e.name + (i == 0 ? " *" : "");
     const double mb = (in.state == InstallState::kAbsent ? e.bytes : in.size) / 1e6;
-    std::printf("%-22s %-11s %8.1fMB  %s\n", name.c_str(), install_state_name(in.state), mb,
-                in.path.c_str());
+    const std::string r_min = e.r_min > 0 ? fmt::format("{:g}", e.r_min) : "-";
+    std::printf("%-22s %-11s %8.1fMB  %-6s %s\n", name.c_str(), install_state_name(in.state), mb,
+                r_min.c_str(), in.path.c_str());
   }
   std::printf(
       "* the default model. absent: `cachetune pull NAME` installs it; unverified: present "
-      "with the right size, `cachetune pull NAME` checks its SHA-256 once. Directory: %s "
-      "($CACHETUNE_MODEL_DIR)\n",
-      dir.c_str());
+      "with the right size, `cachetune pull NAME` checks its SHA-256 once. R_MIN: the model's "
+      "measured quality floor, its default recompute ratio (-: not measured, %g is used). "
+      "Directory: %s ($CACHETUNE_MODEL_DIR)\n",
+      kDefaultRMin, dir.c_str());
 }
 
 }  // namespace

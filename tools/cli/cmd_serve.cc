@@ -24,7 +24,7 @@ struct ServeArgs {
   EngineFlags engine;
   server::ServerOptions server;
   std::string policy = "cachetune";
-  std::string ratio = "0.15";
+  std::string ratio;  // empty: the model's r_min
   std::string calibration;
   std::string max_body = "8M";
   std::string kv_budget = "4G";
@@ -108,7 +108,8 @@ void run_serve(ServeArgs a) {
   std::fprintf(stderr,
                "cachetune serve: http://%s:%d  model %s, policy %s, ratio %s, API key %s "
                "(Ctrl-C stops)\n",
-               so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(), a.ratio.c_str(),
+               so.host.c_str(), port, so.model_id.c_str(), a.policy.c_str(),
+               a.ratio.empty() ? fmt::format("{:.2f} (r_min)", ratio).c_str() : a.ratio.c_str(),
                so.api_key.empty() ? "none" : "required");
   const bool loopback = so.host == "127.0.0.1" || so.host == "::1" || so.host == "localhost";
   if (!loopback && so.api_key.empty()) {
@@ -143,8 +144,8 @@ void register_serve(CLI::App& app) {
   c->add_option("--policy", a->policy, "Default reuse policy of requests without one: " + policy_names())
       ->capture_default_str();
   c->add_option("-r,--ratio", a->ratio,
-                "Default recompute ratio, or 'auto' (the calibrated ratio of the chunks' tier)")
-      ->capture_default_str();
+                "Default recompute ratio, or 'auto' (the calibrated ratio of the chunks' tier). "
+                "Default: r_min (--rmin)");
   c->add_option("--calibration", a->calibration, "Calibration store for --ratio auto");
   c->add_option("--model-id", a->server.model_id,
                 "Model name in responses (default: the GGUF file's name)");

@@ -12,11 +12,11 @@
 
 namespace ct::cli {
 
-// A --ratio value: a number in [0, 1], or "auto" (the calibrated ratio of the chunks' tier;
-// *is_auto is set and the return value is r_min).
+// A --ratio value: a number in [0, 1], "auto" (the calibrated ratio of the chunks' tier;
+// *is_auto is set and the return value is r_min), or empty: r_min, the model's quality floor.
 inline double parse_ratio_flag(const std::string& text, double r_min, bool* is_auto) {
   *is_auto = text == "auto";
-  if (*is_auto) return r_min;
+  if (*is_auto || text.empty()) return r_min;
   size_t used = 0;
   double ratio = -1;
   try {
@@ -37,6 +37,14 @@ inline CLI::Option* add_model_option(CLI::App* c, std::string* model) {
                        "NAME`) or a GGUF path (default: the registry's default, smollm2-135m)");
 }
 
+// --rmin as generate, serve and calibrate take it; below 0 (unset): the model's measured floor.
+inline CLI::Option* add_rmin_option(CLI::App* c, double* r_min) {
+  return c->add_option("--rmin", *r_min,
+                       "Quality floor r_min: no ratio below it is used; the default --ratio, and "
+                       "that of --ratio auto on a tier without calibration (default: the model's "
+                       "measured floor, R_MIN in `cachetune models`; 0.15 where none was measured)");
+}
+
 struct EngineFlags {
   std::string model;
   std::vector<std::string> tiers;  // specs, e.g. device:2G host:8G disk:DIR[:CAP][:bw=100M]
@@ -48,6 +56,7 @@ struct EngineFlags {
   std::string rank = rank_mode_name(EncodeOptions().rank.mode);
   int probe_layers = 0;
   std::string probe_text = kDefaultProbeText;
+  double r_min = -1;  // below 0: the model's measured floor (model_r_min)
 
   void add(CLI::App* c) {
     add_model_option(c, &model);
@@ -68,6 +77,7 @@ struct EngineFlags {
                   "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")
         ->capture_default_str();
     c->add_option("--probe-text", probe_text, "Probe context of the probe ranking");
+    add_rmin_option(c, &r_min);
     c->add_option("--device", device,
                   "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
                   "policies the GPU path lacks fall back to the CPU)")
@@ -83,6 +93,8 @@ struct EngineFlags {
   EngineOptions options() const {
     EngineOptions o;
     o.model_path = resolve_model(model);
+    CT_THROW_IF_NOT(r_min < 0 || r_min <= 1, "--rmin {}: expected a number in [0, 1]", r_min);
+    o.r_min = r_min >= 0 ? r_min : model_r_min(o.model_path);
     for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
     o.encode.dtype = parse_kv_dtype(dtype);
     o.encode.rank.alpha = alpha;
