@@ -275,6 +275,7 @@ void Engine::start_prefill(Generation& g) {
         g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
+        g.srcs_.clear();  // releases the chunks' pins (PooledChunk) once their rows are read
       }
     } catch (const ChunkReadError& e) {
       g.sliced_.reset();
@@ -425,6 +426,7 @@ void Engine::count_read_failure(Generation& g, const std::string& chunk_id) {
 void Engine::fail(Generation& g, std::exception_ptr error) const {
   g.error_ = std::move(error);
   g.sliced_.reset();
+  g.srcs_.clear();
   finish(g);
 }
 
@@ -508,6 +510,7 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
     g.answer_.prefill = g.sliced_->breakdown();
     g.logits_ = g.sliced_->take_logits();
     g.sliced_.reset();
+    g.srcs_.clear();  // releases the chunks' pins
   }
   return prefill_rows;
 }

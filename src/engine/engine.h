@@ -142,7 +142,9 @@ class Generation {
   Answer answer_;
   RagPromptTokens prompt_;
   SelectiveOptions sel_;                            // as asked (auto ratio and device per attempt)
-  std::vector<std::unique_ptr<ChunkSource>> srcs_;  // the chunks the prefill reads
+  // The chunks the prefill reads, pinned in their tiers from the lookup until the prefill is
+  // done (PooledChunk), then released.
+  std::vector<std::unique_ptr<ChunkSource>> srcs_;
   std::unique_ptr<SlicedPrefill> sliced_;           // while prefilling in slices
   std::map<std::string, int> read_failures_;        // per chunk id (re-encodes after damage)
   GenerateOptions gen_;

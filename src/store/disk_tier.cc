@@ -443,10 +443,36 @@ bool DiskTier::read_rows(const std::string& id, int layer, int row_begin, int ro
   Opened o = open_entry(id);
   if (o.fd < 0) return false;
   Fd fd(o.fd);
+  return read_opened(id, o, layer, row_begin, row_end, k_dst, v_dst);
+}
+
+class DiskTier::Pin final : public PinnedRecord {
+ public:
+  Pin(DiskTier& tier, std::string id, Opened o) : tier_(tier), id_(std::move(id)), o_(o), fd_(o.fd) {}
+  bool read_rows(int layer, int row_begin, int row_end, void* k_dst, void* v_dst) override {
+    return tier_.read_opened(id_, o_, layer, row_begin, row_end, k_dst, v_dst);
+  }
+
+ private:
+  DiskTier& tier_;
+  const std::string id_;
+  const Opened o_;
+  Fd fd_;  // closes o_.fd with the pin
+};
+
+std::shared_ptr<PinnedRecord> DiskTier::pin(const std::string& id) {
+  Opened o = open_entry(id);
+  if (o.fd < 0) return nullptr;
+  return std::make_shared<Pin>(*this, id, o);
+}
+
+bool DiskTier::read_opened(const std::string& id, const Opened& o, int layer, int row_begin,
+                           int row_end, void* k_dst, void* v_dst) {
+  const int fd = o.fd;
   const RecordHeader& h = *o.header;
   check_row_args(h.meta, layer, row_begin, row_end);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || (uint64_t)st.st_size != h.total_bytes) {
+  if (::fstat(fd, &st) != 0 || (uint64_t)st.st_size != h.total_bytes) {
     drop(id, o.seq,
          fmt::format("file has {} bytes, expected {} (truncated)", st.st_size, h.total_bytes));
     return false;
@@ -458,7 +484,7 @@ bool DiskTier::read_rows(const std::string& id, int layer, int row_begin, int ro
   const size_t n = (size_t)(span.row_hi - span.row_lo) * row;
   const auto done_at = throttle_reserve(n);
   std::string err;
-  const uint8_t* p = read_range(fd.get(), opt_, direct_ok_, off, n, tl_read_buffer, &err);
+  const uint8_t* p = read_range(fd, opt_, direct_ok_, off, n, tl_read_buffer, &err);
   if (!p || !check_groups(h, layer, span, p, &err)) {
     drop(id, o.seq, err);
     return false;

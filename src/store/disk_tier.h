@@ -79,6 +79,9 @@ class DiskTier final : public Tier {
   std::optional<ChunkMeta> get_meta(const std::string& id) const override;
   bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
                  void* v_dst) override;
+  // Holds the record's file open: reads go on after it is erased or replaced (the old file stays
+  // readable through its descriptor), with the same checks as read_rows.
+  std::shared_ptr<PinnedRecord> pin(const std::string& id) override;
   std::optional<ChunkKV> get(const std::string& id) override;
   bool erase(const std::string& id) override;
   std::vector<std::string> list() const override;
@@ -108,6 +111,10 @@ class DiskTier final : public Tier {
     int fd = -1;
   };
   Opened open_entry(const std::string& id);
+  // read_rows on an opened entry (the caller keeps o.fd open).
+  bool read_opened(const std::string& id, const Opened& o, int layer, int row_begin, int row_end,
+                   void* k_dst, void* v_dst);
+  class Pin;
   // Removes the entry and its file if the entry is still version `seq`, logging `why`.
   void drop(const std::string& id, uint64_t seq, const std::string& why);
   // Reserves the emulated medium for `bytes` and returns when the read may complete (now when

@@ -60,18 +60,43 @@ std::optional<ChunkMeta> MemoryTier::get_meta(const std::string& id) const {
   return e->kv.meta;
 }
 
+void MemoryTier::copy_rows(const Entry& e, int layer, int row_begin, int row_end, void* k_dst,
+                           void* v_dst) {
+  const ChunkMeta& m = e.kv.meta;
+  check_row_args(m, layer, row_begin, row_end);
+  const size_t row = kv_row_bytes(m);
+  const size_t n = (size_t)(row_end - row_begin) * row;
+  if (n == 0) return;
+  std::memcpy(k_dst, e.kv.k[layer].data() + row_begin * row, n);
+  std::memcpy(v_dst, e.kv.v[layer].data() + row_begin * row, n);
+}
+
 bool MemoryTier::read_rows(const std::string& id, int layer, int row_begin, int row_end,
                            void* k_dst, void* v_dst) {
   auto e = find(id);
   if (!e) return false;
-  const ChunkMeta& m = e->kv.meta;
-  check_row_args(m, layer, row_begin, row_end);
-  const size_t row = kv_row_bytes(m);
-  const size_t n = (size_t)(row_end - row_begin) * row;
-  if (n == 0) return true;
-  std::memcpy(k_dst, e->kv.k[layer].data() + row_begin * row, n);
-  std::memcpy(v_dst, e->kv.v[layer].data() + row_begin * row, n);
+  copy_rows(*e, layer, row_begin, row_end, k_dst, v_dst);
   return true;
+}
+
+// Holds the entry itself: erasing or replacing it in the tier leaves this copy intact (entries
+// are immutable once published).
+class MemoryTier::Pin final : public PinnedRecord {
+ public:
+  explicit Pin(std::shared_ptr<const Entry> e) : e_(std::move(e)) {}
+  bool read_rows(int layer, int row_begin, int row_end, void* k_dst, void* v_dst) override {
+    copy_rows(*e_, layer, row_begin, row_end, k_dst, v_dst);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<const Entry> e_;
+};
+
+std::shared_ptr<PinnedRecord> MemoryTier::pin(const std::string& id) {
+  auto e = find(id);
+  if (!e) return nullptr;
+  return std::make_shared<Pin>(std::move(e));
 }
 
 std::optional<ChunkKV> MemoryTier::get(const std::string& id) {

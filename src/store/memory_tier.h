@@ -28,6 +28,7 @@ class MemoryTier final : public Tier {
   std::optional<ChunkMeta> get_meta(const std::string& id) const override;
   bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
                  void* v_dst) override;
+  std::shared_ptr<PinnedRecord> pin(const std::string& id) override;
   std::optional<ChunkKV> get(const std::string& id) override;
   bool erase(const std::string& id) override;
   std::vector<std::string> list() const override;
@@ -47,6 +48,9 @@ class MemoryTier final : public Tier {
   // Entries are immutable once published; readers copy the shared_ptr under the lock and read
   // outside it, so a concurrent put/erase never frees or changes what they read.
   std::shared_ptr<const Entry> find(const std::string& id) const;
+  static void copy_rows(const Entry& e, int layer, int row_begin, int row_end, void* k_dst,
+                        void* v_dst);
+  class Pin;
   bool drop_if_same(const std::string& id, const Entry* e);
 
   const std::string name_;

@@ -236,6 +236,46 @@ bool CachePool::read_rows(const std::string& id, int layer, int row_begin, int r
   return false;
 }
 
+CachePool::Pin CachePool::pin(const std::string& id) {
+  // As read_rows: a concurrent move can leave the chunk's old tier without it; ask where the
+  // index points now.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    Pin p;
+    {
+      std::lock_guard lock(mu_);
+      auto it = index_.find(id);
+      if (it == index_.end()) return {};
+      p.tier = it->second.tier;
+      p.row_bytes = it->second.row_bytes;
+    }
+    p.record = tiers_[p.tier]->pin(id);
+    if (p.record) return p;
+    std::lock_guard lock(mu_);
+    auto it = index_.find(id);
+    if (it == index_.end() || it->second.tier == p.tier) return {};
+  }
+  return {};
+}
+
+bool CachePool::read_pinned(const Pin& pin, const std::string& id, int layer, int row_begin,
+                            int row_end, void* k_dst, void* v_dst) {
+  CT_ASSERT(pin.record != nullptr && pin.tier >= 0 && pin.tier < (int)tiers_.size(),
+            "read_pinned without a pinned record");
+  const bool ok = pin.record->read_rows(layer, row_begin, row_end, k_dst, v_dst);
+  std::lock_guard lock(mu_);
+  if (ok) {
+    tier_stat_[pin.tier].bytes_read += (uint64_t)(row_end - row_begin) * pin.row_bytes;
+    return true;
+  }
+  ++misses_;
+  auto it = index_.find(id);
+  if (it != index_.end() && it->second.tier == pin.tier && !tiers_[pin.tier]->contains(id)) {
+    forget(id);
+    ++dropped_;
+  }
+  return false;
+}
+
 std::optional<ChunkKV> CachePool::get(const std::string& id) {
   for (int attempt = 0; attempt < 4; ++attempt) {
     int t;

@@ -89,6 +89,22 @@ class CachePool {
   bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
                  void* v_dst);
 
+  // A chunk held open where it is now (Tier::pin), so that the rows a request reads later come
+  // from that record even if the pool evicts or moves the chunk meanwhile (another request's
+  // admission filling the tier between this one's lookup and its first prefill slice). Empty
+  // (record null) on a miss and for tiers that cannot pin (Redis): read_rows by id then.
+  struct Pin {
+    std::shared_ptr<PinnedRecord> record;
+    int tier = -1;
+    size_t row_bytes = 0;
+  };
+  Pin pin(const std::string& id);
+  // read_rows through a pin (counted as that tier's bytes). On failure (the record turned out
+  // damaged; its tier logged and dropped it) the chunk leaves the index unless its tier still
+  // holds it, and false is returned so the caller re-encodes.
+  bool read_pinned(const Pin& pin, const std::string& id, int layer, int row_begin, int row_end,
+                   void* k_dst, void* v_dst);
+
   // The whole record from its tier (no hit counted); nullopt on a miss.
   std::optional<ChunkKV> get(const std::string& id);
 

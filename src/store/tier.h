@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,18 @@
 #include "store/chunk.h"
 
 namespace ct::store {
+
+// One stored record held open for row reads (Tier::pin). Reads keep working after the record has
+// been evicted, demoted or replaced in its tier (a memory tier keeps its entry alive, a disk tier
+// the open file) until the handle is released, so a request that looked a chunk up can read it
+// later whatever the pool did meanwhile. A handle must not outlive its tier.
+class PinnedRecord {
+ public:
+  virtual ~PinnedRecord() = default;
+  // As Tier::read_rows, for this record: false when it turned out damaged (logged, and dropped
+  // from the tier if that still holds this version). Safe to call from several threads.
+  virtual bool read_rows(int layer, int row_begin, int row_end, void* k_dst, void* v_dst) = 0;
+};
 
 class Tier {
  public:
@@ -41,6 +54,10 @@ class Tier {
   // of a present entry (a caller bug).
   virtual bool read_rows(const std::string& id, int layer, int row_begin, int row_end, void* k_dst,
                          void* v_dst) = 0;
+
+  // The record held open for later row reads (PinnedRecord); nullptr on a miss, and for media
+  // that cannot hold a record open (Redis, the default), which are then read by id.
+  virtual std::shared_ptr<PinnedRecord> pin(const std::string& /*id*/) { return nullptr; }
 
   // The whole record, checksums verified where the tier keeps them on a medium; nullopt on a
   // miss (corrupt entries are logged and dropped as in read_rows).

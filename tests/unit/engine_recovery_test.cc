@@ -153,6 +153,39 @@ TEST_F(EngineRecoveryTest, FlippedByteFoundInAChunkedPrefillsFirstSlice) {
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
+// With chunked prefill a request looks its chunks up at admission but reads them in its first
+// slice. The chunks are pinned at the lookup, so evicting them in between (another admission
+// filling the tier) costs no re-encoding: the slice reads the pinned records.
+TEST_F(EngineRecoveryTest, ChunksEvictedBetweenAdmissionAndTheFirstSliceAreReadFromTheirPins) {
+  prefill_chunk_ = 4;
+  Engine eng(options());
+  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), kDocs, kQuestion);
+  SelectiveOptions sel;
+  sel.policy.kind = &find_policy("cachetune");
+  sel.policy.ratio = 0.15;
+  GenerateOptions gen;
+  gen.max_tokens = 8;
+  gen.stop_at_eog = false;
+  const Answer before = eng.answer(p, sel, gen);  // encodes and stores the chunks
+  ASSERT_EQ(before.retries, 0);
+
+  std::unique_ptr<Generation> g = eng.begin(p, sel, gen);
+  ASSERT_TRUE(g->prefilling());
+  for (const ChunkInfo& c : g->answer().chunks) {
+    ASSERT_TRUE(c.hit);
+    ASSERT_TRUE(eng.pool().evict(c.id)) << c.id;
+    EXPECT_FALSE(fs::exists(disk(eng).path_of(c.id)));
+  }
+  Generation* gp = g.get();
+  for (int step = 0; step < 200 && !g->done(); ++step) eng.advance(&gp, 1);
+  ASSERT_TRUE(g->done());
+  ASSERT_FALSE(g->error());
+  const Answer& after = g->answer();
+  EXPECT_EQ(after.tokens, before.tokens);
+  EXPECT_EQ(after.retries, 0) << "a chunk was re-encoded instead of read from its pin";
+  for (const ChunkInfo& c : after.chunks) EXPECT_FALSE(eng.pool().contains(c.id)) << c.id;
+}
+
 TEST_F(EngineRecoveryTest, DeletedRecord) {
   expect_recovers([](const std::string& path) { ASSERT_TRUE(fs::remove(path)) << path; });
 }

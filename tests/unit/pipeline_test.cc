@@ -3,6 +3,7 @@
 // from memory or from a cache pool over any tier; loader failures reach the caller as
 // ChunkReadError; sparse loading reads fewer bytes from disk.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <memory>
@@ -240,7 +241,10 @@ TEST_F(PipelineTest, ALostChunkRaisesChunkReadErrorWithAndWithoutOverlap) {
     store::DiskTier* disk = tier.get();
     PoolSources ps = pooled(std::move(tier));
     const std::string victim = ps.srcs[1]->meta().id;
-    std::filesystem::remove(disk->path_of(victim));
+    // Truncated under the request: the sources pin their records at creation, so a file deleted
+    // now would still be read whole through its open descriptor; a truncated one is damage.
+    const std::string path = disk->path_of(victim);
+    ASSERT_EQ(::truncate(path.c_str(), (off_t)(std::filesystem::file_size(path) / 2)), 0) << path;
     try {
       generate_logits(request(ps.srcs), &find_policy("cachetune"), 0.15, p);
       ADD_FAILURE() << "expected ChunkReadError, " << describe(p);

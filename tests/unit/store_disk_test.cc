@@ -108,6 +108,25 @@ TEST_F(DiskTierTest, FlippedSlabByteFailsOnlyReadsOfItsGroupThenTheEntryIsDroppe
   EXPECT_FALSE(read_layer_rows(tier, kv, 1, 0, 64));  // now a plain miss
 }
 
+TEST_F(DiskTierTest, APinnedRecordChecksItsGroupsAndDropsTheDamagedEntry) {
+  // A byte flipped in place after the pin (the same file): the pinned read fails like read_rows
+  // and the entry, still this version, is dropped.
+  DiskTier tier(options());
+  const ChunkKV kv = chunk("pinflip", 4);
+  ASSERT_TRUE(tier.put(kv));
+  const std::shared_ptr<PinnedRecord> pin = tier.pin("pinflip");
+  ASSERT_NE(pin, nullptr);
+  flip_byte(tier.path_of("pinflip"), slab_byte(kv, 1, 100, 5));  // layer 1, rows 96-111
+  const size_t row = (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  std::vector<uint8_t> k(200 * row), v(200 * row);
+  EXPECT_TRUE(pin->read_rows(1, 0, 96, k.data(), v.data()));
+  EXPECT_TRUE(tier.contains("pinflip"));
+  EXPECT_FALSE(pin->read_rows(1, 90, 110, k.data(), v.data()));
+  EXPECT_FALSE(tier.contains("pinflip"));
+  EXPECT_FALSE(fs::exists(tier.path_of("pinflip")));
+  EXPECT_EQ(tier.used_bytes(), 0u);
+}
+
 TEST_F(DiskTierTest, VerifyAndGetDetectFlippedBytes) {
   DiskTier tier(options());
   const ChunkKV kv1 = chunk("v1", 5), kv2 = chunk("v2", 6), kv3 = chunk("v3", 7);

@@ -80,6 +80,40 @@ TEST_F(PoolTest, EvictionDemotesDownTheStackAndDropsOnlyFromTheLast) {
   for (int i = 1; i < 7; ++i) expect_readable(*pool, i);
 }
 
+TEST_F(PoolTest, APinnedChunkIsReadFromItsRecordAfterThePoolDropsOrMovesIt) {
+  // A request pins c0 (device) and c1 (disk) at lookup; other chunks then push c0 down the stack
+  // and c1 out of the pool before the request reads them. The pinned reads still return the
+  // records, counted as their tiers' bytes; a miss pins nothing.
+  auto pool = make_pool(1, 1, PoolOptions{.promote_on_hit = false});
+  ASSERT_TRUE(pool->put(chunk(1)));
+  ASSERT_TRUE(pool->put(chunk(9)));
+  ASSERT_TRUE(pool->put(chunk(0)));
+  ASSERT_EQ(tiers_of(*pool, 2), (std::vector<int>{0, 2}));
+  const CachePool::Pin p0 = pool->pin("c0"), p1 = pool->pin("c1");
+  ASSERT_NE(p0.record, nullptr);
+  ASSERT_NE(p1.record, nullptr);
+  EXPECT_EQ(p0.tier, 0);
+  EXPECT_EQ(p1.tier, 2);
+  EXPECT_EQ(pool->pin("c7").record, nullptr);
+  for (int i = 2; i < 5; ++i) ASSERT_TRUE(pool->put(chunk(i)));
+  EXPECT_EQ(pool->tier_of("c1"), -1);  // dropped from the last tier
+  EXPECT_NE(pool->tier_of("c0"), 0);   // demoted
+  const size_t n = 96 * kv_row_bytes(chunk(0).meta);
+  const uint64_t dev_before = pool->stat().tiers[0].bytes_read;
+  const uint64_t disk_before = pool->stat().tiers[2].bytes_read;
+  for (const auto& [i, pin] : {std::pair{0, &p0}, std::pair{1, &p1}}) {
+    const ChunkKV kv = chunk(i);
+    std::vector<uint8_t> k(n), v(n);
+    for (int l = 0; l < 2; ++l) {
+      ASSERT_TRUE(pool->read_pinned(*pin, kv.meta.id, l, 0, 96, k.data(), v.data())) << i;
+      EXPECT_EQ(k, kv.k[l]) << kv.meta.id;
+      EXPECT_EQ(v, kv.v[l]) << kv.meta.id;
+    }
+  }
+  EXPECT_EQ(pool->stat().tiers[0].bytes_read - dev_before, 2 * (uint64_t)2 * n);
+  EXPECT_EQ(pool->stat().tiers[2].bytes_read - disk_before, 2 * (uint64_t)2 * n);
+}
+
 TEST_F(PoolTest, LookupRefreshesRecencySoTheLeastRecentlyUsedIsDemoted) {
   auto pool = make_pool(2, 2, PoolOptions{.promote_on_hit = false});
   ASSERT_TRUE(pool->put(chunk(0)));
