@@ -40,7 +40,7 @@ def parse_registry(path):
     rows = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+            line = line.rstrip("\n").rstrip("\r")
             if not line.strip() or line.startswith("#"):
                 continue
             cols = line.split("\t")
@@ -53,9 +53,15 @@ def parse_registry(path):
                                     f"{len(COLUMNS) + len(OPTIONAL)} (and {' '.join(OPTIONAL)})")
             e = dict(zip(COLUMNS + OPTIONAL, cols))
             r_min = e.pop("r_min", "-")
-            try:
-                e["r_min"] = None if r_min == "-" else float(r_min)
-            except ValueError:
+            # Plain decimals only, as the C++ parser takes them (no sign, space or "_").
+            if r_min == "-":
+                e["r_min"] = None
+            elif re.fullmatch(r"[0-9.][0-9.eE+-]*", r_min):
+                try:
+                    e["r_min"] = float(r_min)
+                except ValueError:
+                    e["r_min"] = -1.0
+            else:
                 e["r_min"] = -1.0
             if e["r_min"] is not None and not 0 < e["r_min"] <= 1:
                 raise RegistryError(f"{where}: r_min '{r_min}': expected a number in (0, 1] or '-'")

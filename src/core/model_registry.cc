@@ -97,13 +97,16 @@ std::vector<ModelEntry> parse_model_registry(const std::string& text, const std:
                     "{}:{}: model '{}' has an empty package, version or member", source, n, e.name);
     if (cols.size() == kNumColumns && cols[8] != "-") {
       const std::string& v = cols[8];
+      // Plain decimals only (as tools/fetch_model.py takes them): no sign, space or hex form.
+      const bool plain = !v.empty() && v.find_first_not_of("0123456789.eE-+") == std::string::npos &&
+                         (std::isdigit((unsigned char)v[0]) || v[0] == '.');
       size_t used = 0;
       double r = -1;
       try {
-        r = std::stod(v, &used);
+        if (plain) r = std::stod(v, &used);
       } catch (const std::exception&) {
       }
-      CT_THROW_IF_NOT(used == v.size() && r > 0 && r <= 1,
+      CT_THROW_IF_NOT(plain && used == v.size() && r > 0 && r <= 1,
                       "{}:{}: r_min '{}': expected a number in (0, 1] or '-'", source, n, v);
       e.r_min = r;
     }

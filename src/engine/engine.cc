@@ -82,10 +82,15 @@ RatioChoice Engine::auto_ratio(size_t tier, const std::string& backend) const {
   RatioChoice c;
   c.tier_key = key.tier;
   if (const sched::CalibrationEntry* e = calibrations_->find(key)) {
-    c.r = e->chosen_r;
+    // A calibration made under a lower floor (before the model's r_min was measured, or with
+    // another --rmin) is raised to this floor.
+    c.r = std::max(e->chosen_r, opt_.r_min);
     c.calibrated = true;
-    c.note = fmt::format("r={:.3f} calibrated for tier {} ({} backend)", c.r, key.tier,
-                         key.backend);
+    c.note = c.r > e->chosen_r
+                 ? fmt::format("r={:.3f}: tier {} ({} backend) calibrated to {:.3f}, below r_min",
+                               c.r, key.tier, key.backend, e->chosen_r)
+                 : fmt::format("r={:.3f} calibrated for tier {} ({} backend)", c.r, key.tier,
+                               key.backend);
   } else {
     c.r = opt_.r_min;
     c.note = fmt::format(

@@ -133,6 +133,11 @@ const uint8_t* read_range(int fd, const DiskTierOptions& opt, std::atomic<bool>&
       store_log(fmt::format("{}: the device refused an O_DIRECT read in {}; using buffered reads",
                             opt.name, opt.dir));
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT);
+  } else if (opt.direct_io) {
+    // Direct reads were switched off after this descriptor was opened with O_DIRECT (a record
+    // pinned earlier): buffered reads need the flag cleared.
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl >= 0 && (fl & O_DIRECT)) ::fcntl(fd, F_SETFL, fl & ~O_DIRECT);
   }
   uint8_t* p = buf.reserve(n);
   return pread_all(fd, p, n, off, err) == 0 ? p : nullptr;
@@ -406,6 +411,14 @@ DiskTier::Opened DiskTier::open_entry(const std::string& id) {
     }
   }
   if (o.fd < 0) o.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (o.fd < 0 && errno != ENOENT && errno != ENOTDIR) {
+    // Out of descriptors (EMFILE, ENFILE: many requests hold pinned records), memory or
+    // permission: the record itself may be intact, so it stays; this read is a miss.
+    store_log_limited(opt_.name + " open",
+                      fmt::format("{}: cannot open {}: {}; read as a miss, record kept", opt_.name,
+                                  path, errno_text(errno)));
+    return {};
+  }
   if (o.fd < 0) {
     const std::string why = fmt::format("cannot open {}: {}", path, errno_text(errno));
     // The lock is held, so the entry is still this version: drop it right here.

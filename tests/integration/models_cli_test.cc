@@ -129,10 +129,12 @@ TEST_F(ModelsCliTest, AModelsMeasuredFloorIsItsDefaultRatioUnlessTheFlagsSayOthe
   const auto ratio = cli(gen + " --ratio 0.5");
   ASSERT_EQ(ratio.rc, 0) << ratio.output;
   EXPECT_NE(ratio.output.find("[cachetune r=0.50]"), std::string::npos) << ratio.output;
-  const auto bad = cli(gen + " --rmin 1.5");
-  EXPECT_EQ(bad.rc, 1) << bad.output;
-  EXPECT_NE(bad.output.find("--rmin 1.5: expected a number in [0, 1]"), std::string::npos)
-      << bad.output;
+  for (const std::string v : {"1.5", "-0.3"}) {
+    const auto bad = cli(gen + " --rmin " + v);
+    EXPECT_EQ(bad.rc, 1) << bad.output;
+    EXPECT_NE(bad.output.find("--rmin " + v + ": expected a number in [0, 1]"), std::string::npos)
+        << bad.output;
+  }
   const auto listed = cli("models");
   ASSERT_EQ(listed.rc, 0) << listed.output;
   EXPECT_NE(listed.output.find(" 0.3 "), std::string::npos) << listed.output;

@@ -217,6 +217,18 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     EXPECT_NE(g.note.find("cuda backend"), std::string::npos) << g.note;
   }
   {
+    // A floor above the stored ratio (the model's r_min measured after the calibration, or a
+    // higher --rmin) raises it, and the note says so.
+    EngineOptions o = options(model_a_);
+    o.auto_ratio = true;
+    o.r_min = std::min(1.0, chosen + 0.1);
+    Engine eng(o);
+    const RatioChoice c = eng.auto_ratio(0);
+    EXPECT_TRUE(c.calibrated) << c.note;
+    EXPECT_EQ(c.r, o.r_min);
+    EXPECT_NE(c.note.find("below r_min"), std::string::npos) << c.note;
+  }
+  {
     // Other weights: another fingerprint, so the stored ratio does not apply.
     Engine eng(options(model_b_));
     const RatioChoice c = eng.auto_ratio(0);

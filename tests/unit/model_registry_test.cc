@@ -99,7 +99,7 @@ TEST(ModelRegistry, BadRowsNameTheSourceLineAndValue) {
   };
   EXPECT_NE(err("# c\nm\tm.gguf\t10\n").find("r.tsv:2: 3 tab-separated columns, expected 8"),
             std::string::npos);
-  for (const char* bad : {"0", "1.5", "x", "0.2x", "nan", ""}) {
+  for (const char* bad : {"0", "1.5", "x", "0.2x", "nan", "", " 0.2", "-0.2", "0x1p-2", "inf"}) {
     const std::string e = err(row("10", sha, "1").insert(row("10", sha, "1").size() - 1,
                                                          std::string("\t") + bad));
     EXPECT_NE(e.find(std::string("r.tsv:1: r_min '") + bad + "': expected a number in (0, 1] or '-'"),

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +126,30 @@ TEST_F(DiskTierTest, APinnedRecordChecksItsGroupsAndDropsTheDamagedEntry) {
   EXPECT_FALSE(tier.contains("pinflip"));
   EXPECT_FALSE(fs::exists(tier.path_of("pinflip")));
   EXPECT_EQ(tier.used_bytes(), 0u);
+}
+
+TEST_F(DiskTierTest, OutOfDescriptorsIsAMissThatKeepsTheRecord) {
+  // Pinned records hold descriptors; when the process runs out (EMFILE), an intact record must
+  // not be taken for a missing file and deleted.
+  DiskTier tier(options());
+  const ChunkKV kv = chunk("fds", 4);
+  ASSERT_TRUE(tier.put(kv));
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  const int lowest_free = ::dup(0);  // every descriptor below it is in use
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  struct rlimit low = saved;
+  low.rlim_cur = (rlim_t)lowest_free;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const bool read = read_layer_rows(tier, kv, 0, 0, 64);
+  const bool pinned = tier.pin("fds") != nullptr;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_FALSE(read);
+  EXPECT_FALSE(pinned);
+  EXPECT_TRUE(tier.contains("fds"));
+  EXPECT_TRUE(fs::exists(tier.path_of("fds")));
+  EXPECT_TRUE(read_layer_rows(tier, kv, 0, 0, 64));
 }
 
 TEST_F(DiskTierTest, VerifyAndGetDetectFlippedBytes) {

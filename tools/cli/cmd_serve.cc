@@ -139,6 +139,7 @@ void register_serve(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "serve", "OpenAI-compatible HTTP server with chunk-aware requests (docs/SERVER.md)");
   a->engine.add(c);
+  add_rmin_option(c, &a->engine.r_min);
   c->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
   c->add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
   c->add_option("--policy", a->policy, "Default reuse policy of requests without one: " + policy_names())

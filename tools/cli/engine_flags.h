@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,12 +38,13 @@ inline CLI::Option* add_model_option(CLI::App* c, std::string* model) {
                        "NAME`) or a GGUF path (default: the registry's default, smollm2-135m)");
 }
 
-// --rmin as generate, serve and calibrate take it; below 0 (unset): the model's measured floor.
+// --rmin as generate, serve and calibrate take it; NaN (unset): the model's measured floor.
 inline CLI::Option* add_rmin_option(CLI::App* c, double* r_min) {
   return c->add_option("--rmin", *r_min,
-                       "Quality floor r_min: no ratio below it is used; the default --ratio, and "
-                       "that of --ratio auto on a tier without calibration (default: the model's "
-                       "measured floor, R_MIN in `cachetune models`; 0.15 where none was measured)");
+                       "Quality floor r_min: the default --ratio; --ratio auto never goes below "
+                       "it and uses it on a tier without calibration; calibrate searches from it "
+                       "(default: the model's measured floor, R_MIN in `cachetune models`; 0.15 "
+                       "where none was measured)");
 }
 
 struct EngineFlags {
@@ -56,7 +58,7 @@ struct EngineFlags {
   std::string rank = rank_mode_name(EncodeOptions().rank.mode);
   int probe_layers = 0;
   std::string probe_text = kDefaultProbeText;
-  double r_min = -1;  // below 0: the model's measured floor (model_r_min)
+  double r_min = std::nan("");  // NaN: the model's measured floor (model_r_min); --rmin
 
   void add(CLI::App* c) {
     add_model_option(c, &model);
@@ -77,7 +79,6 @@ struct EngineFlags {
                   "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")
         ->capture_default_str();
     c->add_option("--probe-text", probe_text, "Probe context of the probe ranking");
-    add_rmin_option(c, &r_min);
     c->add_option("--device", device,
                   "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
                   "policies the GPU path lacks fall back to the CPU)")
@@ -93,8 +94,9 @@ struct EngineFlags {
   EngineOptions options() const {
     EngineOptions o;
     o.model_path = resolve_model(model);
-    CT_THROW_IF_NOT(r_min < 0 || r_min <= 1, "--rmin {}: expected a number in [0, 1]", r_min);
-    o.r_min = r_min >= 0 ? r_min : model_r_min(o.model_path);
+    CT_THROW_IF_NOT(std::isnan(r_min) || (r_min >= 0 && r_min <= 1),
+                    "--rmin {}: expected a number in [0, 1]", r_min);
+    o.r_min = std::isnan(r_min) ? model_r_min(o.model_path) : r_min;
     for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
     o.encode.dtype = parse_kv_dtype(dtype);
     o.encode.rank.alpha = alpha;
