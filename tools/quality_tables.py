@@ -151,6 +151,15 @@ def plot(models, setting, path):
     plt.close(fig)
 
 
+def replace_between(path, begin, end, text):
+    """Replaces what lies between the markers `begin` and `end` of the Markdown file at path."""
+    doc = open(path).read()
+    i, j = doc.find(begin), doc.find(end)
+    if i < 0 or j < i:
+        sys.exit(f"{path}: no '{begin}' ... '{end}' markers")
+    open(path, "w").write(doc[:i + len(begin)] + "\n" + text + "\n" + doc[j:])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="+")
@@ -189,13 +198,8 @@ def main():
     if not a.into:
         print(text)
         return 0
-    doc = open(a.into).read()
-    begin, end = "<!-- quality-tables: generated begin -->", "<!-- quality-tables: generated end -->"
-    i, j = doc.find(begin), doc.find(end)
-    if i < 0 or j < i:
-        sys.exit(f"{a.into}: no '{begin}' ... '{end}' markers")
-    doc = doc[:i + len(begin)] + "\n" + text + "\n" + doc[j:]
-    open(a.into, "w").write(doc)
+    replace_between(a.into, "<!-- quality-tables: generated begin -->",
+                    "<!-- quality-tables: generated end -->", text)
     return 0
 
 

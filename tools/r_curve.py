@@ -21,6 +21,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quality_tables import replace_between  # noqa: E402
+
 
 def sweep_rows(summary, policy):
     rows = []
@@ -101,12 +104,7 @@ def main():
     if not a.into:
         print(text)
         return 0
-    doc = open(a.into).read()
-    begin, end = "<!-- r-curve: generated begin -->", "<!-- r-curve: generated end -->"
-    i, j = doc.find(begin), doc.find(end)
-    if i < 0 or j < i:
-        sys.exit(f"{a.into}: no '{begin}' ... '{end}' markers")
-    open(a.into, "w").write(doc[:i + len(begin)] + "\n" + text + "\n" + doc[j:])
+    replace_between(a.into, "<!-- r-curve: generated begin -->", "<!-- r-curve: generated end -->", text)
     return 0
 
 

@@ -55,15 +55,19 @@ class EngineRecoveryTest : public ::testing::Test {
     return eo;
   }
 
-  static Answer ask(Engine& eng) {
+  static SelectiveOptions sel_of() {
     SelectiveOptions sel;
     sel.policy.kind = &find_policy("cachetune");
     sel.policy.ratio = 0.15;
+    return sel;
+  }
+  static GenerateOptions gen_of() {
     GenerateOptions gen;
     gen.max_tokens = 8;
     gen.stop_at_eog = false;  // always 8 tokens, so the comparison covers a real continuation
-    return eng.answer(kDocs, kQuestion, sel, gen);
+    return gen;
   }
+  static Answer ask(Engine& eng) { return eng.answer(kDocs, kQuestion, sel_of(), gen_of()); }
 
   static store::DiskTier& disk(Engine& eng) {
     return dynamic_cast<store::DiskTier&>(eng.pool().tier(0));
@@ -160,12 +164,8 @@ TEST_F(EngineRecoveryTest, ChunksEvictedBetweenAdmissionAndTheFirstSliceAreReadF
   prefill_chunk_ = 4;
   Engine eng(options());
   const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), kDocs, kQuestion);
-  SelectiveOptions sel;
-  sel.policy.kind = &find_policy("cachetune");
-  sel.policy.ratio = 0.15;
-  GenerateOptions gen;
-  gen.max_tokens = 8;
-  gen.stop_at_eog = false;
+  const SelectiveOptions sel = sel_of();
+  const GenerateOptions gen = gen_of();
   const Answer before = eng.answer(p, sel, gen);  // encodes and stores the chunks
   ASSERT_EQ(before.retries, 0);
 
@@ -317,12 +317,8 @@ TEST_F(EngineRecoveryTest, FullThenReadOnlyDiskKeepsServing) {
   const std::vector<std::string> more = {
       kDocs[0], "A second lighthouse stood on the far side of the bay until the flood of 1920.",
       kDocs[2]};
-  SelectiveOptions sel;
-  sel.policy.kind = &find_policy("cachetune");
-  sel.policy.ratio = 0.15;
-  GenerateOptions gen;
-  gen.max_tokens = 8;
-  gen.stop_at_eog = false;
+  const SelectiveOptions sel = sel_of();
+  const GenerateOptions gen = gen_of();
   EngineOptions healthy = options();
   healthy.tiers = {parse_tier_spec("host:64M")};
   Engine ref(healthy);
