@@ -35,6 +35,7 @@ TEST(ModelRegistry, BuiltinRegistryHoldsTheThreeModelsDefaultFirst) {
   EXPECT_EQ(reg[0].version, "0.1.2");
   EXPECT_EQ(reg[0].parts, 1);
   EXPECT_EQ(reg[0].sha256, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+  EXPECT_EQ(reg[0].r_min, 0.3);  // measured: docs/RESULTS.md "Quality against r"
   const ModelEntry* q05 = find_model(reg, "qwen2.5-coder-0.5b");
   ASSERT_NE(q05, nullptr);
   EXPECT_EQ(q05->bytes, 491400064u);
@@ -43,6 +44,7 @@ TEST(ModelRegistry, BuiltinRegistryHoldsTheThreeModelsDefaultFirst) {
   EXPECT_EQ(q05->version, "0.9.0");
   EXPECT_EQ(q05->parts, 6);
   EXPECT_EQ(q05->member, "data/part{i:02}.bin");
+  EXPECT_EQ(q05->r_min, 0.0);  // not measured yet
   const ModelEntry& q15 = require_model(reg, "qwen2.5-coder-1.5b");
   EXPECT_EQ(q15.bytes, 1117320768u);
   EXPECT_EQ(q15.sha256, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046");
