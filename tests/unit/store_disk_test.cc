@@ -25,6 +25,13 @@
 #include "store/record_format.h"
 #include "support/chunk_fixtures.h"
 
+// clang's way of saying that the address sanitizer is on (gcc defines __SANITIZE_ADDRESS__).
+#if defined(__has_feature)
+#define CT_ASAN_BY_FEATURE __has_feature(address_sanitizer)
+#else
+#define CT_ASAN_BY_FEATURE 0
+#endif
+
 namespace ct::store {
 namespace {
 
@@ -131,6 +138,11 @@ TEST_F(DiskTierTest, APinnedRecordChecksItsGroupsAndDropsTheDamagedEntry) {
 TEST_F(DiskTierTest, OutOfDescriptorsIsAMissThatKeepsTheRecord) {
   // Pinned records hold descriptors; when the process runs out (EMFILE), an intact record must
   // not be taken for a missing file and deleted.
+#if defined(__SANITIZE_ADDRESS__) || CT_ASAN_BY_FEATURE
+  // The sanitizer runtime itself needs descriptors (its symbolizer, UBSan's type checks) and
+  // reports false errors once they run out.
+  GTEST_SKIP() << "descriptor exhaustion is not testable under the address sanitizer";
+#endif
   DiskTier tier(options());
   const ChunkKV kv = chunk("fds", 4);
   ASSERT_TRUE(tier.put(kv));
