@@ -223,12 +223,8 @@ bool CachePool::read_rows(const std::string& id, int layer, int row_begin, int r
     }
     std::lock_guard lock(mu_);
     auto it = index_.find(id);
-    if (it != index_.end() && it->second.tier != t) continue;
-    ++misses_;
-    if (it != index_.end() && !tiers_[t]->contains(id)) {
-      forget(id);
-      ++dropped_;
-    }
+    if (it != index_.end() && it->second.tier != t) continue;  // moved: read where it is now
+    read_failed(id, t);
     return false;
   }
   std::lock_guard lock(mu_);
@@ -267,13 +263,17 @@ bool CachePool::read_pinned(const Pin& pin, const std::string& id, int layer, in
     tier_stat_[pin.tier].bytes_read += (uint64_t)(row_end - row_begin) * pin.row_bytes;
     return true;
   }
+  read_failed(id, pin.tier);
+  return false;
+}
+
+void CachePool::read_failed(const std::string& id, int t) {
   ++misses_;
   auto it = index_.find(id);
-  if (it != index_.end() && it->second.tier == pin.tier && !tiers_[pin.tier]->contains(id)) {
+  if (it != index_.end() && it->second.tier == t && !tiers_[t]->contains(id)) {
     forget(id);
     ++dropped_;
   }
-  return false;
 }
 
 std::optional<ChunkKV> CachePool::get(const std::string& id) {
@@ -291,12 +291,8 @@ std::optional<ChunkKV> CachePool::get(const std::string& id) {
     if (std::optional<ChunkKV> rec = tiers_[t]->get(id)) return rec;
     std::lock_guard lock(mu_);
     auto it = index_.find(id);
-    if (it != index_.end() && it->second.tier != t) continue;
-    ++misses_;
-    if (it != index_.end() && !tiers_[t]->contains(id)) {
-      forget(id);
-      ++dropped_;
-    }
+    if (it != index_.end() && it->second.tier != t) continue;  // moved: read where it is now
+    read_failed(id, t);
     return std::nullopt;
   }
   std::lock_guard lock(mu_);

@@ -145,6 +145,10 @@ class CachePool {
             std::vector<std::string>* why = nullptr);
   Entry& link(const std::string& id, int t, size_t bytes, const ChunkMeta& meta);
   void forget(const std::string& id);
+  // With mu_ held, after a read of chunk id from tier t failed for good: counts the miss, and
+  // forgets the chunk if the index still places it in t and t no longer holds it (a damaged
+  // record the tier dropped).
+  void read_failed(const std::string& id, int t);
 
   std::vector<std::unique_ptr<Tier>> tiers_;
   PoolOptions opt_;

@@ -211,20 +211,32 @@ inline void blocks32_row(const uint8_t* row, const Act* a, int cols, float* y, s
   for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
 }
 
-// Q4_0 (d, 16 bytes of nibbles; element d (q - 8)), Q5_0 (d, 4 bytes qh, 16 bytes qs; d (q - 16))
-// and Q8_0 (d, 32 int8; d q). Q4_0 and Q5_0 multiply the unsigned q and subtract the offset times
-// the input's 16-element sums in integers; Q8_0 multiplies |w| by sign(w) x (maddubs needs one
-// unsigned operand; |w| <= 128 and |x| <= 127 keep every pair sum inside int16).
-enum class Signed32 { kQ4_0, kQ5_0, kQ8_0 };
+// The four 32-element-block types, one group kernel with per-type hooks:
+//  - Q4_0: d, 16 bytes of nibbles; element d (q - 8).
+//  - Q4_1: d, m, 16 bytes of nibbles; element d q + m, so a block adds d * d32 * sum(q_w q) +
+//    m * sx32 (the min term rides in lanes 0-3 of a second multiply-add, lanes 4-7 zero).
+//  - Q5_0: d, 4 bytes qh, 16 bytes qs; element d (q - 16).
+//  - Q8_0: d, 32 int8; element d q.
+// Q4_0 and Q5_0 multiply the unsigned q and subtract the offset times the input's 16-element
+// sums in integers. Q8_0 multiplies |w| by sign(w) x (maddubs needs one unsigned operand; |w| <=
+// 128 and |x| <= 127 keep every pair sum inside int16).
+enum class Type32 { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
 
-template <Signed32 kT>
-struct KSigned32 {
-  static constexpr size_t kBytes = kT == Signed32::kQ4_0 ? 18 : kT == Signed32::kQ5_0 ? 22 : 34;
-  static constexpr int kOffsetShift = kT == Signed32::kQ4_0 ? 3 : kT == Signed32::kQ5_0 ? 4 : 0;
+template <Type32 kT>
+struct KBlocks32 {
+  static constexpr size_t kBytes = kT == Type32::kQ4_0   ? 18
+                                   : kT == Type32::kQ4_1 ? 20
+                                   : kT == Type32::kQ5_0 ? 22
+                                                         : 34;
+  static constexpr int kOffsetShift = kT == Type32::kQ4_0 ? 3 : kT == Type32::kQ5_0 ? 4 : 0;
+  static constexpr bool kSigned = kT == Type32::kQ8_0;  // int8 quants: the sign trick
+  static constexpr bool kMin = kT == Type32::kQ4_1;     // the d q + m form
   static __m256i quants(const uint8_t* blk) {
-    if constexpr (kT == Signed32::kQ4_0) {
+    if constexpr (kT == Type32::kQ4_0) {
       return nibbles32(blk + 2);
-    } else if constexpr (kT == Signed32::kQ5_0) {
+    } else if constexpr (kT == Type32::kQ4_1) {
+      return nibbles32(blk + 4);
+    } else if constexpr (kT == Type32::kQ5_0) {
       return _mm256_or_si256(nibbles32(blk + 6), q5_high_bits(blk + 2));
     } else {
       return load256(blk + 2);
@@ -235,9 +247,14 @@ struct KSigned32 {
     __m256i w[4], u[4];
     for (int j = 0; j < 4; ++j) {
       w[j] = kFull || j < nv ? quants(blk + j * kBytes) : _mm256_setzero_si256();
-      u[j] = kOffsetShift > 0 ? w[j] : _mm256_sign_epi8(w[j], w[j]);  // Q8_0: |w|, -128 -> 128
+      u[j] = kSigned ? _mm256_sign_epi8(w[j], w[j]) : w[j];  // Q8_0: |w|, -128 -> 128
     }
     const __m256 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (kMin) {  // the mins in lanes 0-3 only: zero the upper half
+      mw = _mm256_blend_ps(skip_lanes(scales4<kBytes>(blk, 2, kFull ? 4 : nv), skip),
+                           _mm256_setzero_ps(), 0xf0);
+    }
     for (int r = 0; r < N; ++r) {
       __m256i m[4];
       for (int j = 0; j < 4; ++j) {
@@ -246,8 +263,7 @@ struct KSigned32 {
           continue;
         }
         const __m256i x = load256(a[r].q32 + 32 * (b + j));
-        m[j] = dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j],
-                               kOffsetShift > 0 ? x : _mm256_sign_epi8(x, w[j]));
+        m[j] = dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], kSigned ? _mm256_sign_epi8(x, w[j]) : x);
       }
       __m256i s = sums4(m);
       if constexpr (kOffsetShift > 0) {
@@ -255,43 +271,12 @@ struct KSigned32 {
       }
       const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[r]);
+      if constexpr (kMin) acc[r] = _mm256_fmadd_ps(mw, floats4<kFull>(a[r].sx32 + b, nv), acc[r]);
     }
   }
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
-    blocks32_row<KSigned32, kVnni, N>(row, a, cols, y, ys);
-  }
-};
-
-// Q4_1: d, m, 16 bytes of nibbles; element d * q + m, so a block adds d * d32 * sum(q_w q) +
-// m * sx32 (the min term rides in lanes 0-3 of a second multiply-add, lanes 4-7 zero).
-struct KQ4_1 {
-  static constexpr size_t kBytes = 20;
-  template <bool kVnni, int N, bool kFull>
-  static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip, __m256* acc) {
-    __m256i u[4];
-    for (int j = 0; j < 4; ++j) {
-      u[j] = kFull || j < nv ? nibbles32(blk + j * kBytes + 4) : _mm256_setzero_si256();
-    }
-    const __m256 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
-    // The mins in lanes 0-3 only: zero the upper half.
-    const __m256 mw = _mm256_blend_ps(skip_lanes(scales4<kBytes>(blk, 2, kFull ? 4 : nv), skip),
-                                      _mm256_setzero_ps(), 0xf0);
-    for (int r = 0; r < N; ++r) {
-      __m256i m[4];
-      for (int j = 0; j < 4; ++j) {
-        m[j] = !kFull && j >= nv
-                   ? _mm256_setzero_si256()
-                   : dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], load256(a[r].q32 + 32 * (b + j)));
-      }
-      const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums4(m)), _mm256_mul_ps(dw, dx), acc[r]);
-      acc[r] = _mm256_fmadd_ps(mw, floats4<kFull>(a[r].sx32 + b, nv), acc[r]);
-    }
-  }
-  template <bool kVnni, int N>
-  static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
-    blocks32_row<KQ4_1, kVnni, N>(row, a, cols, y, ys);
+    blocks32_row<KBlocks32, kVnni, N>(row, a, cols, y, ys);
   }
 };
 
@@ -424,10 +409,10 @@ constexpr Entry entry(GgmlType t, Format f) {
 }
 
 const Entry kEntries[] = {
-    entry<KSigned32<Signed32::kQ4_0>>(GgmlType::Q4_0, kBlocks32),
-    entry<KQ4_1>(GgmlType::Q4_1, kBlocks32),
-    entry<KSigned32<Signed32::kQ5_0>>(GgmlType::Q5_0, kBlocks32),
-    entry<KSigned32<Signed32::kQ8_0>>(GgmlType::Q8_0, kBlocks32),
+    entry<KBlocks32<Type32::kQ4_0>>(GgmlType::Q4_0, kBlocks32),
+    entry<KBlocks32<Type32::kQ4_1>>(GgmlType::Q4_1, kBlocks32),
+    entry<KBlocks32<Type32::kQ5_0>>(GgmlType::Q5_0, kBlocks32),
+    entry<KBlocks32<Type32::kQ8_0>>(GgmlType::Q8_0, kBlocks32),
     entry<KQ45K<false>>(GgmlType::Q4_K, kBlocks256),
     entry<KQ45K<true>>(GgmlType::Q5_K, kBlocks256),
     entry<KQ6K>(GgmlType::Q6_K, kBlocks256),
