@@ -457,9 +457,11 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
     try {
       const auto be = make_cpu_layers(*model_, *seqs[0].kv, decode_ws_, pre[0]->sel_.pipeline);
       be->begin_batch(tokens.data(), pos.data(), (int)tokens.size(), seqs);
-      // A first slice places its request's reused rows, every layer's before that layer runs.
+      // A first slice places its request's reused rows, every layer's (from the first its
+      // policy reuses) before that layer runs.
       for (size_t i = 0; i < pre.size(); ++i) {
-        if (reused[i]) be->set_reused_for(nd + (int)i, *reused[i], 0);
+        if (reused[i])
+          be->set_reused_for(nd + (int)i, *reused[i], pre[i]->sliced_->reused_from_layer());
       }
       for (int l = 0; l < model_->config().n_layer; ++l) be->layer(l, nullptr);
       logits = be->finish_batch();

@@ -51,8 +51,8 @@ struct EngineOptions {
   int gpu_ctx = 8192;
   // Chunked prefill: at most this many prefill rows per engine step (advance), so that a long
   // prompt is prefilled over several steps, each shared with the decode rows of running requests.
-  // 0: each prefill runs whole in begin(). Policies that cannot run in slices (layer-0 and
-  // token-stage policies, the GPU; SlicedPrefill::supports) always run whole.
+  // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
+  // (SlicedPrefill::supports); CacheBlend's layer-0 pass over every row runs at admission.
   int prefill_chunk = 0;
 };
 

@@ -154,6 +154,16 @@ ReusedRows reused_rows(const std::vector<ChunkPlan>& plans, bool sparse) {
   return r;
 }
 
+// A layer-0 policy's selection of every chunk from layer 0's K (before RoPE) and V of every
+// position of the request, F32 [n_total][kv_dim] each.
+void select_from_layer0(std::vector<ChunkPlan>& plans, const float* k0, const float* v0, int kv_dim,
+                        const PolicyOptions& po) {
+  for (ChunkPlan& p : plans) {
+    const size_t at = (size_t)p.offset * kv_dim;
+    set_selection(p, po.kind->select_after_layer0(*p.c, k0 + at, v0 + at, po));
+  }
+}
+
 // The layer loop, on either backend. With a layer-0 policy (PolicyStage::kAfterLayer0), layer 0
 // recomputes every row and the policy then chooses each chunk's selection from the fresh layer-0
 // K/V; the reused rows are placed from layer 1 on. Taps and the layer-0 stage need a backend
@@ -208,11 +218,7 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
     be.layer(l, tapped ? &tap : nullptr);
     if (blend && l == 0) {
       Timer st;
-      for (ChunkPlan& p : plans) {
-        const size_t at = (size_t)p.offset * KV;
-        set_selection(p, after_layer0->kind->select_after_layer0(*p.c, k0.data() + at,
-                                                                 v0.data() + at, *after_layer0));
-      }
+      select_from_layer0(plans, k0.data(), v0.data(), KV, *after_layer0);
       act = active_positions(lay, plans);
       be.keep_rows(act);
       rows = reused_rows(plans, sparse);
@@ -375,39 +381,86 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
 }
 
 struct SlicedPrefill::State {
-  explicit State(KVCache& c) : kv(c) {}
+  State(const Model& model, KVCache& c) : m(model), kv(c) {}
+  const Model& m;
   KVCache& kv;
   int n_vocab = 0;
   RequestLayout lay;
   std::vector<ChunkPlan> plans;  // reused_rows() reads through them: they stay put
-  std::vector<int32_t> act;      // active positions, ascending
+  // The token at every position of the finished cache: lay.tokens, or a token-stage policy's
+  // list (TokenPlan::tokens).
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> act;  // active positions, ascending
   ReusedRows rows;
-  size_t next = 0;  // first active row not yet computed
+  int rows_from_layer = 0;  // the first layer the reused rows are placed in
+  size_t next = 0;          // first active row not yet computed
   std::vector<float> logits;
   PrefillBreakdown bd;
   Timer total;
+  // A token-stage policy (its after_tokens runs at the end), with what that reads.
+  const Policy* token_policy = nullptr;
+  ComposedRequest req;
+  SelectiveOptions opt;
 };
 
 bool SlicedPrefill::supports(const SelectiveOptions& opt) {
-  const PolicyStage st = opt.policy.kind->stage();
-  return !opt.device && !opt.query_attention &&
-         (st == PolicyStage::kChunk || st == PolicyStage::kRequest);
+  return !opt.device && !opt.query_attention;
 }
 
 SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
                              const SelectiveOptions& opt, KVCache& kv, Workspace& ws)
-    : s_(std::make_unique<State>(kv)) {
+    : s_(std::make_unique<State>(m, kv)) {
   CT_THROW_IF_NOT(supports(opt),
-                  "policy '{}' cannot prefill in slices (a layer-0 or token-stage policy, a "
-                  "device, or query attention); run it whole",
+                  "policy '{}' cannot prefill in slices with a device or query attention; run it "
+                  "whole",
                   opt.policy.kind->name());
   State& s = *s_;
+  const Policy& pol = *opt.policy.kind;
   s.n_vocab = m.config().n_vocab;
   s.lay = checked_layout(m, req, opt, kv, s.plans);
+  s.tokens = s.lay.tokens;
   Timer st;
   const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
-  select_before_layers(policy_request(m, req, s.lay, opt, s.plans, layers), s.plans);
-  s.bd.select_ms = st.ms();
+  const PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
+  if (pol.stage() == PolicyStage::kTokens) {
+    // The policy places its reused rows now; the slices prefill the rest of its token list.
+    TokenPlan tp = pol.plan_tokens(preq, kv);
+    s.bd.select_ms = st.ms();
+    s.bd.load_ms = tp.load_ms;
+    s.tokens = std::move(tp.tokens);
+    for (int i = tp.n_reused; i < (int)s.tokens.size(); ++i) s.act.push_back(i);
+    s.bd.n_total = (int)s.tokens.size();
+    s.bd.n_active = (int)s.act.size();
+    s.bd.n_loaded = tp.n_reused;
+    s.token_policy = &pol;
+    s.req = req;
+    s.opt = opt;
+    return;
+  }
+  if (pol.stage() == PolicyStage::kAfterLayer0) {
+    // Layer 0 of every row now, into kv (where the rows left out keep it) and tapped for the
+    // selection; the slices then recompute the selected rows through every layer and place the
+    // others from layer 1, as the whole prefill does.
+    const int KV = m.config().kv_dim();
+    for (ChunkPlan& p : s.plans) set_selection(p, {});
+    std::vector<int32_t> all(s.lay.n_total);
+    for (int i = 0; i < s.lay.n_total; ++i) all[i] = i;
+    std::vector<float> k0((size_t)s.lay.n_total * KV), v0((size_t)s.lay.n_total * KV);
+    LayerTap tap;
+    tap.k_pre_rope = k0.data();
+    tap.v = v0.data();
+    const auto be = layers(true);
+    be->begin(s.lay.tokens.data(), all.data(), s.lay.n_total);
+    be->layer(0, &tap);
+    s.bd.compute_ms = be->times().compute_ms;
+    Timer sel;
+    select_from_layer0(s.plans, k0.data(), v0.data(), KV, opt.policy);
+    s.bd.select_ms = sel.ms();
+    s.rows_from_layer = 1;
+  } else {
+    select_before_layers(preq, s.plans);
+    s.bd.select_ms = st.ms();
+  }
   s.act = active_positions(s.lay, s.plans);
   s.rows = reused_rows(s.plans, opt.pipeline.sparse);
   s.bd.n_total = s.lay.n_total;
@@ -427,11 +480,13 @@ const ReusedRows* SlicedPrefill::add_slice(int n, std::vector<int32_t>& tokens,
   CT_THROW_IF_NOT(n > 0, "a slice of {} rows ({} left)", n, rows_left());
   for (size_t i = s.next; i < s.next + n; ++i) {
     pos.push_back(s.act[i]);
-    tokens.push_back(s.lay.tokens[s.act[i]]);
+    tokens.push_back(s.tokens[s.act[i]]);
   }
   seqs.push_back(BatchSeq{&s.kv, n, false});
-  return s.next == 0 ? &s.rows : nullptr;
+  return s.next == 0 && !s.rows.segments.empty() ? &s.rows : nullptr;
 }
+
+int SlicedPrefill::reused_from_layer() const { return s_->rows_from_layer; }
 
 void SlicedPrefill::slice_done(int n, const float* last_logits, const LayerTimes& t) {
   State& s = *s_;
@@ -443,7 +498,11 @@ void SlicedPrefill::slice_done(int n, const float* last_logits, const LayerTimes
   s.bd.logits_ms += t.logits_ms;
   if (!done()) return;
   s.logits.assign(last_logits, last_logits + s.n_vocab);
-  s.kv.n_pos = s.lay.n_total;
+  s.kv.n_pos = (int)s.tokens.size();
+  if (s.token_policy) {
+    const PolicyRequest preq{s.m, s.req, s.lay, s.opt, [] { return std::vector<float>(); }};
+    s.token_policy->after_tokens(preq, s.tokens, s.kv);
+  }
   s.bd.total_ms = s.total.ms();
 }
 

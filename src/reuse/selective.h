@@ -109,12 +109,15 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
 // A selective prefill run in slices of its active rows (chunked prefill): the engine's
 // continuous batching (engine/engine.h) steps one slice at a time in a pass it shares with other
 // sequences' rows, so decode rows of running requests go on while a long prompt is prefilled.
-// The selection is made at construction (a request-stage policy runs its own reuse pass there).
-// Each slice is the next active rows in ascending position, through every layer; the first
-// slice's pass also places the reused rows of every layer, so later slices attend over them. A
+// The selection is made at construction: a request-stage policy runs its own reuse pass there,
+// a layer-0 policy (CacheBlend) runs layer 0 over every row there (1/n_layer of a full prefill;
+// its K/V stay in the cache for the rows left out), and a token-stage policy (prefix, lfonly)
+// places its reused rows there. Each slice is the next active rows in ascending position,
+// through every layer; the first slice's pass also places the reused rows of every layer from
+// reused_from_layer() on (1 for a layer-0 policy, else 0), so later slices attend over them. A
 // row computes what it computes in the whole prefill, over the same keys; only the grouping of
-// rows into products differs. Chunk- and request-stage policies on the CPU, without query
-// attention (supports()); the others run whole (selective_prefill).
+// rows into products differs. Every policy on the CPU without query attention (supports()); a
+// device or query attention runs whole (selective_prefill).
 class SlicedPrefill {
  public:
   static bool supports(const SelectiveOptions& opt);
@@ -127,15 +130,18 @@ class SlicedPrefill {
   SlicedPrefill& operator=(const SlicedPrefill&) = delete;
   int rows_left() const;
   bool done() const { return rows_left() == 0; }
+  int reused_from_layer() const;
   // Appends the next slice of min(n, rows_left()) rows to a pass being assembled: its tokens,
   // positions and sequence (the request's cache, prefill rows). For the first slice, returns the
-  // reused rows to give that sequence (LayerBackend::set_reused_for, from layer 0); else null.
+  // reused rows to give that sequence (LayerBackend::set_reused_for, from reused_from_layer());
+  // else, or when there are none (a token-stage policy), null.
   // Nothing advances until slice_done(), so a failed pass can be assembled again.
   const ReusedRows* add_slice(int n, std::vector<int32_t>& tokens, std::vector<int32_t>& pos,
                               std::vector<BatchSeq>& seqs) const;
   // The pass ran: the slice's n rows are in the cache. last_logits: its last row's, F32
-  // [n_vocab]; kept when this was the last slice. t: the pass's times (shared with its other
-  // rows), added to the breakdown.
+  // [n_vocab]; kept when this was the last slice (a token-stage policy's after_tokens then
+  // sees the finished cache). t: the pass's times (shared with its other rows), added to the
+  // breakdown.
   void slice_done(int n, const float* last_logits, const LayerTimes& t);
   // After the last slice: the last prompt position's logits, and the breakdown (total_ms from
   // construction to the last slice, compute_ms the passes it took part in).

@@ -99,7 +99,10 @@ std::vector<Req> requests() {
           {{b[1], a[0]}, "Where are tickets sold?", &find_policy("cachetune")},
           {a, "When was it built?", &find_policy("reuse")},
           {{}, "Say something.", &find_policy("full")},
-          {{a[1], b[0], a[0]}, "Who wrote a diary?", &find_policy("cacheblend")}};
+          {{a[1], b[0], a[0]}, "Who wrote a diary?", &find_policy("cacheblend")},
+          // The only request of the prefix policy: its cache is empty in any order.
+          {{b[0], a[1]}, "What did Marta keep?", &find_policy("prefix")},
+          {{a[0], b[1]}, "What was built in 1871?", &find_policy("lfonly")}};
 }
 
 SelectiveOptions sel_of(const Req& r) {
@@ -152,20 +155,24 @@ void wait_queued(const Scheduler& s, int n) {
 // Each request from its own thread through the scheduler, all queued before the first is
 // admitted; returns each one's tokens.
 std::vector<std::vector<int32_t>> concurrently(Scheduler& sched, const Tokenizer& tok,
-                                               const std::vector<Req>& rs, int max_tokens) {
+                                               const std::vector<Req>& rs, int max_tokens,
+                                               std::vector<Answer>* answers = nullptr) {
   std::vector<std::vector<int32_t>> got(rs.size());
+  std::vector<Answer> ans(rs.size());
   std::vector<std::thread> threads;
   Gate gate;
   gate.hold(sched);
   for (size_t i = 0; i < rs.size(); ++i) {
     threads.emplace_back([&, i] {
       const RagPromptTokens p = build_rag_prompt(tok, rs[i].docs, rs[i].question);
-      got[i] = sched.answer(p, sel_of(rs[i]), gen_of(max_tokens)).tokens;
+      ans[i] = sched.answer(p, sel_of(rs[i]), gen_of(max_tokens));
+      got[i] = ans[i].tokens;
     });
   }
   wait_queued(sched, (int)rs.size());
   gate.release();
   for (auto& t : threads) t.join();
+  if (answers) *answers = std::move(ans);
   return got;
 }
 
@@ -177,9 +184,9 @@ TEST_F(BatchingTest, ConcurrentRequestsGetTheTokensTheyGetAlone) {
   const auto got = concurrently(sched, eng.model().tokenizer(), rs, 12);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
   const SchedulerStats st = sched.stats();
-  // One admission per step and 12 tokens each: all six decode together at the sixth step.
+  // One admission per step and 12 tokens each: all eight decode together at the eighth step.
   EXPECT_EQ(st.max_rows, (int)rs.size());
-  EXPECT_EQ(st.completed, rs.size());  // the six (the gate's task is not a request)
+  EXPECT_EQ(st.completed, rs.size());  // the eight (the gate's task is not a request)
   EXPECT_EQ(st.kv_in_use, 0u);
   EXPECT_EQ(st.running, 0);
 }
@@ -334,10 +341,15 @@ TEST_F(BatchingTest, ChunkedPrefillStepsBesideDecodeRowsAndKeepsEachRequestsToke
   for (const Req& r : rs)
     longest = std::max(longest, build_rag_prompt(tok, r.docs, r.question).n_tokens());
   ASSERT_GT(longest, 3 * eo.prefill_chunk);  // the prompts really take several slices
-  const auto got = concurrently(sched, tok, rs, 12);
+  std::vector<Answer> answers;
+  const auto got = concurrently(sched, tok, rs, 12, &answers);
   for (size_t i = 0; i < rs.size(); ++i) EXPECT_EQ(got[i], want[i]) << "request " << i;
   const SchedulerStats st = sched.stats();
-  EXPECT_GT(st.prefill_rows, 0u);
+  // Every request was prefilled in slices, whatever its policy (CacheBlend, prefix and lfonly
+  // included): the steps' prefill rows are all the requests' active rows.
+  uint64_t active = 0;
+  for (const Answer& a : answers) active += (uint64_t)a.prefill.n_active;
+  EXPECT_EQ(st.prefill_rows, active);
   EXPECT_GT(st.mixed_steps, 0u);  // prefill slices ran beside decode rows
   // A step holds one decode row per request and at most prefill_chunk prefill rows.
   EXPECT_LE(st.max_rows, (int)rs.size() + eo.prefill_chunk);

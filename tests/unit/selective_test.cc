@@ -260,16 +260,36 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       test::random_byte_tokens(5, 32), {src(a), src(b), src(a)}, test::random_byte_tokens(7, 33)};
   const RequestLayout lay = layout_request(req);
   Workspace ws;
-  for (const char* name : {"cachetune", "full", "reuse", "head", "prophetkv"}) {
+  // The prefix policy's cache holds an earlier request with the same prefix and first chunk, so
+  // that it has rows to place; each run gets its own copy.
+  PrefixCache primed;
+  {
+    const ComposedRequest earlier{req.prefix, {src(a)}, test::random_byte_tokens(4, 35)};
+    KVCache kv = model_->make_cache(layout_request(earlier).n_total);
+    SelectiveOptions opt;
+    opt.policy.kind = &find_policy("prefix");
+    opt.prefix_cache = &primed;
+    selective_prefill(*model_, earlier, opt, kv, ws);
+  }
+  for (const char* name :
+       {"cachetune", "full", "reuse", "head", "prophetkv", "cacheblend", "prefix", "lfonly"}) {
     SelectiveOptions opt;
     opt.policy.kind = &find_policy(name);
     opt.policy.ratio = 0.3;
     ASSERT_TRUE(SlicedPrefill::supports(opt)) << name;
+    PrefixCache want_pc = primed;
+    opt.prefix_cache = &want_pc;
     KVCache want_kv = model_->make_cache(lay.n_total);
     PrefillBreakdown want_bd;
     const std::vector<float> want = selective_prefill(*model_, req, opt, want_kv, ws, &want_bd);
+    const bool tokens_stage = opt.policy.kind->stage() == PolicyStage::kTokens;
+    if (std::string(name) == "prefix") {
+      ASSERT_GT(want_bd.n_loaded, 0);
+    }
     for (int chunk : {1, 6, 1000}) {
       SCOPED_TRACE(std::string(name) + ", slices of " + std::to_string(chunk) + " rows");
+      PrefixCache pc = primed;
+      opt.prefix_cache = &pc;
       KVCache kv = model_->make_cache(lay.n_total);
       // The other sequence, and the same one decoding alone: its rows must not notice the slices.
       KVCache other = model_->make_cache(256), alone = model_->make_cache(256);
@@ -278,6 +298,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       cpu::prefill(*model_, other_prompt.data(), 3, 0, alone, ws);
       SlicedPrefill sp(*model_, req, opt, kv, ws);
       EXPECT_EQ(sp.rows_left(), want_bd.n_active);
+      EXPECT_EQ(sp.reused_from_layer(), std::string(name) == "cacheblend" ? 1 : 0);
       int passes = 0;
       while (!sp.done()) {
         std::vector<int32_t> toks, pos;
@@ -290,10 +311,11 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
         }
         const int n = std::min(chunk, sp.rows_left());
         const ReusedRows* rows = sp.add_slice(n, toks, pos, seqs);
-        EXPECT_EQ(rows != nullptr, passes == 0);
+        // A token-stage policy's reused rows are in the cache before the first slice.
+        EXPECT_EQ(rows != nullptr, passes == 0 && !tokens_stage);
         const auto be = make_cpu_layers(*model_, kv, ws, PipelineOptions{});
         be->begin_batch(toks.data(), pos.data(), (int)toks.size(), seqs);
-        if (rows) be->set_reused_for((int)seqs.size() - 1, *rows, 0);
+        if (rows) be->set_reused_for((int)seqs.size() - 1, *rows, sp.reused_from_layer());
         for (int l = 0; l < c.n_layer; ++l) be->layer(l, nullptr);
         const std::vector<float> lg = be->finish_batch();
         ASSERT_EQ(lg.size(), seqs.size() * V);
@@ -308,7 +330,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
         ++passes;
       }
       EXPECT_EQ(passes, (want_bd.n_active + chunk - 1) / chunk);
-      EXPECT_EQ(kv.n_pos, lay.n_total);
+      EXPECT_EQ(kv.n_pos, want_kv.n_pos);
       EXPECT_EQ(sp.breakdown().n_loaded, want_bd.n_loaded);
       const std::vector<float> got = sp.take_logits();
       float scale = 0;
@@ -316,25 +338,28 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       EXPECT_LE(max_abs_diff(got, want), 1e-5f * scale);
       for (int l = 0; l < c.n_layer; ++l) {
         float d = 0;
-        for (size_t i = 0; i < (size_t)lay.n_total * KV; ++i) {
+        for (size_t i = 0; i < (size_t)want_kv.n_pos * KV; ++i) {
           d = std::max(d, std::fabs(kv.k(l)[i] - want_kv.k(l)[i]));
           d = std::max(d, std::fabs(kv.v(l)[i] - want_kv.v(l)[i]));
         }
         EXPECT_LE(d, 1e-4f) << "layer " << l;
       }
+      // The prefix policy remembered the finished request, as the whole prefill does.
+      EXPECT_EQ(pc.longest_match(lay.tokens).first, want_pc.longest_match(lay.tokens).first);
     }
   }
-  // A layer-0 policy or a token-stage one runs whole, and says so when asked to slice.
-  for (const char* name : {"cacheblend", "prefix"}) {
+  // A device or query attention runs whole, and says so when asked to slice.
+  {
     SelectiveOptions opt;
-    opt.policy.kind = &find_policy(name);
-    EXPECT_FALSE(SlicedPrefill::supports(opt)) << name;
+    std::vector<float> attn;
+    opt.query_attention = &attn;
+    EXPECT_FALSE(SlicedPrefill::supports(opt));
     KVCache kv = model_->make_cache(lay.n_total);
     try {
       SlicedPrefill sp(*model_, req, opt, kv, ws);
-      ADD_FAILURE() << name << " was sliced";
+      ADD_FAILURE() << "a prefill with query attention was sliced";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("whole"), std::string::npos) << e.what();
     }
   }
 }
