@@ -54,6 +54,7 @@ class LayerLoader {
         kv_(kv),
         opt_(opt),
         n_layer_(std::min(m.config().n_layer, kv.n_layer())),  // a cache of the first layers only
+        first_layer_(first_layer),
         ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
     for (int32_t g : rows_.pos) {
@@ -89,6 +90,9 @@ class LayerLoader {
 
   // Blocks until layer l's rows are in the cache (rotated), loading it here when not overlapped.
   void wait(int l) {
+    // Layers below first_layer keep what the cache holds (a layer-0 policy's fresh rows, or a
+    // sliced CacheBlend's layer 0 from its selection pass): nothing to place or rotate.
+    if (l < first_layer_) return;
     if (!opt_.overlap) {
       if (!ready_[l]) load(l, true);
       ready_[l] = 1;
@@ -155,6 +159,7 @@ class LayerLoader {
   KVCache& kv_;
   PipelineOptions opt_;
   int n_layer_;
+  int first_layer_;
   std::vector<char> ready_;
   // loader_ms_ is written by whichever thread runs load() (the loader thread, published to the
   // caller with ready_ under mu_); rope_on_caller_ms_ only by the caller.

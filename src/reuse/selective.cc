@@ -429,7 +429,7 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
     s.bd.load_ms = tp.load_ms;
     s.tokens = std::move(tp.tokens);
     for (int i = tp.n_reused; i < (int)s.tokens.size(); ++i) s.act.push_back(i);
-    s.bd.n_total = (int)s.tokens.size();
+    s.bd.n_total = s.lay.n_total;  // the prompt's length, as the whole prefill reports it
     s.bd.n_active = (int)s.act.size();
     s.bd.n_loaded = tp.n_reused;
     s.token_policy = &pol;
