@@ -55,9 +55,9 @@ class EngineRecoveryTest : public ::testing::Test {
     return eo;
   }
 
-  static SelectiveOptions sel_of() {
+  SelectiveOptions sel_of() const {
     SelectiveOptions sel;
-    sel.policy.kind = &find_policy("cachetune");
+    sel.policy.kind = &find_policy(policy_);
     sel.policy.ratio = 0.15;
     return sel;
   }
@@ -67,7 +67,7 @@ class EngineRecoveryTest : public ::testing::Test {
     gen.stop_at_eog = false;  // always 8 tokens, so the comparison covers a real continuation
     return gen;
   }
-  static Answer ask(Engine& eng) { return eng.answer(kDocs, kQuestion, sel_of(), gen_of()); }
+  Answer ask(Engine& eng) const { return eng.answer(kDocs, kQuestion, sel_of(), gen_of()); }
 
   static store::DiskTier& disk(Engine& eng) {
     return dynamic_cast<store::DiskTier&>(eng.pool().tier(0));
@@ -141,7 +141,8 @@ class EngineRecoveryTest : public ::testing::Test {
   static test::TempDir* model_dir_;
   static std::string* model_path_;
   test::TempDir cache_;
-  int prefill_chunk_ = 0;  // EngineOptions::prefill_chunk
+  int prefill_chunk_ = 0;              // EngineOptions::prefill_chunk
+  const char* policy_ = "cachetune";  // the requests' policy
 };
 test::TempDir* EngineRecoveryTest::model_dir_ = nullptr;
 std::string* EngineRecoveryTest::model_path_ = nullptr;
@@ -154,6 +155,14 @@ TEST_F(EngineRecoveryTest, FlippedByteInAStoredRecord) {
 // the request's prefill starts again on a re-encoded chunk.
 TEST_F(EngineRecoveryTest, FlippedByteFoundInAChunkedPrefillsFirstSlice) {
   prefill_chunk_ = 4;
+  expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
+}
+
+// A sliced CacheBlend reads every chunk's layer 0 at admission, to choose: the damage is found
+// there, and the chunk is re-encoded before the request's first slice.
+TEST_F(EngineRecoveryTest, FlippedByteFoundBySlicedCacheBlendsLayer0Selection) {
+  prefill_chunk_ = 4;
+  policy_ = "cacheblend";
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
