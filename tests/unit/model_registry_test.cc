@@ -44,7 +44,7 @@ TEST(ModelRegistry, BuiltinRegistryHoldsTheThreeModelsDefaultFirst) {
   EXPECT_EQ(q05->version, "0.9.0");
   EXPECT_EQ(q05->parts, 6);
   EXPECT_EQ(q05->member, "data/part{i:02}.bin");
-  EXPECT_EQ(q05->r_min, 0.0);  // not measured yet
+  EXPECT_EQ(q05->r_min, 0.4);  // measured: docs/RESULTS.md "Quality against r"
   const ModelEntry& q15 = require_model(reg, "qwen2.5-coder-1.5b");
   EXPECT_EQ(q15.bytes, 1117320768u);
   EXPECT_EQ(q15.sha256, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046");
