@@ -95,6 +95,17 @@ class SelectiveTest : public ::testing::TestWithParam<std::string> {
     return test::max_abs_diff(a, b);
   }
 
+  // The largest difference between two caches' K and V of layer l over their first n rows.
+  static float max_kv_diff(const KVCache& a, const KVCache& b, int l, int n) {
+    const size_t cells = (size_t)n * a.kv_dim();
+    float d = 0;
+    for (size_t i = 0; i < cells; ++i) {
+      d = std::max(d, std::fabs(a.k(l)[i] - b.k(l)[i]));
+      d = std::max(d, std::fabs(a.v(l)[i] - b.v(l)[i]));
+    }
+    return d;
+  }
+
   static std::string record_hash(const ChunkKV& c) {
     Sha256 h;
     for (int l = 0; l < c.meta.n_layer; ++l) {
@@ -252,7 +263,7 @@ TEST_P(SelectiveTest, EncodingThroughTheBackendEqualsThePlainLayerLoop) {
 // the whole prefill's logits and cache; the first slice places the reused rows of every layer.
 TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
   const ModelConfig& c = model_->config();
-  const int V = c.n_vocab, KV = c.kv_dim();
+  const int V = c.n_vocab;
   EncodeOptions eo;
   ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(40, 30), eo);
   ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(25, 31), eo);
@@ -347,12 +358,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       for (float x : want) scale = std::max(scale, std::fabs(x));
       EXPECT_LE(max_abs_diff(got, want), 1e-5f * scale);
       for (int l = 0; l < c.n_layer; ++l) {
-        float d = 0;
-        for (size_t i = 0; i < (size_t)want_kv.n_pos * KV; ++i) {
-          d = std::max(d, std::fabs(kv.k(l)[i] - want_kv.k(l)[i]));
-          d = std::max(d, std::fabs(kv.v(l)[i] - want_kv.v(l)[i]));
-        }
-        EXPECT_LE(d, 1e-4f) << "layer " << l;
+        EXPECT_LE(max_kv_diff(kv, want_kv, l, want_kv.n_pos), 1e-4f) << "layer " << l;
       }
       // The prefix policy remembered the finished request, with its finished cache, as the
       // whole prefill does.
@@ -364,12 +370,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
         pc.copy_rows(e_got, n_got, kept);
         want_pc.copy_rows(e_want, n_want, kept_want);
         float d = 0;
-        for (int l = 0; l < c.n_layer; ++l) {
-          for (size_t i = 0; i < (size_t)n_got * KV; ++i) {
-            d = std::max(d, std::fabs(kept.k(l)[i] - kept_want.k(l)[i]));
-            d = std::max(d, std::fabs(kept.v(l)[i] - kept_want.v(l)[i]));
-          }
-        }
+        for (int l = 0; l < c.n_layer; ++l) d = std::max(d, max_kv_diff(kept, kept_want, l, n_got));
         EXPECT_LE(d, 1e-4f) << "the remembered cache";
       }
     }
