@@ -668,6 +668,52 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
   }
 }
 
+TEST(QGemm, AvxFormsStayExactAtTheQuantAndInputBounds) {
+  // The worst case for the AVX2 form's int16 sums (maddubs pairs, several added before one
+  // madd): every weight quant at its type's bound and every input quant at +127 or -127 (a
+  // constant row rounds to it). kAvx2 must still give kAvx2Wide's bits (no int16 sum saturates
+  // or wraps), for every type. All bytes 0xff reach the bound on every type but Q8_0 (whose
+  // quants take the wide form anyway).
+  const int rows = 11, cols = 512;
+  for (GgmlType t : kAllTypes) {
+    if (!qgemm_supported(t)) continue;
+    const size_t rb = ggml_row_bytes(t, cols), bb = ggml_block_bytes(t);
+    std::vector<uint8_t> packed(rb * rows, 0xff);
+    for (size_t blk = 0; blk < packed.size() / bb; ++blk) {
+      for (int off : fp16_fields(t)) {
+        const uint16_t h = f32_to_fp16(0.25f);
+        std::memcpy(&packed[blk * bb + off], &h, 2);
+      }
+    }
+    std::vector<uint8_t> u(cols);
+    std::vector<float> d(cols / 16), o(cols / 16);
+    qgemm_unpack_row(t, packed.data(), cols, u.data(), d.data(), o.data());
+    if (t != GgmlType::Q8_0) {
+      for (int e = 0; e < cols; ++e) ASSERT_EQ((int)u[e], qgemm_max_quant(t)) << ggml_type_name(t);
+    }
+    const QMatrix w{t, packed.data(), rows, cols, rb};
+    const QMatrix* ws[1] = {&w};
+    const int n = 6;
+    std::vector<float> x((size_t)n * cols);
+    for (int i = 0; i < n; ++i) {
+      for (int e = 0; e < cols; ++e) x[(size_t)i * cols + e] = i % 2 ? -1.5f : 2.0f;
+    }
+    std::vector<float> y((size_t)n * rows), y_avx2((size_t)n * rows), y_wide((size_t)n * rows);
+    qgemm(ws, 1, x.data(), n, y.data(), rows);
+    qgemm(ws, 1, x.data(), n, y_avx2.data(), rows, QgemmPath::kAvx2);
+    qgemm(ws, 1, x.data(), n, y_wide.data(), rows, QgemmPath::kAvx2Wide);
+    ASSERT_EQ(y_avx2, y_wide) << ggml_type_name(t);
+    ASSERT_EQ(y, y_wide) << ggml_type_name(t);
+    // And the sums are the exact ones: the reference on the rounded input.
+    std::vector<float> x_used(cols), yu(rows);
+    qgemm_input(x.data(), cols, x_used.data());
+    qgemv_ref(w, x_used.data(), yu.data());
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_NEAR(y_wide[r], yu[r], 1e-4 * std::fabs(yu[r]) + 1e-3) << ggml_type_name(t) << " row " << r;
+    }
+  }
+}
+
 TEST(QGemm, RowsEqualSingleRowCallsAndStackedMatricesEqualSeparateOnes) {
   // Two stacked matrices of different types into a padded output: every input row's results are
   // the bits of that row alone through each matrix alone, and the padding is untouched. Under

@@ -218,6 +218,16 @@ const Unpacker kUnpackers[] = {
 // maddubs adds byte products in pairs into int16: exact while every quant is below 128.
 bool maddubs_exact(const Unpacker& up) { return up.u_max < 128; }
 
+// How many maddubs results (int16 lanes of at most 2 * u_max * 127 in magnitude, the input's
+// quants lying in [-127, 127]) can be added in int16 before one madd widens them: the largest
+// power of two F <= max_fold with F * 2 * u_max * 127 <= 32767 (Q4_0/Q4_1/Q4_K 8, Q5_* 4,
+// Q6_K 2, Q2_K/Q3_K 4 with a group of 16). The sums stay exact, so the results do not change.
+int maddubs_fold(const Unpacker& up, int max_fold) {
+  int f = 1;
+  while (2 * f <= max_fold && 2 * f * 2 * up.u_max * 127 <= 32767) f *= 2;
+  return f;
+}
+
 const Unpacker* find_unpacker(GgmlType t) {
   for (const Unpacker& e : kUnpackers) {
     if (e.type == t) return &e;
@@ -258,12 +268,14 @@ inline void transpose8x8_32(const uint8_t* src, size_t src_stride, uint8_t* dst)
 struct Strip {
   int group = 16;
   bool narrow = false;  // every quant below 128 (Unpacker::u_max)
+  int fold = 1;          // maddubs results added in int16 (maddubs_fold)
   std::vector<uint8_t> wq, u;
   std::vector<float> wd, wo, d, o;
   void unpack(const QMatrix& w, const Unpacker& up, int r0) {
     const int K = w.cols, nb = K / 16, step = up.group / 16, ng = K / up.group;
     group = up.group;
     narrow = maddubs_exact(up);
+    fold = narrow ? maddubs_fold(up, up.group / 4) : 1;
     wq.resize((size_t)K * kStrip);
     wd.resize((size_t)ng * kStrip);
     wo.resize((size_t)ng * kStrip);
@@ -338,6 +350,30 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Per int32 lane r, the integer dot product of one group (V registers of 4 quants of each of the
+// 8 rows) with input row c of a tile of NR rows. kNarrow with F > 1 adds F maddubs results in
+// int16 before each madd (exact: maddubs_fold), one madd per F registers instead of one per
+// register; otherwise one dot4 per register.
+template <Dot kDot, int V, int F, int NR>
+inline __m256i group_dot(const __m256i* w, const int8_t* q, int c) {
+  static_assert(V % F == 0, "the fold divides the group");
+  if constexpr (kDot == Dot::kNarrow && F > 1) {
+    __m256i s = _mm256_setzero_si256();
+    for (int v0 = 0; v0 < V; v0 += F) {
+      __m256i p = _mm256_maddubs_epi16(w[v0], bcast4(q + 4 * (v0 * NR + c)));
+      for (int f = 1; f < F; ++f) {
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[v0 + f], bcast4(q + 4 * ((v0 + f) * NR + c))));
+      }
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+    return s;
+  } else {
+    __m256i s = dot4<kDot>(_mm256_setzero_si256(), w[0], bcast4(q + 4 * c));
+    for (int v = 1; v < V; ++v) s = dot4<kDot>(s, w[v], bcast4(q + 4 * (v * NR + c)));
+    return s;
+  }
+}
+
 // The input rows' encoding (qgemv_q8.h's quantise_blocks32x16), stored tile by tile: the rows
 // [c0, c0 + nr) of a tile (nr = min(kMaxTile, n - c0)) interleaved like a strip's weights:
 // q[c0 K + (g nr + c) 4 + k] = q_c[4g + k], dx[c0 K/32 + b nr + c] (scale of 32-element block b),
@@ -349,8 +385,8 @@ struct Input {
 };
 
 // y[c * ldy + r] for the NR input rows of the tile at q, dx, sx (sx16 for G = 16, sx32 for
-// G = 32) and r < lanes (the strip's valid rows). G: the strip's group.
-template <Dot kDot, int NR, int G>
+// G = 32) and r < lanes (the strip's valid rows). G: the strip's group; F: group_dot's fold.
+template <Dot kDot, int NR, int G, int F>
 void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float* __restrict wo,
           int K, const int8_t* __restrict q, const float* __restrict dx,
           const float* __restrict sx, float* y, int ldy, int lanes) {
@@ -362,8 +398,7 @@ void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float*
     for (int v = 0; v < V; ++v) w[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wq + 32 * v));
     const __m256 vd = _mm256_loadu_ps(wd), vo = _mm256_loadu_ps(wo);
     for (int c = 0; c < NR; ++c) {
-      __m256i s = dot4<kDot>(_mm256_setzero_si256(), w[0], bcast4(q + 4 * c));
-      for (int v = 1; v < V; ++v) s = dot4<kDot>(s, w[v], bcast4(q + 4 * (v * NR + c)));
+      const __m256i s = group_dot<kDot, V, F, NR>(w, q, c);
       const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(s), vd);
       acc[c] = _mm256_fmadd_ps(t, _mm256_broadcast_ss(dx + c), acc[c]);
       acc[c] = _mm256_fmadd_ps(vo, _mm256_broadcast_ss(sx + c), acc[c]);
@@ -387,47 +422,54 @@ void tile(const uint8_t* __restrict wq, const float* __restrict wd, const float*
   }
 }
 
-template <Dot kDot, int NR>
+template <Dot kDot, int F, int NR>
 void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy, int lanes) {
   const int8_t* q = in.q.data() + (size_t)c0 * K;
   const float* dx = in.dx.data() + (size_t)c0 * (K / 32);
   if (st.group == 32) {
-    tile<kDot, NR, 32>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+    tile<kDot, NR, 32, F>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
                         in.sx32.data() + (size_t)c0 * (K / 32), y + (size_t)c0 * ldy, ldy, lanes);
   } else {
-    tile<kDot, NR, 16>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
+    // A group of 16 is 4 registers, so its fold is at most 4 (maddubs_fold); the clamp only
+    // keeps the unused instantiation valid.
+    tile<kDot, NR, 16, (F > 4 ? 4 : F)>(st.wq.data(), st.wd.data(), st.wo.data(), K, q, dx,
                         in.sx.data() + (size_t)c0 * (K / 16), y + (size_t)c0 * ldy, ldy, lanes);
   }
 }
 
 // The input rows [c, end) of one strip; c is a multiple of kMaxTile, and so is end unless it is n
 // (tiles are laid out from row 0: encode_row).
-template <Dot kDot>
+template <Dot kDot, int F = 1>
 void strip_rows_with(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
                      int lanes) {
-  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kDot, kMaxTile>(st, K, in, c, y, ldy, lanes);
+  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kDot, F, kMaxTile>(st, K, in, c, y, ldy, lanes);
   switch (end - c) {
 #if defined(__AVX512VL__)
-    case 7: tile_at<kDot, 7>(st, K, in, c, y, ldy, lanes); break;
-    case 6: tile_at<kDot, 6>(st, K, in, c, y, ldy, lanes); break;
-    case 5: tile_at<kDot, 5>(st, K, in, c, y, ldy, lanes); break;
-    case 4: tile_at<kDot, 4>(st, K, in, c, y, ldy, lanes); break;
+    case 7: tile_at<kDot, F, 7>(st, K, in, c, y, ldy, lanes); break;
+    case 6: tile_at<kDot, F, 6>(st, K, in, c, y, ldy, lanes); break;
+    case 5: tile_at<kDot, F, 5>(st, K, in, c, y, ldy, lanes); break;
+    case 4: tile_at<kDot, F, 4>(st, K, in, c, y, ldy, lanes); break;
 #endif
-    case 3: tile_at<kDot, 3>(st, K, in, c, y, ldy, lanes); break;
-    case 2: tile_at<kDot, 2>(st, K, in, c, y, ldy, lanes); break;
-    case 1: tile_at<kDot, 1>(st, K, in, c, y, ldy, lanes); break;
+    case 3: tile_at<kDot, F, 3>(st, K, in, c, y, ldy, lanes); break;
+    case 2: tile_at<kDot, F, 2>(st, K, in, c, y, ldy, lanes); break;
+    case 1: tile_at<kDot, F, 1>(st, K, in, c, y, ldy, lanes); break;
     default: break;
   }
 }
 
-// The strip's multiply: VNNI where the path has it, else maddubs for a narrow strip unless the
-// path asks for the wide form.
+// The strip's multiply: VNNI where the path has it, else maddubs for a narrow strip (with its
+// int16 fold) unless the path asks for the wide form.
 void strip_rows(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
                 int lanes, bool vnni, bool wide) {
   if (vnni) {
     strip_rows_with<Dot::kVnni>(st, K, in, c, end, y, ldy, lanes);
   } else if (st.narrow && !wide) {
-    strip_rows_with<Dot::kNarrow>(st, K, in, c, end, y, ldy, lanes);
+    switch (st.fold) {
+      case 8: strip_rows_with<Dot::kNarrow, 8>(st, K, in, c, end, y, ldy, lanes); break;
+      case 4: strip_rows_with<Dot::kNarrow, 4>(st, K, in, c, end, y, ldy, lanes); break;
+      case 2: strip_rows_with<Dot::kNarrow, 2>(st, K, in, c, end, y, ldy, lanes); break;
+      default: strip_rows_with<Dot::kNarrow, 1>(st, K, in, c, end, y, ldy, lanes); break;
+    }
   } else {
     strip_rows_with<Dot::kWide>(st, K, in, c, end, y, ldy, lanes);
   }
