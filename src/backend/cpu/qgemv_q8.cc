@@ -147,14 +147,27 @@ inline __m256i sums4(const __m256i m[4]) {
 
 // The fp16 field at byte `off` of nv (<= 4) consecutive blocks of kBytes, as floats in lanes j and
 // 4 + j (lanes of missing blocks 0).
+// The halves go into a register one by one (pinsrw), not through a stack array, whose narrow
+// stores a 16-byte load could not forward from.
 template <size_t kBytes>
 inline __m256 scales4(const uint8_t* blk, int off, int nv) {
-  alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int j = 0; j < nv; ++j) {
-    std::memcpy(&h[j], blk + j * kBytes + off, 2);
-    h[j + 4] = h[j];
+  __m128i h = _mm_setzero_si128();
+  uint16_t v;
+  std::memcpy(&v, blk + off, 2);
+  h = _mm_insert_epi16(h, v, 0);
+  if (nv > 1) {
+    std::memcpy(&v, blk + kBytes + off, 2);
+    h = _mm_insert_epi16(h, v, 1);
   }
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+  if (nv > 2) {
+    std::memcpy(&v, blk + 2 * kBytes + off, 2);
+    h = _mm_insert_epi16(h, v, 2);
+  }
+  if (nv > 3) {
+    std::memcpy(&v, blk + 3 * kBytes + off, 2);
+    h = _mm_insert_epi16(h, v, 3);
+  }
+  return _mm256_cvtph_ps(_mm_unpacklo_epi64(h, h));
 }
 
 // Four floats v[0..nv) (then zeros) in both 128-bit halves. kFull: all four, read in place.
