@@ -221,34 +221,66 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-  start_prefill(*g);
+  if (opt_.prefill_chunk > 0 && gen.max_tokens > 0) {
+    g->staging_ = true;
+    stage_chunks(*g, opt_.prefill_chunk);
+  } else {
+    start_prefill(*g);
+  }
   g->decode_.reset();
   if (gen.max_tokens <= 0) finish(*g);  // never sliced: nothing to decode
   return g;
 }
 
-void Engine::start_prefill(Generation& g) {
+int Engine::stage_chunks(Generation& g, int budget) {
+  const RagPromptTokens& p = g.prompt_;
+  Answer& ans = g.answer_;
+  int encoded = 0;
+  while (g.staged_ < p.chunks.size() && encoded < budget) {
+    Timer t;
+    ChunkMeta meta;
+    std::optional<ChunkKV> unplaced;
+    ans.chunks.push_back(ensure_chunk(p.chunks[g.staged_], "", &meta, &unplaced));
+    if (unplaced)
+      g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+    else
+      g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+    ans.lookup_ms += t.ms();
+    if (!ans.chunks.back().hit) encoded += ans.chunks.back().n_tok;
+    ++g.staged_;
+  }
+  if (g.staged_ == p.chunks.size()) {
+    g.staging_ = false;
+    start_prefill(g, true);
+  }
+  return encoded;
+}
+
+void Engine::start_prefill(Generation& g, bool looked_up) {
   const RagPromptTokens& p = g.prompt_;
   const GenerateOptions& gen = g.gen_;
   const int n_total = p.n_tokens();
   Answer& ans = g.answer_;
   g.sliced_.reset();
   for (;;) {
-    Timer lookup;
-    ans.chunks.clear();
-    g.srcs_.clear();
-    ComposedRequest req{p.prefix, {}, p.query};
-    for (const auto& toks : p.chunks) {
-      ChunkMeta meta;
-      std::optional<ChunkKV> unplaced;
-      ans.chunks.push_back(ensure_chunk(toks, "", &meta, &unplaced));
-      if (unplaced)
-        g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
-      else
-        g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
-      req.chunks.push_back(g.srcs_.back().get());
+    if (!looked_up) {
+      Timer lookup;
+      ans.chunks.clear();
+      g.srcs_.clear();
+      for (const auto& toks : p.chunks) {
+        ChunkMeta meta;
+        std::optional<ChunkKV> unplaced;
+        ans.chunks.push_back(ensure_chunk(toks, "", &meta, &unplaced));
+        if (unplaced)
+          g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+        else
+          g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+      }
+      ans.lookup_ms = lookup.ms();
     }
-    ans.lookup_ms = lookup.ms();
+    looked_up = false;  // a retry looks them up again
+    ComposedRequest req{p.prefix, {}, p.query};
+    for (const auto& src : g.srcs_) req.chunks.push_back(src.get());
     SelectiveOptions sel = g.sel_;
     // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
     // stay on the CPU.
@@ -322,28 +354,34 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   std::vector<int32_t> ids;
   std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
+  int work = 0;  // this step's prefill work: tokens encoded and slice rows
   for (int i = 0; i < n; ++i) {
     Generation& g = *gens[i];
     if (g.done_) continue;
+    if (g.staging_) {
+      // Its missing chunks are encoded while the step's budget lasts (the oldest request
+      // first); its prefill starts once every chunk is there, and may join this step.
+      if (stop_if_cancelled(g)) continue;
+      if (work < opt_.prefill_chunk) {
+        try {
+          work += stage_chunks(g, opt_.prefill_chunk - work);
+        } catch (...) {
+          fail(g, std::current_exception());
+          continue;
+        }
+      }
+      if (g.staging_) continue;
+    }
     if (g.sliced_) {
-      // Its next slice joins this step while the step's prefill rows stay within the budget
+      // Its next slice joins this step while the step's prefill work stays within the budget
       // (the oldest first; a slice's size depends only on its own request).
       const int want = std::min(opt_.prefill_chunk, g.sliced_->rows_left());
-      std::exception_ptr stop;
-      try {
-        if (g.opt_.cancelled && g.opt_.cancelled())
-          stop = std::make_exception_ptr(RequestCancelled("during"));
-      } catch (...) {
-        stop = std::current_exception();  // the callback's failure ends this request only
-      }
-      if (stop) {
-        fail(g, stop);
-        continue;
-      }
-      if (rows.prefill == 0 || rows.prefill + want <= opt_.prefill_chunk) {
+      if (stop_if_cancelled(g)) continue;
+      if (work == 0 || work + want <= opt_.prefill_chunk) {
         pre.push_back(&g);
         slices.push_back(want);
         rows.prefill += want;
+        work += want;
       }
       continue;
     }
@@ -428,8 +466,21 @@ void Engine::count_read_failure(Generation& g, const std::string& chunk_id) {
   ++g.answer_.retries;
 }
 
+bool Engine::stop_if_cancelled(Generation& g) const {
+  std::exception_ptr stop;
+  try {
+    if (g.opt_.cancelled && g.opt_.cancelled())
+      stop = std::make_exception_ptr(RequestCancelled("during"));
+  } catch (...) {
+    stop = std::current_exception();  // the callback's failure ends this request only
+  }
+  if (stop) fail(g, stop);
+  return stop != nullptr;
+}
+
 void Engine::fail(Generation& g, std::exception_ptr error) const {
   g.error_ = std::move(error);
+  g.staging_ = false;
   g.sliced_.reset();
   g.srcs_.clear();
   finish(g);

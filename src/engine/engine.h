@@ -53,6 +53,9 @@ struct EngineOptions {
   // prompt is prefilled over several steps, each shared with the decode rows of running requests.
   // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
   // (SlicedPrefill::supports); CacheBlend's layer-0 pass over every row runs at admission.
+  // The same budget spreads a request's chunk encodings over steps: a step encodes missing
+  // chunks (whole, one after another) until prefill_chunk of their tokens are done, and its
+  // prefill slices take what is left (Engine::advance).
   int prefill_chunk = 0;
 };
 
@@ -125,8 +128,9 @@ class Generation {
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
   bool done() const { return done_; }
-  // Still prefilling in slices (EngineOptions::prefill_chunk): no token yet.
-  bool prefilling() const { return sliced_ != nullptr; }
+  // Still encoding its chunks or prefilling in slices (EngineOptions::prefill_chunk): no token
+  // yet.
+  bool prefilling() const { return staging_ || sliced_ != nullptr; }
   // Complete once done(); answer().tokens grows while decoding.
   const Answer& answer() const { return answer_; }
   Answer take_answer() { return std::move(answer_); }
@@ -146,6 +150,11 @@ class Generation {
   // done (PooledChunk), then released.
   std::vector<std::unique_ptr<ChunkSource>> srcs_;
   std::unique_ptr<SlicedPrefill> sliced_;           // while prefilling in slices
+  // With EngineOptions::prefill_chunk the chunks are looked up (and missing ones encoded) step
+  // by step before the prefill starts: staged_ of them are done, their ChunkInfo in
+  // answer_.chunks and their sources in srcs_.
+  bool staging_ = false;
+  size_t staged_ = 0;
   std::map<std::string, int> read_failures_;        // per chunk id (re-encodes after damage)
   GenerateOptions gen_;
   AnswerOptions opt_;
@@ -212,11 +221,13 @@ class Engine {
 
   // The two halves of answer(), for a scheduler that decodes many requests together. begin()
   // looks up (or encodes) the chunks and runs the prefill, or with EngineOptions::prefill_chunk
-  // prepares it in slices; `arrival` starts the request's TTFT. advance() is one engine step:
-  // it samples the next token of every generation that has its logits, hands it to its
-  // on_piece, and runs one batched pass (CPU) over those that go on (a decode row each) and the
-  // next slices of prefilling generations (at most prefill_chunk rows, oldest first); on the
-  // GPU one step each. A request's tokens are the same whatever it is batched with
+  // looks up the chunks and encodes missing ones within one step's budget (the rest in the
+  // next steps) and then prepares the prefill in slices; `arrival` starts the request's TTFT.
+  // advance() is one engine step: it samples the next token of every generation that has its
+  // logits, hands it to its on_piece, encodes missing chunks of generations still staging and
+  // runs one batched pass (CPU) over those that go on (a decode row each) and the next slices of
+  // prefilling generations (encoded tokens and slice rows together at most prefill_chunk, oldest
+  // first); on the GPU one step each. A request's tokens are the same whatever it is batched with
   // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
   // read during a slice is re-encoded and that request's prefill starts again. A prefilling
   // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
@@ -237,7 +248,15 @@ class Engine {
   PrefixCache prefix_cache_;
   void finish(Generation& g) const;
   // begin()'s lookups and prefill (or its slices), again after a chunk could not be read.
-  void start_prefill(Generation& g);
+  // looked_up: g's chunks were looked up already (staged: answer_.chunks and srcs_ are set).
+  void start_prefill(Generation& g, bool looked_up = false);
+  // The next of g's chunks looked up (missing ones encoded) while fewer than `budget` tokens
+  // were encoded here; once the last is done, the prefill starts (start_prefill). Returns the
+  // tokens encoded.
+  int stage_chunks(Generation& g, int budget);
+  // Whether g's AnswerOptions::cancelled says its client has gone (or throws); then g ends
+  // with that error (fail).
+  bool stop_if_cancelled(Generation& g) const;
   // One batched decode step (cpu::decode_batch) of the token ids fed to feed.
   void decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids);
   // A chunk that could not be read (detected corruption, a lost entry, an unreachable tier):

@@ -357,6 +357,59 @@ TEST_F(BatchingTest, ChunkedPrefillStepsBesideDecodeRowsAndKeepsEachRequestsToke
   EXPECT_EQ(st.running, 0);
 }
 
+// With chunked prefill a request's missing chunks are encoded over several steps, within the
+// same per-step budget as the slices, so the requests already decoding get a token at every
+// step instead of waiting for all of them; the tokens are still each request's own.
+TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 4;
+  const std::vector<Req> rs = requests();
+  const Req& a = rs[1];
+  const Req b{{"The museum opens at nine on weekdays and at ten on Sundays.",
+               "Its west wing holds a collection of old ship models.",
+               "Guided tours start every hour from the main hall."},
+              "When do the tours start?", &find_policy("cachetune")};
+  Engine eng(eo);
+  const Tokenizer& tok = eng.model().tokenizer();
+  const RagPromptTokens pa = build_rag_prompt(tok, a.docs, a.question);
+  const RagPromptTokens pb = build_rag_prompt(tok, b.docs, b.question);
+  for (const auto& c : pb.chunks) ASSERT_GT((int)c.size(), eo.prefill_chunk);
+  std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(16));
+  Generation* one = ga.get();
+  while (ga->prefilling()) eng.advance(&one, 1);
+  // a decodes; b arrives with three chunks the pool has never seen: begin() encodes the first.
+  std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
+  EXPECT_TRUE(gb->prefilling());
+  EXPECT_EQ(gb->answer().chunks.size(), 1u);
+  Generation* both[2] = {ga.get(), gb.get()};
+  for (size_t staged = 2; staged <= 3; ++staged) {
+    const size_t before = ga->answer().tokens.size();
+    const StepRows st = eng.advance(both, 2);
+    EXPECT_EQ(st.decode, 1);   // a's row
+    EXPECT_EQ(st.prefill, 0);  // the encoding took the step's budget
+    EXPECT_EQ(gb->answer().chunks.size(), staged);
+    EXPECT_EQ(ga->answer().tokens.size(), before + 1) << "a waited for b's encodings";
+  }
+  while (!ga->done() || !gb->done()) eng.advance(both, 2);
+  ASSERT_FALSE(ga->error());
+  ASSERT_FALSE(gb->error());
+  for (const ChunkInfo& c : gb->answer().chunks) {
+    EXPECT_FALSE(c.hit);
+    EXPECT_GT(c.encode_ms, 0.0);
+    EXPECT_EQ(c.tier, "host");
+  }
+  EXPECT_EQ(gb->answer().tokens, alone(eo, {b}, 8)[0]);
+  EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 16)[0]);
+  // The same documents again: every chunk is found, and begin() prepares the slices at once.
+  std::unique_ptr<Generation> gc = eng.begin(pb, sel_of(b), gen_of(8));
+  ASSERT_EQ(gc->answer().chunks.size(), 3u);
+  for (const ChunkInfo& c : gc->answer().chunks) EXPECT_TRUE(c.hit);
+  Generation* third = gc.get();
+  EXPECT_GT(eng.advance(&third, 1).prefill, 0);
+  while (!gc->done()) eng.advance(&third, 1);
+  EXPECT_EQ(gc->answer().tokens, gb->answer().tokens);
+}
+
 // A prefilling request whose client has gone stops between two slices: no token, its error is
 // RequestCancelled, and its cache goes back.
 TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
@@ -373,6 +426,10 @@ TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
   std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4), ao);
   Generation* gp = g.get();
   ASSERT_TRUE(g->prefilling());
+  // Its two new chunks are encoded first, one a step (each is over the budget of 2 tokens),
+  // and the step that encodes the second has no budget left for a slice.
+  EXPECT_EQ(eng.advance(&gp, 1).prefill, 0);
+  EXPECT_EQ(g->answer().chunks.size(), 2u);
   EXPECT_EQ(eng.advance(&gp, 1).prefill, 2);
   EXPECT_TRUE(g->prefilling());
   gone = true;
