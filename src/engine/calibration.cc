@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "backend/backend.h"
 #include "backend/cpu_forward.h"
 #include "core/data_jsonl.h"
 #include "core/error.h"
@@ -104,7 +105,7 @@ std::vector<CalibrationRequest> load_calibration_requests(const std::string& pat
 
 CalibrationWorkload::CalibrationWorkload(Engine& eng,
                                          const std::vector<CalibrationRequest>& requests)
-    : eng_(eng) {
+    : eng_(eng), device_(eng.device()) {
   CT_THROW_IF_NOT(!requests.empty(), "calibration needs at least one request");
   const Tokenizer& tok = eng.model().tokenizer();
   int max_total = 0;
@@ -121,6 +122,10 @@ CalibrationWorkload::CalibrationWorkload(Engine& eng,
     }
     prep.layout = layout_request(prep.req);
     max_total = std::max(max_total, prep.layout.n_total);
+    CT_THROW_IF_NOT(!device_ || prep.layout.n_total + 1 <= device_->n_ctx(),
+                    "calibration request of {} tokens does not fit the {} sequence of {} positions "
+                    "(use shorter documents or a smaller --limit)",
+                    prep.layout.n_total, device_ ? device_->name() : "", device_ ? device_->n_ctx() : 0);
     reqs_.push_back(std::move(prep));
   }
   // Checked after all puts: storing a later chunk may have demoted an earlier one.
@@ -144,6 +149,8 @@ double CalibrationWorkload::mean_ttft_seconds(const PolicyOptions& policy, int r
   const Model& m = eng_.model();
   SelectiveOptions sel;
   sel.policy = policy;
+  sel.device = device_;
+  sel.device_kv_to_host = false;  // only the first token is needed
   double sum = 0;
   for (Prepared& p : reqs_) {
     double best = std::numeric_limits<double>::infinity();
@@ -188,8 +195,8 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
   // Recompute path: n rows through the timed layers, at positions spread over the prompt so each
   // row attends over a prompt-length context, as recomputed chunk tokens do.
   struct ComputeCase {
-    std::vector<int32_t> pos;  // [n] strictly increasing global positions
-    std::vector<float> x0;     // F32 [n][n_embd] embeddings of the tokens there
+    std::vector<int32_t> pos;   // [n] strictly increasing global positions
+    std::vector<int32_t> toks;  // [n] the tokens there
   };
   std::vector<ComputeCase> compute_cases;
   for (double r : opt.compute_ratios) {
@@ -197,21 +204,22 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
     const int n = std::clamp(n_fixed + n_select(r, n_reuse), 1, n_total);
     ComputeCase cc;
     cc.pos.resize(n);
-    std::vector<int32_t> toks(n);
+    cc.toks.resize(n);
     for (int i = 0; i < n; ++i) {
       cc.pos[i] = (int32_t)((int64_t)i * n_total / n);
-      toks[i] = p.layout.tokens[cc.pos[i]];
+      cc.toks[i] = p.layout.tokens[cc.pos[i]];
     }
-    cc.x0.resize((size_t)n * c.n_embd);
-    m.embed(toks.data(), n, cc.x0.data());
     compute_cases.push_back(std::move(cc));
   }
-  std::vector<float> x;
+  // One pass over the timed layers through the layer backend; finish() waits for a device and
+  // adds the last row's logits (one row: small next to a layer of hundreds).
   auto time_compute = [&](const ComputeCase& cc) {
-    x = cc.x0;
+    std::unique_ptr<LayerBackend> be =
+        device_ ? device_->layers(nullptr) : make_cpu_layers(m, kv_, ws_, PipelineOptions{});
     Timer t;
-    for (int l : layers)
-      cpu::forward_layer(m, l, x.data(), cc.pos.data(), (int)cc.pos.size(), kv_, ws_);
+    be->begin(cc.toks.data(), cc.pos.data(), (int)cc.pos.size());
+    for (int l : layers) be->layer(l, nullptr);
+    be->finish();
     return t.seconds() / (double)layers.size();
   };
   out.compute = fastest_of_rounds(compute_cases, opt.repeats, time_compute);
@@ -258,12 +266,14 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
               stage_v.resize(bytes);
             }
             p.chunks[b]->read_rows(l, lc.begin[b], meta.n_tok, stage_k.data(), stage_v.data());
+            if (device_) continue;  // the device unpacks and rotates
             for (int j = lc.begin[b]; j < meta.n_tok; ++j, ++n) {
               const size_t src = row_bytes * (j - lc.begin[b]);
               kv_unpack(meta.dtype, stage_k.data() + src, kv_.k(l) + (size_t)lc.pos[n] * KV, KV);
               kv_unpack(meta.dtype, stage_v.data() + src, kv_.v(l) + (size_t)lc.pos[n] * KV, KV);
             }
           }
+          if (device_) continue;
           // As the loader does: the angle table once per request, reused by every layer.
           if (l == layers.front()) m.rope().angle_table(lc.pos.data(), (int)lc.pos.size(), cs, sn);
           m.rope().apply_at_positions(kv_.k(l), KV, c.n_head_kv, lc.pos.data(),
@@ -293,7 +303,7 @@ CalibrationRun calibrate_top_tier(Engine& eng, const std::vector<CalibrationRequ
   CalibrationRun run;
   const std::string& path = eng.options().calibration_path;
   sched::CalibrationStore store = sched::CalibrationStore::load_or_empty(path);
-  const sched::CalibrationKey key = eng.calibration_key(0);
+  const sched::CalibrationKey key = eng.calibration_key(0, eng.backend_name());
   if (!opt.force) {
     if (const sched::CalibrationEntry* e = store.find(key)) {
       run.entry = *e;

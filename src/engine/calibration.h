@@ -43,7 +43,8 @@ struct ProfileOptions {
 
 // The calibration set made ready for timing: chunks stored in the engine's top tier, the tier
 // under test (encoded first when absent; never timed), prompts laid out, one KV cache and
-// workspace reused across runs so allocation stays out of the measurements. Lookups promote
+// workspace reused across runs so allocation stays out of the measurements. Prefills run where
+// the engine's run (Engine::device(): the GPU of a CUDA engine, else the CPU). Lookups promote
 // chunks to the top tier, so a lower tier is calibrated with an engine that has it on top (the
 // CLI builds one holding only the tier under test).
 class CalibrationWorkload {
@@ -53,14 +54,18 @@ class CalibrationWorkload {
   ~CalibrationWorkload();
 
   // Mean over the requests of selective prefill + first (greedy) token, in seconds; with
-  // repeats > 1 each request's minimum is used.
+  // repeats > 1 each request's minimum is used. Throws ct::Error when a request does not fit
+  // the device's sequence.
   double mean_ttft_seconds(const PolicyOptions& policy, int repeats = 1);
 
   // Mean token counts of the requests, as the cost model sees them.
   sched::PrefillShape mean_shape() const;
 
-  // Times real layers (cpu::forward_layer) and real complement loads of the first request
-  // (tier read + unpack to F32 + deferred RoPE), per layer; fit with sched::fit_cost_model.
+  // Times real layers and real complement loads of the first request, per layer; fit with
+  // sched::fit_cost_model. The layers run through the engine's layer backend (the CPU's, or the
+  // device's: make_cpu_layers, DeviceSequence::layers). A load is what the host does per layer:
+  // the tier read, and on the CPU also the unpack to F32 and the deferred RoPE (a device unpacks
+  // and rotates on the device, beside its layers).
   sched::ProfileSamples profile(const ProfileOptions& opt = {});
 
   size_t size() const { return reqs_.size(); }
@@ -72,6 +77,7 @@ class CalibrationWorkload {
     RequestLayout layout;
   };
   Engine& eng_;
+  DeviceSequence* device_;  // Engine::device()
   std::vector<Prepared> reqs_;
   KVCache kv_;    // sized for the longest request
   Workspace ws_;  // warmed by the first run, then allocation-free
@@ -109,7 +115,7 @@ struct CalibrationRun {
 };
 
 // Calibrates the engine's top tier on `requests` and saves the entry under
-// eng.calibration_key(0) in eng.options().calibration_path (creating its directory). Without
+// eng.calibration_key(0, eng.backend_name()) in eng.options().calibration_path (creating its directory). Without
 // `force` an existing entry for the key is returned as is (reused = true) and nothing runs.
 // Throws ct::Error for bounds outside 0 <= r_min < r_max <= 1 or eps <= 0, and on I/O failure.
 CalibrationRun calibrate_top_tier(Engine& eng, const std::vector<CalibrationRequest>& requests,

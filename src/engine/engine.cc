@@ -41,6 +41,8 @@ Engine::~Engine() = default;
 
 int Engine::gpu_ctx() const { return gpu_ ? gpu_->n_ctx() : 0; }
 
+std::string Engine::backend_name() const { return gpu_ ? gpu_->name() : "cpu"; }
+
 int Engine::find_tier(const std::string& name) const {
   for (size_t i = 0; i < opt_.tiers.size(); ++i) {
     if (opt_.tiers[i].kind == name) return (int)i;

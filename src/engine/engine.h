@@ -184,6 +184,10 @@ class Engine {
   std::string tier_names() const;
   // Positions of the GPU sequence (0 without EngineOptions::cuda).
   int gpu_ctx() const;
+  // The device prefills run on (EngineOptions::cuda), null on a CPU engine; backend_name() is
+  // its name ("cuda") or "cpu": the backend of the calibrations that apply to its prefills.
+  DeviceSequence* device() const { return gpu_.get(); }
+  std::string backend_name() const;
 
   // Makes sure the chunk (tokens as produced by tokenize_chunk) is stored; encodes it when
   // absent. `tier` names the tier to store a new encoding in (empty: the top tier).
@@ -196,7 +200,7 @@ class Engine {
 
   // Key of the calibration that applies to tier `tier` (index into options().tiers) for the
   // loaded model on this machine and compute backend `backend` ("cpu" or "cuda": where the
-  // prefill runs, Answer::device). `cachetune calibrate` measures the CPU backend.
+  // prefill runs, Answer::device). `cachetune calibrate` measures backend_name()'s.
   sched::CalibrationKey calibration_key(size_t tier, const std::string& backend = "cpu") const;
   // The calibrated ratio for tier `tier` on `backend`, or r_min when none is stored. The
   // calibration file is read on the first call and kept: calibrate in one process, then start a

@@ -5,6 +5,7 @@
 // device.
 #include <gtest/gtest.h>
 
+#include "engine/calibration.h"
 #include "engine/engine.h"
 #include "reuse/freq_rank.h"
 #include "support/chunk_fixtures.h"
@@ -85,6 +86,45 @@ TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
   EXPECT_EQ(a.device, "cuda");
   EXPECT_EQ(a.ratio, eo.r_min) << a.ratio_note;
   EXPECT_NE(a.ratio_note.find("cuda backend"), std::string::npos) << a.ratio_note;
+}
+
+// `cachetune calibrate --device cuda`: the profile and the TTFT search run on the GPU, the entry
+// is stored under the "cuda" key (not "cpu"), and --ratio auto on the GPU then uses it.
+TEST(CudaEngine, CalibrationOnTheGpuStoresTheCudaKeyAndAutoRatioUsesIt) {
+  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir;
+  EngineOptions eo = tiny_engine_options(dir);
+  eo.calibration_path = dir.path() + "/calibration.json";
+  eo.cuda = true;
+  Engine gpu(eo);
+  EXPECT_EQ(gpu.backend_name(), "cuda");
+  const std::vector<CalibrationRequest> reqs = {{kDocs, "Who kept it?"},
+                                                {{kDocs[1], kDocs[0]}, "When was it built?"}};
+  CalibrateOptions co;
+  co.r_min = 0.15;
+  co.r_max = 0.5;
+  co.eps = 0.05;
+  co.noise = 0;
+  co.profile.repeats = 1;
+  const CalibrationRun run = calibrate_top_tier(gpu, reqs, co);
+  EXPECT_FALSE(run.reused);
+  EXPECT_EQ(run.entry.key.backend, "cuda");
+  EXPECT_GT(run.search.n_eval, 0);
+  for (const sched::CostSample& x : CalibrationWorkload(gpu, reqs).profile().compute)
+    EXPECT_GT(x.seconds, 0);
+  const sched::CalibrationStore store = sched::CalibrationStore::load_or_empty(eo.calibration_path);
+  EXPECT_NE(store.find(gpu.calibration_key(0, "cuda")), nullptr);
+  EXPECT_EQ(store.find(gpu.calibration_key(0, "cpu")), nullptr);
+
+  eo.auto_ratio = true;
+  Engine again(eo);
+  GenerateOptions gen;
+  gen.max_tokens = 1;
+  SelectiveOptions sel;
+  sel.policy.kind = &find_policy("cachetune");
+  const Answer a = again.answer(kDocs, "Who kept it?", sel, gen);
+  EXPECT_EQ(a.device, "cuda");
+  EXPECT_DOUBLE_EQ(a.ratio, run.entry.chosen_r) << a.ratio_note;
 }
 
 }  // namespace

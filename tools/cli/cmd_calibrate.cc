@@ -149,7 +149,7 @@ void run_calibrate(CalibrateArgs& a) {
   Engine eng(std::move(eo));
   const std::string data = a.data.empty() ? default_data_path() : a.data;
   const std::vector<CalibrationRequest> reqs = load_calibration_requests(data, a.limit);
-  const sched::CalibrationKey key = eng.calibration_key(0);
+  const sched::CalibrationKey key = eng.calibration_key(0, eng.backend_name());
   std::printf("calibrating tier %s (spec '%s'), backend %s\n  model %s\n  machine %s\n",
               key.tier.c_str(), a.tier.c_str(), key.backend.c_str(), eng.model().path().c_str(),
               key.machine.c_str());
@@ -191,6 +191,9 @@ void register_calibrate(CLI::App& app) {
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking")
       ->capture_default_str();
   add_rmin_option(c, &a->engine.r_min);
+  add_device_option(c, &a->engine.device)
+      ->description("Backend to calibrate: cpu, or cuda (a CT_CUDA build and a GPU); the stored "
+                    "key names it, and --ratio auto uses it for prefills on that backend");
   c->add_option("--rmax", a->cal.r_max, "Largest ratio searched")->capture_default_str();
   c->add_option("--eps", a->cal.eps, "Stop when the search bracket is narrower than this")
       ->capture_default_str();

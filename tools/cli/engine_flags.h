@@ -39,6 +39,16 @@ inline CLI::Option* add_model_option(CLI::App* c, std::string* model) {
 }
 
 // --rmin as generate, serve and calibrate take it; NaN (unset): the model's measured floor.
+// --device: where prefills (and decoding) run.
+inline CLI::Option* add_device_option(CLI::App* c, std::string* device) {
+  return c
+      ->add_option("--device", *device,
+                   "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
+                   "policies the GPU path lacks fall back to the CPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
 inline CLI::Option* add_rmin_option(CLI::App* c, double* r_min) {
   return c->add_option("--rmin", *r_min,
                        "Quality floor r_min: the default --ratio; --ratio auto never goes below "
@@ -79,11 +89,7 @@ struct EngineFlags {
                   "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")
         ->capture_default_str();
     c->add_option("--probe-text", probe_text, "Probe context of the probe ranking");
-    c->add_option("--device", device,
-                  "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
-                  "policies the GPU path lacks fall back to the CPU)")
-        ->check(CLI::IsMember({"cpu", "cuda"}))
-        ->capture_default_str();
+    add_device_option(c, &device);
     c->add_option("--rank-device", rank_device,
                   "Where new chunks' frequency ranking runs: cpu (FFTW) or cuda (cuFFT; needs a "
                   "CT_CUDA build and a GPU)")
