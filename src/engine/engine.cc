@@ -223,12 +223,10 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-  if (opt_.prefill_chunk > 0 && gen.max_tokens > 0) {
-    g->staging_ = true;
-    stage_chunks(*g, opt_.prefill_chunk);
-  } else {
+  if (stages_chunks(*g))
+    g->staging_ = true;  // every lookup and encoding in advance(), within the steps' budget
+  else
     start_prefill(*g);
-  }
   g->decode_.reset();
   if (gen.max_tokens <= 0) finish(*g);  // never sliced: nothing to decode
   return g;
@@ -253,19 +251,34 @@ int Engine::stage_chunks(Generation& g, int budget) {
   }
   if (g.staged_ == p.chunks.size()) {
     g.staging_ = false;
-    start_prefill(g, true);
+    start_prefill(g);
   }
   return encoded;
 }
 
-void Engine::start_prefill(Generation& g, bool looked_up) {
+bool Engine::stages_chunks(const Generation& g) const {
+  return opt_.prefill_chunk > 0 && g.gen_.max_tokens > 0;
+}
+
+void Engine::restage(Generation& g) {
+  g.sliced_.reset();
+  g.answer_.chunks.clear();
+  g.srcs_.clear();
+  g.staged_ = 0;
+  g.staging_ = true;
+}
+
+void Engine::start_prefill(Generation& g) {
   const RagPromptTokens& p = g.prompt_;
   const GenerateOptions& gen = g.gen_;
   const int n_total = p.n_tokens();
   Answer& ans = g.answer_;
   g.sliced_.reset();
+  // Staged: the chunks were looked up (and encoded) step by step; answer_.chunks and srcs_ are
+  // set. Else they are looked up here, and again after a chunk could not be read.
+  const bool staged = stages_chunks(g);
   for (;;) {
-    if (!looked_up) {
+    if (!staged) {
       Timer lookup;
       ans.chunks.clear();
       g.srcs_.clear();
@@ -278,9 +291,8 @@ void Engine::start_prefill(Generation& g, bool looked_up) {
         else
           g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
       }
-      ans.lookup_ms = lookup.ms();
+      ans.lookup_ms += lookup.ms();
     }
-    looked_up = false;  // a retry looks them up again
     ComposedRequest req{p.prefix, {}, p.query};
     for (const auto& src : g.srcs_) req.chunks.push_back(src.get());
     SelectiveOptions sel = g.sel_;
@@ -289,8 +301,10 @@ void Engine::start_prefill(Generation& g, bool looked_up) {
     const bool on_gpu =
         gpu_ && sel.policy.kind->on_gpu() && n_total + gen.max_tokens <= gpu_ctx();
     if (g.opt_.auto_ratio.value_or(opt_.auto_ratio)) {
+      // The tiers the chunks were in when looked up (staged: possibly some steps ago; the
+      // prefill reads them from there, pinned).
       int slowest = 0;
-      for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, pool_->tier_of(c.id));
+      for (const ChunkInfo& c : ans.chunks) slowest = std::max(slowest, find_tier(c.tier));
       // The calibration of the backend that runs this prefill: a CPU calibration says nothing
       // about the GPU's recompute/load balance.
       const RatioChoice choice = auto_ratio((size_t)slowest, on_gpu ? "cuda" : "cpu");
@@ -320,6 +334,10 @@ void Engine::start_prefill(Generation& g, bool looked_up) {
       g.sliced_.reset();
       drop_unreadable(e);
       count_read_failure(g, e.chunk_id());
+      if (staged) {  // looked up and re-encoded again in the next steps, within their budget
+        restage(g);
+        return;
+      }
       continue;  // re-encoded on the next attempt
     }
     return;
@@ -521,9 +539,10 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
       times = be->times();
       break;
     } catch (const ChunkReadError& e) {
-      // Only a first slice reads chunks: the requests that read this one start their prefill
-      // again (re-encoding it), and the step runs again; the decode rows it had written are
-      // written again at the same positions. A request whose restart fails ends with that
+      // Only a first slice reads chunks: the requests that read this one leave the step and
+      // stage their chunks again (re-encoding this one in a later step, within its budget), and
+      // the step runs again without them; the decode rows it had written are written again at
+      // the same positions. A request past its second failed read of a chunk ends with that
       // error; the others go on.
       drop_unreadable(e);
       bool restarted = false;
@@ -537,12 +556,11 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
           restarted = true;
           try {
             count_read_failure(g, e.chunk_id());
-            start_prefill(g);
-            CT_ASSERT(g.sliced_, "a restarted prefill is no longer sliced");
+            restage(g);
           } catch (...) {
             fail(g, std::current_exception());
-            continue;
           }
+          continue;
         }
         still.push_back(&g);
         still_slice.push_back(slice[i]);

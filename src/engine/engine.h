@@ -52,10 +52,11 @@ struct EngineOptions {
   // Chunked prefill: at most this many prefill rows per engine step (advance), so that a long
   // prompt is prefilled over several steps, each shared with the decode rows of running requests.
   // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
-  // (SlicedPrefill::supports); CacheBlend's layer-0 pass over every row runs at admission.
-  // The same budget spreads a request's chunk encodings over steps: a step encodes missing
-  // chunks (whole, one after another) until prefill_chunk of their tokens are done, and its
-  // prefill slices take what is left (Engine::advance).
+  // (SlicedPrefill::supports). The same budget spreads a request's chunk lookups and encodings
+  // over steps: a step encodes missing chunks (each whole, one after another) until prefill_chunk
+  // of their tokens are done, and its prefill slices take what is left (Engine::advance). The
+  // selection (CacheBlend's layer-0 pass over every row, ProphetKV's reuse pass) runs whole in
+  // the step where a request's last chunk is there.
   int prefill_chunk = 0;
 };
 
@@ -119,8 +120,8 @@ struct AnswerOptions {
   std::function<bool()> cancelled;
 };
 
-// One request between its prefill and its last token. Engine::begin makes it (chunk lookups and
-// the prefill); Engine::advance moves any number of them forward by one token each, in one
+// One request between its admission and its last token. Engine::begin makes it (chunk lookups
+// and the prefill, or with chunked prefill nothing yet); Engine::advance moves any number of them forward by one token each, in one
 // batched forward pass, so requests decode together (continuous batching, engine/scheduler.h).
 class Generation {
  public:
@@ -224,14 +225,15 @@ class Engine {
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
 
   // The two halves of answer(), for a scheduler that decodes many requests together. begin()
-  // looks up (or encodes) the chunks and runs the prefill, or with EngineOptions::prefill_chunk
-  // looks up the chunks and encodes missing ones within one step's budget (the rest in the
-  // next steps) and then prepares the prefill in slices; `arrival` starts the request's TTFT.
-  // advance() is one engine step: it samples the next token of every generation that has its
-  // logits, hands it to its on_piece, encodes missing chunks of generations still staging and
-  // runs one batched pass (CPU) over those that go on (a decode row each) and the next slices of
-  // prefilling generations (encoded tokens and slice rows together at most prefill_chunk, oldest
-  // first); on the GPU one step each. A request's tokens are the same whatever it is batched with
+  // looks up (or encodes) the chunks and runs the prefill; with EngineOptions::prefill_chunk it
+  // only makes the generation, whose chunks the next steps look up and encode. `arrival` starts
+  // the request's TTFT. advance() is one engine step: it samples the next token of every
+  // generation that has its logits, hands it to its on_piece, looks up and encodes chunks of
+  // generations still staging (prepares the prefill in slices once a request's are all there)
+  // and runs one batched pass (CPU) over those that go on (a decode row each) and the next
+  // slices of prefilling generations, oldest first: encoded tokens and slice rows together
+  // within prefill_chunk, except that a chunk is encoded whole and a request's selection runs
+  // whole; on the GPU one step each. A request's tokens are the same whatever it is batched with
   // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
   // read during a slice is re-encoded and that request's prefill starts again. A prefilling
   // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
@@ -251,13 +253,19 @@ class Engine {
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
   void finish(Generation& g) const;
-  // begin()'s lookups and prefill (or its slices), again after a chunk could not be read.
-  // looked_up: g's chunks were looked up already (staged: answer_.chunks and srcs_ are set).
-  void start_prefill(Generation& g, bool looked_up = false);
+  // The prefill (or its slices) of g: with its chunks looked up here (again after a chunk could
+  // not be read), or when they are staged (stages_chunks) from answer_.chunks and srcs_ (a
+  // chunk that cannot be read then sends g back to staging: restage).
+  void start_prefill(Generation& g);
+  // Whether g's chunks are looked up and encoded step by step (EngineOptions::prefill_chunk,
+  // and tokens to generate).
+  bool stages_chunks(const Generation& g) const;
   // The next of g's chunks looked up (missing ones encoded) while fewer than `budget` tokens
   // were encoded here; once the last is done, the prefill starts (start_prefill). Returns the
   // tokens encoded.
   int stage_chunks(Generation& g, int budget);
+  // Back to staging from the first chunk (its sources and ChunkInfo dropped).
+  static void restage(Generation& g);
   // Whether g's AnswerOptions::cancelled says its client has gone (or throws); then g ends
   // with that error (fail).
   bool stop_if_cancelled(Generation& g) const;

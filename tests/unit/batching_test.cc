@@ -377,12 +377,13 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(16));
   Generation* one = ga.get();
   while (ga->prefilling()) eng.advance(&one, 1);
-  // a decodes; b arrives with three chunks the pool has never seen: begin() encodes the first.
+  // a decodes; b arrives with three chunks the pool has never seen: admission does no work, and
+  // each step encodes one of them.
   std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
   EXPECT_TRUE(gb->prefilling());
-  EXPECT_EQ(gb->answer().chunks.size(), 1u);
+  EXPECT_TRUE(gb->answer().chunks.empty());
   Generation* both[2] = {ga.get(), gb.get()};
-  for (size_t staged = 2; staged <= 3; ++staged) {
+  for (size_t staged = 1; staged <= 3; ++staged) {
     const size_t before = ga->answer().tokens.size();
     const StepRows st = eng.advance(both, 2);
     EXPECT_EQ(st.decode, 1);   // a's row
@@ -400,14 +401,38 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   }
   EXPECT_EQ(gb->answer().tokens, alone(eo, {b}, 8)[0]);
   EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 16)[0]);
-  // The same documents again: every chunk is found, and begin() prepares the slices at once.
+  // The same documents again: every chunk is found, so the first step looks them up, makes the
+  // selection and runs the first slice.
   std::unique_ptr<Generation> gc = eng.begin(pb, sel_of(b), gen_of(8));
+  Generation* third = gc.get();
+  EXPECT_EQ(eng.advance(&third, 1).prefill, eo.prefill_chunk);
   ASSERT_EQ(gc->answer().chunks.size(), 3u);
   for (const ChunkInfo& c : gc->answer().chunks) EXPECT_TRUE(c.hit);
-  Generation* third = gc.get();
-  EXPECT_GT(eng.advance(&third, 1).prefill, 0);
   while (!gc->done()) eng.advance(&third, 1);
   EXPECT_EQ(gc->answer().tokens, gb->answer().tokens);
+
+  // A request whose client goes while its chunks are being encoded stops there: no further
+  // encoding, RequestCancelled.
+  const Req d{{"The bakery on Quay Street sells rye bread from six in the morning.",
+               "Its owner learned the trade in a village near the northern border."},
+              "Who owns the bakery?", &find_policy("cachetune")};
+  const RagPromptTokens pd = build_rag_prompt(tok, d.docs, d.question);
+  bool gone = false;
+  AnswerOptions ao;
+  ao.cancelled = [&] { return gone; };
+  std::unique_ptr<Generation> gd = eng.begin(pd, sel_of(d), gen_of(4), ao);
+  Generation* fourth = gd.get();
+  eng.advance(&fourth, 1);
+  ASSERT_EQ(gd->answer().chunks.size(), 1u);
+  gone = true;
+  eng.advance(&fourth, 1);
+  ASSERT_TRUE(gd->done());
+  ASSERT_TRUE(gd->error());
+  EXPECT_THROW(std::rethrow_exception(gd->error()), RequestCancelled);
+  EXPECT_EQ(gd->answer().chunks.size(), 1u);
+  EXPECT_EQ(eng.pool().contains(chunk_id(eng.model().fingerprint(), pd.chunks[1],
+                                         eng.options().encode)),
+            false);
 }
 
 // A prefilling request whose client has gone stops between two slices: no token, its error is
@@ -428,6 +453,8 @@ TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
   ASSERT_TRUE(g->prefilling());
   // Its two new chunks are encoded first, one a step (each is over the budget of 2 tokens),
   // and the step that encodes the second has no budget left for a slice.
+  EXPECT_EQ(eng.advance(&gp, 1).prefill, 0);
+  EXPECT_EQ(g->answer().chunks.size(), 1u);
   EXPECT_EQ(eng.advance(&gp, 1).prefill, 0);
   EXPECT_EQ(g->answer().chunks.size(), 2u);
   EXPECT_EQ(eng.advance(&gp, 1).prefill, 2);

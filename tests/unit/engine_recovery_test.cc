@@ -158,18 +158,20 @@ TEST_F(EngineRecoveryTest, FlippedByteFoundInAChunkedPrefillsFirstSlice) {
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
-// A sliced CacheBlend reads every chunk's layer 0 at admission, to choose: the damage is found
-// there, and the chunk is re-encoded before the request's first slice.
+// A sliced CacheBlend reads every chunk's layer 0 when its chunks are all there, to choose: the
+// damage is found there, and the chunk is staged (re-encoded) again before the first slice.
 TEST_F(EngineRecoveryTest, FlippedByteFoundBySlicedCacheBlendsLayer0Selection) {
   prefill_chunk_ = 4;
   policy_ = "cacheblend";
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
-// With chunked prefill a request looks its chunks up at admission but reads them in its first
-// slice. The chunks are pinned at the lookup, so evicting them in between (another admission
-// filling the tier) costs no re-encoding: the slice reads the pinned records.
-TEST_F(EngineRecoveryTest, ChunksEvictedBetweenAdmissionAndTheFirstSliceAreReadFromTheirPins) {
+// With chunked prefill a request looks its chunks up (and encodes missing ones) step by step and
+// reads them in its first slice, possibly some steps later. The chunks are pinned at the lookup,
+// so evicting them in between (other requests filling the tier) costs no re-encoding: the slice
+// reads the pinned records. Here the step that looks up the stored chunks also encodes the last
+// one, which takes the step's budget, so the first slice comes a step later.
+TEST_F(EngineRecoveryTest, ChunksEvictedBetweenTheirLookupAndTheFirstSliceAreReadFromTheirPins) {
   prefill_chunk_ = 4;
   Engine eng(options());
   const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), kDocs, kQuestion);
@@ -177,15 +179,22 @@ TEST_F(EngineRecoveryTest, ChunksEvictedBetweenAdmissionAndTheFirstSliceAreReadF
   const GenerateOptions gen = gen_of();
   const Answer before = eng.answer(p, sel, gen);  // encodes and stores the chunks
   ASSERT_EQ(before.retries, 0);
+  ASSERT_GT((int)p.chunks.back().size(), prefill_chunk_);
+  ASSERT_TRUE(eng.pool().evict(before.chunks.back().id));  // the last must be encoded again
 
   std::unique_ptr<Generation> g = eng.begin(p, sel, gen);
   ASSERT_TRUE(g->prefilling());
-  for (const ChunkInfo& c : g->answer().chunks) {
-    ASSERT_TRUE(c.hit);
+  EXPECT_TRUE(g->answer().chunks.empty());  // nothing looked up before the first step
+  Generation* gp = g.get();
+  const StepRows first = eng.advance(&gp, 1);
+  EXPECT_EQ(first.prefill, 0);  // the encoding took the budget
+  ASSERT_EQ(g->answer().chunks.size(), kDocs.size());
+  for (size_t i = 0; i < kDocs.size(); ++i) {
+    const ChunkInfo& c = g->answer().chunks[i];
+    EXPECT_EQ(c.hit, i + 1 < kDocs.size()) << "chunk " << i;
     ASSERT_TRUE(eng.pool().evict(c.id)) << c.id;
     EXPECT_FALSE(fs::exists(disk(eng).path_of(c.id)));
   }
-  Generation* gp = g.get();
   for (int step = 0; step < 200 && !g->done(); ++step) eng.advance(&gp, 1);
   ASSERT_TRUE(g->done());
   ASSERT_FALSE(g->error());
