@@ -1,9 +1,9 @@
 // Continuous batching over one Engine: requests from any number of threads are queued, admitted
 // while the KV budget allows (one per step), and stepped together: each step is one batched
 // forward pass over a decode row of every generating request plus, with the engine's chunked
-// prefill (EngineOptions::prefill_chunk), a budgeted slice of the prefill rows of admitted
-// requests still prefilling (Engine::advance). Without it a request is prefilled whole when
-// admitted. A request leaves the batch at its last token, or at the next token once its client
+// prefill (EngineOptions::prefill_chunk), the chunk lookups and encodings of admitted requests
+// and budgeted slices of the prefill rows of those still prefilling (Engine::advance). Without
+// it a request's chunks are encoded and its prefill runs whole when it is admitted. A request leaves the batch at its last token, or at the next token once its client
 // has gone (its on_piece throws), or between two slices of its prefill when
 // AnswerOptions::cancelled says so. One thread, the scheduler's, drives the engine;
 // other engine work (chunk ingestion) runs there too, between steps (run()).
