@@ -86,13 +86,15 @@ def post_json(port, path, body, timeout=600):
     return json.loads(data)
 
 
-def one_request(port, ex, policy, max_tokens, rng_seed):
-    """Streams one chat completion; returns its timings (seconds from its own start)."""
+def one_request(port, ex, policy, max_tokens, rng_seed, extra=None):
+    """Streams one chat completion; returns its timings (seconds from its own start). extra:
+    more request fields (e.g. {"ignore_eos": True})."""
     rng = random.Random(rng_seed)
     chunks = list(ex["chunks"])
     rng.shuffle(chunks)
     body = {"messages": [{"role": "user", "content": ex["question"]}], "chunks": chunks,
             "max_tokens": max_tokens, "stream": True, "cachetune": {"policy": policy}}
+    body.update(extra or {})
     t0 = time.perf_counter()
     rec = {"example": ex["id"], "policy": policy, "ok": False}
     try:
