@@ -62,14 +62,29 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", lfonly, gen).device, "cpu");
 }
 
+// A GPU engine's options with a calibration store in dir.
+EngineOptions gpu_options_with_store(const test::TempDir& dir) {
+  EngineOptions eo = tiny_engine_options(dir);
+  eo.calibration_path = dir.path() + "/calibration.json";
+  eo.cuda = true;
+  return eo;
+}
+
+// One token of a cachetune answer over kDocs.
+Answer first_token(Engine& eng) {
+  GenerateOptions gen;
+  gen.max_tokens = 1;
+  SelectiveOptions sel;
+  sel.policy.kind = &find_policy("cachetune");
+  return eng.answer(kDocs, "Who kept it?", sel, gen);
+}
+
 // --ratio auto on the GPU looks up the GPU's calibration: a stored CPU entry for the same tier
 // must not be used (engine.cc wrote "cpu" into every key before).
 TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
-  EngineOptions eo = tiny_engine_options(dir);
-  eo.calibration_path = dir.path() + "/calibration.json";
-  eo.cuda = true;
+  EngineOptions eo = gpu_options_with_store(dir);
   eo.auto_ratio = true;
   Engine gpu(eo);
   sched::CalibrationStore store;
@@ -78,11 +93,7 @@ TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
   cpu_entry.chosen_r = 0.5;
   store.store(cpu_entry);
   store.save(eo.calibration_path);
-  GenerateOptions gen;
-  gen.max_tokens = 1;
-  SelectiveOptions sel;
-  sel.policy.kind = &find_policy("cachetune");
-  const Answer a = gpu.answer(kDocs, "Who kept it?", sel, gen);
+  const Answer a = first_token(gpu);
   EXPECT_EQ(a.device, "cuda");
   EXPECT_EQ(a.ratio, eo.r_min) << a.ratio_note;
   EXPECT_NE(a.ratio_note.find("cuda backend"), std::string::npos) << a.ratio_note;
@@ -93,9 +104,7 @@ TEST(CudaEngine, AutoRatioOnTheGpuUsesTheCudaCalibration) {
 TEST(CudaEngine, CalibrationOnTheGpuStoresTheCudaKeyAndAutoRatioUsesIt) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
-  EngineOptions eo = tiny_engine_options(dir);
-  eo.calibration_path = dir.path() + "/calibration.json";
-  eo.cuda = true;
+  EngineOptions eo = gpu_options_with_store(dir);
   Engine gpu(eo);
   EXPECT_EQ(gpu.backend_name(), "cuda");
   const std::vector<CalibrationRequest> reqs = {{kDocs, "Who kept it?"},
@@ -118,11 +127,7 @@ TEST(CudaEngine, CalibrationOnTheGpuStoresTheCudaKeyAndAutoRatioUsesIt) {
 
   eo.auto_ratio = true;
   Engine again(eo);
-  GenerateOptions gen;
-  gen.max_tokens = 1;
-  SelectiveOptions sel;
-  sel.policy.kind = &find_policy("cachetune");
-  const Answer a = again.answer(kDocs, "Who kept it?", sel, gen);
+  const Answer a = first_token(again);
   EXPECT_EQ(a.device, "cuda");
   EXPECT_DOUBLE_EQ(a.ratio, run.entry.chosen_r) << a.ratio_note;
 }
