@@ -125,7 +125,8 @@ CalibrationWorkload::CalibrationWorkload(Engine& eng,
     CT_THROW_IF_NOT(!device_ || prep.layout.n_total + 1 <= device_->n_ctx(),
                     "calibration request of {} tokens does not fit the {} sequence of {} positions "
                     "(use shorter documents or a smaller --limit)",
-                    prep.layout.n_total, device_ ? device_->name() : "", device_ ? device_->n_ctx() : 0);
+                    prep.layout.n_total, device_ ? device_->name() : "",
+                    device_ ? device_->n_ctx() : 0);
     reqs_.push_back(std::move(prep));
   }
   // Checked after all puts: storing a later chunk may have demoted an earlier one.

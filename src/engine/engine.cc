@@ -238,22 +238,25 @@ int Engine::stage_chunks(Generation& g, int budget) {
   int encoded = 0;
   while (g.staged_ < p.chunks.size() && encoded < budget) {
     Timer t;
-    ChunkMeta meta;
-    std::optional<ChunkKV> unplaced;
-    ans.chunks.push_back(ensure_chunk(p.chunks[g.staged_], "", &meta, &unplaced));
-    if (unplaced)
-      g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
-    else
-      g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+    look_up_chunk(g, g.staged_++);
     ans.lookup_ms += t.ms();
     if (!ans.chunks.back().hit) encoded += ans.chunks.back().n_tok;
-    ++g.staged_;
   }
   if (g.staged_ == p.chunks.size()) {
     g.staging_ = false;
     start_prefill(g);
   }
   return encoded;
+}
+
+void Engine::look_up_chunk(Generation& g, size_t i) {
+  ChunkMeta meta;
+  std::optional<ChunkKV> unplaced;
+  g.answer_.chunks.push_back(ensure_chunk(g.prompt_.chunks[i], "", &meta, &unplaced));
+  if (unplaced)
+    g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+  else
+    g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
 }
 
 bool Engine::stages_chunks(const Generation& g) const {
@@ -282,15 +285,7 @@ void Engine::start_prefill(Generation& g) {
       Timer lookup;
       ans.chunks.clear();
       g.srcs_.clear();
-      for (const auto& toks : p.chunks) {
-        ChunkMeta meta;
-        std::optional<ChunkKV> unplaced;
-        ans.chunks.push_back(ensure_chunk(toks, "", &meta, &unplaced));
-        if (unplaced)
-          g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
-        else
-          g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
-      }
+      for (size_t i = 0; i < p.chunks.size(); ++i) look_up_chunk(g, i);
       ans.lookup_ms += lookup.ms();
     }
     ComposedRequest req{p.prefix, {}, p.query};

@@ -264,6 +264,9 @@ class Engine {
   // were encoded here; once the last is done, the prefill starts (start_prefill). Returns the
   // tokens encoded.
   int stage_chunks(Generation& g, int budget);
+  // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended
+  // to answer_.chunks, its source (pinned, or the record no tier took) to srcs_.
+  void look_up_chunk(Generation& g, size_t i);
   // Back to staging from the first chunk (its sources and ChunkInfo dropped).
   static void restage(Generation& g);
   // Whether g's AnswerOptions::cancelled says its client has gone (or throws); then g ends
