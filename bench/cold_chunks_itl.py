@@ -14,6 +14,7 @@ encodings; with them spread, about one step's budget of them.
         --model smollm2-135m --rounds 2 --out bench/results/cold_chunks_itl
 """
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -55,11 +56,7 @@ def one_round(binary, args, warm, cold, log):
             sys.exit(f"cold_chunks_itl: a request failed: {dec} {colds}")
         # The decoder's gaps that ended while the cold requests were in flight (times from t0:
         # the decoder's own start is within microseconds of it).
-        stamps, acc = [], dec["ttft"]
-        stamps.append(acc)
-        for g in dec["itl"]:
-            acc += g
-            stamps.append(acc)
+        stamps = list(itertools.accumulate(dec["itl"], initial=dec["ttft"]))
         gaps = [b - a for a, b in zip(stamps, stamps[1:]) if c0 <= b <= c1]
         if not gaps:
             sys.exit("cold_chunks_itl: the decoder finished before the cold requests: raise "

@@ -430,9 +430,8 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   ASSERT_TRUE(gd->error());
   EXPECT_THROW(std::rethrow_exception(gd->error()), RequestCancelled);
   EXPECT_EQ(gd->answer().chunks.size(), 1u);
-  EXPECT_EQ(eng.pool().contains(chunk_id(eng.model().fingerprint(), pd.chunks[1],
-                                         eng.options().encode)),
-            false);
+  EXPECT_FALSE(
+      eng.pool().contains(chunk_id(eng.model().fingerprint(), pd.chunks[1], eng.options().encode)));
 }
 
 // A prefilling request whose client has gone stops between two slices: no token, its error is

@@ -146,9 +146,8 @@ inline __m256i sums4(const __m256i m[4]) {
 }
 
 // The fp16 field at byte `off` of nv (<= 4) consecutive blocks of kBytes, as floats in lanes j and
-// 4 + j (lanes of missing blocks 0).
-// The halves go into a register one by one (pinsrw), not through a stack array, whose narrow
-// stores a 16-byte load could not forward from.
+// 4 + j (lanes of missing blocks 0). The halves go into a register one by one (pinsrw), not
+// through a stack array, whose narrow stores a 16-byte load could not forward from.
 template <size_t kBytes>
 inline __m256 scales4(const uint8_t* blk, int off, int nv) {
   __m128i h = _mm_setzero_si128();
