@@ -15,7 +15,7 @@ O=${2:-runs/$MODEL}
 shift 2 || true
 SPECS=("$@")
 [ ${#SPECS[@]} -eq 0 ] && SPECS=(hotpotqa:20 multi_news:20 cacheblend_wiki:7 2wikimqa:20 musique:20)
-P=${POLICIES:-full,reuse,freq,head,probe,probe-shared,probe-pos,random,epic,cacheblend,prophetkv,oracle,oracle-shared}
+P=${POLICIES:-full,reuse,freq,head,probe,probe-shared,probe-pos,attn,probe-attn,probe-attn-shared,random,epic,cacheblend,prophetkv,oracle,oracle-shared}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=passive
 for spec in "${SPECS[@]}"; do
   t=${spec%%:*}; n=${spec##*:}

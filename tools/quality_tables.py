@@ -17,7 +17,7 @@ import os
 import sys
 
 ORDER = ["full", "reuse", "freq", "cachetune", "head", "probe", "random", "epic", "cacheblend",
-         "prophetkv", "probe-shared", "probe-pos", "oracle", "oracle-shared", "highfreq", "l2", "lfonly",
+         "prophetkv", "probe-shared", "probe-pos", "attn", "probe-attn", "probe-attn-shared", "oracle", "oracle-shared", "highfreq", "l2", "lfonly",
          "prefix"]
 
 

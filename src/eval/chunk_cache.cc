@@ -10,12 +10,12 @@ namespace ct {
 
 std::string ranking_name(const RankOptions& r) {
   switch (r.mode) {
-    case RankMode::kProbe:
-      return "probe";
-    case RankMode::kHead:
-      return "head";
-    default:
+    case RankMode::kLowFreq:
+    case RankMode::kHighFreq:
+    case RankMode::kL2:
       return std::string(rank_mode_name(r.mode)) + "/" + std::to_string(r.alpha);
+    default:
+      return rank_mode_name(r.mode);
   }
 }
 

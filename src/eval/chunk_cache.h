@@ -50,8 +50,8 @@ class ChunkCache {
   std::unordered_map<std::string, Entry> map_;
 };
 
-// The remember_ranking name of a ranking: "probe", "head", or "<mode>/<alpha>" (the names
-// src/reuse/policy/spectral.cc looks up for the spectral ones).
+// The remember_ranking name of a ranking: its rank mode ("probe", "attn", ...), with "/<alpha>"
+// for the spectral ones (the names stored_ranking, policy/probe.h, and policy/spectral.cc look up).
 std::string ranking_name(const RankOptions& r);
 
 // A copy of `rec` ranked with `opt` (rank_stored_chunk) and laid out in that ranking order, as

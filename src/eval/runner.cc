@@ -144,14 +144,21 @@ class Runner {
     e.rank.alpha = o.alpha;
     e.probe = o.probe;
     // The stored ranking is the product's (EncodeOptions' default, which `cachetune` selects
-    // from); the paper's low-frequency ranking (freq) and the probe ranking are computed from the
-    // same isolated encoding in F32 when they are not the stored one.
-    for (RankMode mode : {RankMode::kLowFreq, RankMode::kProbe}) {
-      if (mode == e.rank.mode) continue;
-      RankOptions r;
-      r.mode = mode;
-      r.alpha = o.alpha;
-      e.also.push_back(r);
+    // from); the rankings the other policies read (Policy::ingest_rankings: freq's, the probe
+    // ones) are computed from the same isolated encoding in F32 when they are not the stored one.
+    for (const auto* list : {&o.policies, &o.sweep_policies}) {
+      for (const Policy* p : *list) {
+        for (RankMode mode : p->ingest_rankings()) {
+          const bool have = mode == e.rank.mode ||
+                            std::any_of(e.also.begin(), e.also.end(),
+                                        [&](const RankOptions& r) { return r.mode == mode; });
+          if (have) continue;
+          RankOptions r;
+          r.mode = mode;
+          r.alpha = o.alpha;
+          e.also.push_back(r);
+        }
+      }
     }
     return e;
   }

@@ -2,6 +2,7 @@
 #include "reuse/encoder.h"
 
 #include <cstring>
+#include <optional>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -23,20 +24,34 @@ const char* rank_mode_name(RankMode m) {
       return "head";
     case RankMode::kProbe:
       return "probe";
+    case RankMode::kAttn:
+      return "attn";
+    case RankMode::kProbeAttn:
+      return "probe-attn";
   }
   return "unknown";
 }
 
 RankMode parse_rank_mode(const std::string& s) {
   for (RankMode m : {RankMode::kLowFreq, RankMode::kHighFreq, RankMode::kL2, RankMode::kHead,
-                     RankMode::kProbe}) {
+                     RankMode::kProbe, RankMode::kAttn, RankMode::kProbeAttn}) {
     if (s == rank_mode_name(m)) return m;
   }
-  CT_THROW("unknown rank mode '{}', expected one of: lowfreq, highfreq, l2, head, probe", s);
+  CT_THROW("unknown rank mode '{}', expected one of: lowfreq, highfreq, l2, head, probe, attn, probe-attn",
+           s);
 }
 
 std::string rank_params(const RankOptions& r, const ProbeOptions& p) {
-  return r.mode == RankMode::kProbe ? probe_params(p) : std::string();
+  switch (r.mode) {
+    case RankMode::kProbe:
+      return probe_params(p);
+    case RankMode::kAttn:
+      return kAttentionParams;
+    case RankMode::kProbeAttn:
+      return probe_params(p) + ":" + kAttentionParams;
+    default:
+      return std::string();
+  }
 }
 
 std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
@@ -56,19 +71,48 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
 }
 
 namespace {
-ChunkRanking rank_with(const Model& m, const std::vector<int32_t>& tokens, bool sink,
-                       const std::vector<const float*>& kl, const std::vector<const float*>& vl,
-                       int n, int KV, const RankOptions& ro, const ProbeOptions& po,
-                       DeviceSequence* device) {
-  switch (ro.mode) {
-    case RankMode::kHead:
-      return head_ranking(n);
-    case RankMode::kProbe:
-      return probe_rank(m, tokens, sink, kl, vl, po, device);
-    default:
-      return rank_chunk_tokens(kl, vl, n, KV, ro);
+bool uses_attention(RankMode m) { return m == RankMode::kAttn || m == RankMode::kProbeAttn; }
+
+// The rankings of one isolated encoding. The probe pass runs once however many rankings use it.
+class Ranker {
+ public:
+  Ranker(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+         const std::vector<const float*>& kl, const std::vector<const float*>& vl, int KV,
+         const std::vector<float>& attn, const ProbeOptions& po, DeviceSequence* device)
+      : m_(m), tokens_(tokens), sink_(sink), kl_(kl), vl_(vl), kv_(KV), attn_(attn), po_(po),
+        device_(device) {}
+  ChunkRanking operator()(const RankOptions& ro) {
+    const int n = (int)tokens_.size();
+    switch (ro.mode) {
+      case RankMode::kHead:
+        return head_ranking(n);
+      case RankMode::kProbe:
+        return probe();
+      case RankMode::kAttn:
+        return attention_rank(attn_);
+      case RankMode::kProbeAttn:
+        return probe_attention_rank(probe(), attn_);
+      default:
+        return rank_chunk_tokens(kl_, vl_, n, kv_, ro);
+    }
   }
-}
+
+ private:
+  const ChunkRanking& probe() {
+    if (!probe_) probe_ = probe_rank(m_, tokens_, sink_, kl_, vl_, po_, device_);
+    return *probe_;
+  }
+  const Model& m_;
+  const std::vector<int32_t>& tokens_;
+  bool sink_;
+  const std::vector<const float*>& kl_;
+  const std::vector<const float*>& vl_;
+  int kv_;
+  const std::vector<float>& attn_;
+  const ProbeOptions& po_;
+  DeviceSequence* device_;
+  std::optional<ChunkRanking> probe_;
+};
 }  // namespace
 
 ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
@@ -87,7 +131,15 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   const int nt = (int)toks.size();
   // F32 [L][nt][KV] taps; the sink row (index 0 when present) is dropped below.
   std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
-  tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data());
+  // The attention the chunk's rows give each row (summed over rows and layers), for the rankings
+  // that weigh by it.
+  bool want_attn = uses_attention(opt.rank.mode);
+  for (const RankOptions& ro : opt.also) want_attn = want_attn || uses_attention(ro.mode);
+  std::vector<float> probs(want_attn ? nt : 0, 0.0f);
+  tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data(),
+                 want_attn ? probs.data() : nullptr, want_attn ? off : -1);
+  const std::vector<float> attn =
+      want_attn ? attention_received(probs.data() + off, n, L) : std::vector<float>();
   std::vector<const float*> kl(L), vl(L);
   for (int l = 0; l < L; ++l) {
     kl[l] = k_all.data() + ((size_t)l * nt + off) * KV;
@@ -95,8 +147,8 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   }
   const double forward_ms = ft.ms();
   Timer rt;
-  ChunkRanking rank =
-      rank_with(m, tokens, opt.sink, kl, vl, n, KV, opt.rank, opt.probe, opt.device);
+  Ranker rank_with(m, tokens, opt.sink, kl, vl, KV, attn, opt.probe, opt.device);
+  ChunkRanking rank = rank_with(opt.rank);
   ChunkKV out;
   ChunkMeta& meta = out.meta;
   meta.rank_ms = rt.ms();
@@ -107,8 +159,7 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
     extras->also_ms.clear();
     for (const RankOptions& ro : opt.also) {
       Timer at;
-      extras->rankings.push_back(
-          rank_with(m, tokens, opt.sink, kl, vl, n, KV, ro, opt.probe, opt.device));
+      extras->rankings.push_back(rank_with(ro));
       extras->also_ms.push_back(at.ms());
     }
   }

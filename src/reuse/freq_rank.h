@@ -14,7 +14,9 @@ enum class RankMode {
   kL2,        // no spectral filtering: raw K/V magnitudes (equals kLowFreq with alpha = 1)
   // Not spectral: rankings of src/reuse/policy/ stored in the same record fields.
   kHead,   // text order: the first tokens of the chunk first (policy/head.h)
-  kProbe,  // K/V drift after an unrelated probe context (policy/probe.h; needs the model)
+  kProbe,      // K/V drift after an unrelated probe context (policy/probe.h; needs the model)
+  kAttn,       // attention each token receives in its isolated encoding (policy/probe.h)
+  kProbeAttn,  // kProbe's drift times kAttn's attention (policy/probe.h)
 };
 
 // Where the per-layer filtering and norms run. Both give the same scores to float rounding

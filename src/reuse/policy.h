@@ -92,6 +92,10 @@ class Policy {
   virtual bool uses_prefix_cache() const { return false; }
   // Needs PolicyOptions::drift, the true drift that only the eval harness knows.
   virtual bool eval_only() const { return false; }
+  // The rankings this policy reads from the chunk (stored_ranking, policy/probe.h), which a
+  // deployment computes at ingest: an encoder that stores another rank mode computes these as
+  // well (EncodeOptions::also) when the policy is to run on its records.
+  virtual std::vector<RankMode> ingest_rankings() const { return {}; }
 
   // kChunk: tokens of chunk c (text-order indices, ascending) to recompute.
   virtual std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <numeric>
+#include <tuple>
 
 #include "backend/backend.h"
 #include "backend/cpu_forward.h"
@@ -493,6 +494,135 @@ TEST_F(OfflinePolicyTest, ProbeScoresShareOneScaleAcrossChunks) {
   }
   EXPECT_FALSE(std::fabs(means[0] - means[1]) < 1e-6 && std::fabs(means[1] - means[2]) < 1e-6);
   EXPECT_EQ(probe_params(ProbeOptions()).rfind("probe2:", 0), 0u);
+}
+
+// attention_received's weights against the documented formula, computed here from the sums.
+TEST(AttentionWeights, FollowTheDocumentedShrinkageFormula) {
+  const std::vector<float> sums = {9.0f, 1.0f, 0.5f, 2.0f, 0.0f, 0.25f};
+  const int n = 6, L = 2;
+  double total = 0, seen = 0;
+  for (int j = 0; j < n; ++j) {
+    total += sums[j] / L;
+    seen += n - j;
+  }
+  const double mean = total / seen;
+  const std::vector<float> w = attention_received(sums.data(), n, L);
+  ASSERT_EQ(w.size(), (size_t)n);
+  for (int j = 0; j < n; ++j) {
+    const double want = (sums[j] / L + 16 * mean) / (n - j + 16) / mean;
+    EXPECT_NEAR(w[j], want, 1e-6 * want) << j;
+  }
+  // The first token, seen by every row and given the most, ranks first; the last, seen by one
+  // row, is pulled toward the mean instead of being ranked on its own self-attention.
+  EXPECT_EQ(attention_rank(w).order[0], 0);
+  EXPECT_LT(std::fabs(w[5] - 1.0f), std::fabs((float)(sums[5] / L / 1 / mean) - 1.0f));
+  const std::vector<float> zero(4, 0.0f);
+  EXPECT_EQ(attention_received(zero.data(), 4, 3), std::vector<float>(4, 1.0f));
+  const std::vector<float> bad = {1.0f, -1.0f};
+  EXPECT_THROW(attention_received(bad.data(), 2, 1), Error);
+  const std::vector<float> nan = {1.0f, std::nanf("")};
+  EXPECT_THROW(attention_received(nan.data(), 2, 1), Error);
+}
+
+// The attn ranking is the attention the chunk's own rows give each chunk token in the isolated
+// encoding (the sink row's attention and the sink key left out): the reference runs the plain
+// layer loop with the attention tap from the first chunk row.
+TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
+  const ModelConfig& c = model_->config();
+  for (bool sink : {true, false}) {
+    SCOPED_TRACE(sink ? "sink" : "no sink");
+    const auto toks = test::random_byte_tokens(31, 17);
+    const int n = (int)toks.size();
+    EncodeOptions eo;
+    eo.sink = sink;
+    eo.rank.mode = RankMode::kAttn;
+    const ChunkKV a = encode_chunk(*model_, toks, eo);
+    EXPECT_EQ(a.meta.rank_mode, "attn");
+    EXPECT_EQ(a.meta.rank_params, kAttentionParams);
+
+    std::vector<int32_t> iso;
+    if (sink) iso.push_back(model_->tokenizer().bos() >= 0 ? model_->tokenizer().bos() : 0);
+    iso.insert(iso.end(), toks.begin(), toks.end());
+    const int ni = (int)iso.size(), off = sink ? 1 : 0;
+    KVCache kv(c.n_layer, ni, c.kv_dim());
+    Workspace ws;
+    std::vector<float> x((size_t)ni * c.n_embd), probs(ni, 0.0f);
+    model_->embed(iso.data(), ni, x.data());
+    std::vector<int32_t> pos(ni);
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int l = 0; l < c.n_layer; ++l) {
+      LayerTap tap;
+      tap.probs_accum = probs.data();
+      tap.probs_from_row = off;
+      cpu::forward_layer(*model_, l, x.data(), pos.data(), ni, kv, ws, &tap);
+    }
+    const std::vector<float> want = attention_received(probs.data() + off, n, c.n_layer);
+    ASSERT_EQ(a.meta.scores.size(), (size_t)n);
+    for (int j = 0; j < n; ++j) EXPECT_NEAR(a.meta.scores[j], want[j], 1e-5f * want[j]) << j;
+    const auto [mn, mx] = std::minmax_element(want.begin(), want.end());
+    EXPECT_LT(*mn, *mx);  // the tiny model attends unevenly
+  }
+}
+
+// probe-attn: the probe scores times the attention weights, stored with its own rank mode and
+// parameters (so its own id), the same whether stored or computed beside another ranking; each
+// of the three selects exactly its budget from its ranking's top.
+TEST_F(OfflinePolicyTest, ProbeAttnWeighsTheProbeDriftByAttention) {
+  const auto toks = test::random_byte_tokens(45, 19);
+  EncodeOptions pa = probe_options();
+  pa.rank.mode = RankMode::kProbeAttn;
+  const ChunkKV p = encode_chunk(*model_, toks, probe_options());
+  EncodeOptions at = probe_options();
+  at.rank.mode = RankMode::kAttn;
+  const ChunkKV w = encode_chunk(*model_, toks, at);
+  const ChunkKV a = encode_chunk(*model_, toks, pa);
+  EXPECT_EQ(a.meta.rank_mode, "probe-attn");
+  EXPECT_EQ(a.meta.rank_params, probe_params(ProbeOptions()) + ":" + kAttentionParams);
+  EXPECT_NE(a.meta.id, p.meta.id);
+  EXPECT_NE(a.meta.id, w.meta.id);
+  for (int j = 0; j < 45; ++j) {
+    EXPECT_FLOAT_EQ(a.meta.scores[j], p.meta.scores[j] * w.meta.scores[j]) << j;
+  }
+  EXPECT_TRUE(is_permutation_of_n(a.meta.order, 45));
+  EXPECT_NE(a.meta.order, p.meta.order);  // the weighting changes the ranking
+  // Computed beside a stored low-frequency ranking: the same three rankings.
+  EncodeOptions lf = lowfreq_options();
+  for (RankMode m : {RankMode::kProbe, RankMode::kAttn, RankMode::kProbeAttn}) {
+    RankOptions r;
+    r.mode = m;
+    lf.also.push_back(r);
+  }
+  EncodeExtras ex;
+  const ChunkKV l = encode_chunk(*model_, toks, lf, &ex);
+  ASSERT_EQ(ex.rankings.size(), 3u);
+  EXPECT_EQ(ex.rankings[0].order, p.meta.order);
+  EXPECT_EQ(ex.rankings[1].order, w.meta.order);
+  EXPECT_EQ(ex.rankings[2].order, a.meta.order);
+  // The policies read the stored ranking, or one remembered for the record; else they say how
+  // to ingest.
+  InMemoryChunk sl(l);
+  PolicyOptions po;
+  po.kind = &find_policy("probe-attn");
+  EXPECT_THROW(select_offline(sl, po), Error);
+  remember_ranking(l.meta.id, "probe-attn", ex.rankings[2]);
+  remember_ranking(l.meta.id, "attn", ex.rankings[1]);
+  InMemoryChunk sa(a), sw(w);
+  for (double r : {0.0, 0.15, 0.5, 1.0}) {
+    po.ratio = r;
+    const int k = n_select(r, 45);
+    for (const auto& [name, src, order] :
+         {std::tuple{"probe-attn", &sa, &a.meta.order}, std::tuple{"probe-attn", &sl, &a.meta.order},
+          std::tuple{"attn", &sw, &w.meta.order}, std::tuple{"attn", &sl, &w.meta.order}}) {
+      po.kind = &find_policy(name);
+      std::vector<int32_t> top(order->begin(), order->begin() + k);
+      std::sort(top.begin(), top.end());
+      EXPECT_EQ(select_offline(*src, po), top) << name << " r=" << r;
+    }
+  }
+  EXPECT_EQ(find_policy("probe-attn").ingest_rankings(),
+            std::vector<RankMode>{RankMode::kProbeAttn});
+  EXPECT_EQ(parse_rank_mode("probe-attn"), RankMode::kProbeAttn);
+  EXPECT_EQ(parse_rank_mode("attn"), RankMode::kAttn);
 }
 
 }  // namespace

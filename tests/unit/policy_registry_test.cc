@@ -32,7 +32,8 @@ TEST(PolicyRegistry, EveryPolicyHasAUniqueFindableName) {
   const std::set<std::string> want = {
       "full",   "reuse", "cachetune",    "prefix",    "cacheblend", "epic",
       "random", "l2",    "highfreq",     "lfonly",    "prophetkv",  "freq",
-      "head",   "probe", "probe-shared", "probe-pos", "oracle",     "oracle-shared"};
+      "head",   "probe", "probe-shared", "probe-pos", "oracle",     "oracle-shared",
+      "attn",   "probe-attn", "probe-attn-shared"};
   EXPECT_EQ(names, want);
   EXPECT_STREQ(default_policy().name(), "cachetune");
   EXPECT_EQ(PolicyOptions{}.kind, &default_policy());

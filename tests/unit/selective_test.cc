@@ -392,17 +392,30 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
 }
 
 TEST_P(SelectiveTest, EveryPolicySelectsItsBudget) {
+  // Probe records that also carry the attention rankings (as the eval harness leaves them).
   EncodeOptions eo;
-  ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(61, 16), eo);
-  ChunkKV b = encode_chunk(*model_, test::random_byte_tokens(10, 17), eo);
+  for (RankMode m : {RankMode::kAttn, RankMode::kProbeAttn}) {
+    RankOptions ro;
+    ro.mode = m;
+    eo.also.push_back(ro);
+  }
+  std::vector<ChunkKV> recs;
+  for (auto [n, seed] : {std::pair{61, 16}, std::pair{10, 17}}) {
+    EncodeExtras ex;
+    recs.push_back(encode_chunk(*model_, test::random_byte_tokens(n, seed), eo, &ex));
+    for (size_t i = 0; i < eo.also.size(); ++i) {
+      remember_ranking(recs.back().meta.id, rank_mode_name(eo.also[i].mode), ex.rankings[i]);
+    }
+  }
+  const ChunkKV &a = recs[0], &b = recs[1];
   const double r = 0.15;
   ComposedRequest req{
       test::random_byte_tokens(4, 18), {src(a), src(b)}, test::random_byte_tokens(6, 19)};
   for (const Policy* k : all_policies()) {
     if (k == &find_policy("prefix")) continue;  // reuses whole prefixes, no per-chunk selection
-    // The probe rankings need a probe-ranked record and the oracles the true drift; the shared
-    // budgets give chunks unequal shares. All are covered by offline_policy_test.cc.
-    if (std::string(k->name()).rfind("probe", 0) == 0 || k->eval_only()) {
+    // The oracles need the true drift, and the shared budgets (request-stage policies over
+    // stored rankings) give chunks unequal shares: both covered by offline_policy_test.cc.
+    if (k->eval_only() || (k->stage() == PolicyStage::kRequest && !k->ingest_rankings().empty())) {
       continue;
     }
     SelectionReport rep;

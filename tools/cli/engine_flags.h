@@ -82,8 +82,9 @@ struct EngineFlags {
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
     c->add_option("--rank", rank,
                   "Ranking stored with new chunks, which --policy cachetune recomputes the top "
-                  "of: lowfreq (the paper's), probe, head, highfreq, l2")
-        ->check(CLI::IsMember({"lowfreq", "probe", "head", "highfreq", "l2"}))
+                  "of: lowfreq (the paper's), probe, head, highfreq, l2, attn (attention received), "
+                  "probe-attn (probe drift times attention received)")
+        ->check(CLI::IsMember({"lowfreq", "probe", "head", "highfreq", "l2", "attn", "probe-attn"}))
         ->capture_default_str();
     c->add_option("--probe-layers", probe_layers,
                   "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")

@@ -77,6 +77,16 @@ std::shared_ptr<const ProbePrefix> probe_prefix(const Model& m, const ProbeOptio
   return p;
 }
 
+// Token indices by descending score, ties to the lower index.
+ChunkRanking ranking_by_scores(std::vector<float> scores) {
+  ChunkRanking r;
+  r.scores = std::move(scores);
+  r.order.resize(r.scores.size());
+  std::iota(r.order.begin(), r.order.end(), 0);
+  std::stable_sort(r.order.begin(), r.order.end(),
+                   [&](int32_t a, int32_t b) { return r.scores[a] > r.scores[b]; });
+  return r;
+}
 // Per token L2 norm of a - b over kv_dim channels, and the mean of those norms.
 double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vector<double>& out) {
   out.assign(n, 0.0);
@@ -160,46 +170,76 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
     scale += 0.5 * (mk + mv);
     ++n_scored;
   }
-  ChunkRanking r;
-  r.scores.resize(n);
+  std::vector<float> scores(n);
   for (int t = 0; t < n; ++t) {
     const double s = n_scored > 0 ? score[t] / n_scored * (scale / n_scored) : 0.0;
     CT_THROW_IF_NOT(std::isfinite(s), "probe ranking: non-finite drift at token {}", t);
-    r.scores[t] = (float)s;
+    scores[t] = (float)s;
   }
-  r.order.resize(n);
-  std::iota(r.order.begin(), r.order.end(), 0);
-  std::stable_sort(r.order.begin(), r.order.end(),
-                   [&](int32_t a, int32_t b) { return r.scores[a] > r.scores[b]; });
-  return r;
+  return ranking_by_scores(std::move(scores));
 }
 
-namespace {
-// The stored probe ranking of a chunk: its own order when ingested with rank mode "probe", else
-// one left by remember_ranking(id, "probe", ...).
-ChunkRanking probe_ranking_of(const ChunkSource& c) {
+const char* const kAttentionParams = "attn1:prior=16";
+
+std::vector<float> attention_received(const float* sums, int n, int n_layer) {
+  CT_THROW_IF_NOT(n > 0 && n_layer > 0, "attention weights of {} tokens over {} layers", n,
+                  n_layer);
+  constexpr double kPrior = 16;
+  double total = 0, seen = 0;
+  for (int j = 0; j < n; ++j) {
+    CT_THROW_IF_NOT(std::isfinite(sums[j]) && sums[j] >= 0,
+                    "attention weights: token {} received {}, expected a finite sum >= 0", j,
+                    sums[j]);
+    total += (double)sums[j] / n_layer;
+    seen += n - j;
+  }
+  const double mean = total / seen;
+  std::vector<float> w(n, 1.0f);
+  if (!(mean > 0)) return w;
+  for (int j = 0; j < n; ++j) {
+    const double a = ((double)sums[j] / n_layer + kPrior * mean) / (n - j + kPrior);
+    w[j] = (float)(a / mean);
+  }
+  return w;
+}
+
+ChunkRanking attention_rank(const std::vector<float>& weight) { return ranking_by_scores(weight); }
+
+ChunkRanking probe_attention_rank(const ChunkRanking& probe, const std::vector<float>& weight) {
+  CT_THROW_IF_NOT(probe.scores.size() == weight.size(),
+                  "probe-attn ranking: {} probe scores for {} attention weights",
+                  probe.scores.size(), weight.size());
+  std::vector<float> s(weight.size());
+  for (size_t j = 0; j < s.size(); ++j) s[j] = probe.scores[j] * weight[j];
+  return ranking_by_scores(std::move(s));
+}
+
+ChunkRanking stored_ranking(const ChunkSource& c, RankMode mode) {
   const ChunkMeta& meta = c.meta();
-  if (meta.rank_mode == rank_mode_name(RankMode::kProbe)) return {meta.scores, meta.order};
-  auto kept = remembered_ranking(meta.id, "probe");
+  const char* name = rank_mode_name(mode);
+  if (meta.rank_mode == name) return {meta.scores, meta.order};
+  auto kept = remembered_ranking(meta.id, name);
   CT_THROW_IF_NOT(kept && (int)kept->order.size() == meta.n_tok,
-                  "chunk {} was ingested with rank mode '{}', and the probe policies need the "
-                  "probe ranking, which is computed at ingest: re-ingest with --rank probe",
-                  meta.id.substr(0, 12), meta.rank_mode);
+                  "chunk {} was ingested with rank mode '{}', and this policy needs the '{}' "
+                  "ranking, which is computed at ingest: re-ingest with --rank {}",
+                  meta.id.substr(0, 12), meta.rank_mode, name, name);
   return std::move(*kept);
 }
-}  // namespace
 
 namespace policies {
 namespace {
-// The top ceil(r*N) of each chunk's probe ranking (probe_ranking_of).
-class Probe final : public Policy {
+// The top ceil(r*N) of each chunk's ranking `mode` (stored_ranking): probe, attn, probe-attn.
+class Ranked final : public Policy {
  public:
-  Probe()
-      : Policy("probe", "the top ceil(r*N) of the probe-drift ranking computed at ingest",
-               PolicyStage::kChunk) {}
+  Ranked(const char* name, const char* summary, RankMode mode)
+      : Policy(name, summary, PolicyStage::kChunk), mode_(mode) {}
   std::vector<int32_t> select_chunk(const ChunkSource& c, const PolicyOptions& p) const override {
-    return top_of_order(probe_ranking_of(c).order, n_select(p.ratio, c.meta().n_tok));
+    return top_of_order(stored_ranking(c, mode_).order, n_select(p.ratio, c.meta().n_tok));
   }
+  std::vector<RankMode> ingest_rankings() const override { return {mode_}; }
+
+ private:
+  RankMode mode_;
 };
 
 // The same probe scores with one budget for the request (shared_budget): a chunk whose tokens
@@ -209,14 +249,17 @@ class Probe final : public Policy {
 // the global position of its middle token: the probe pass puts one short context before every
 // chunk, while in a request a chunk's drift grows with the context before it (the first chunk,
 // after only the prefix, drifts least; docs/RESULTS.md). One factor per chunk, so the order
-// within a chunk, and with it the contiguous read, is unchanged.
+// within a chunk, and with it the contiguous read, is unchanged. `probe-attn-shared`: the same
+// shared budget over the probe-attn scores (probe drift times attention received).
 class ProbeShared final : public Policy {
  public:
-  ProbeShared(const char* name, const char* summary, bool position_prior)
-      : Policy(name, summary, PolicyStage::kRequest), position_prior_(position_prior) {}
+  ProbeShared(const char* name, const char* summary, bool position_prior,
+              RankMode mode = RankMode::kProbe)
+      : Policy(name, summary, PolicyStage::kRequest), position_prior_(position_prior), mode_(mode) {}
+  std::vector<RankMode> ingest_rankings() const override { return {mode_}; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     std::vector<ChunkRanking> ranks;
-    for (const ChunkSource* c : r.req.chunks) ranks.push_back(probe_ranking_of(*c));
+    for (const ChunkSource* c : r.req.chunks) ranks.push_back(stored_ranking(*c, mode_));
     if (position_prior_) {
       for (size_t b = 0; b < ranks.size(); ++b) {
         const double mid = r.lay.chunk_offset[b] + 0.5 * (double)ranks[b].scores.size();
@@ -234,9 +277,29 @@ class ProbeShared final : public Policy {
 
  private:
   bool position_prior_;
+  RankMode mode_;
 };
 }  // namespace
-const Policy& probe() { return instance<Probe>(); }
+const Policy& probe() {
+  static const Ranked* p = new Ranked(
+      "probe", "the top ceil(r*N) of the probe-drift ranking computed at ingest", RankMode::kProbe);
+  return *p;
+}
+const Policy& attn() {
+  static const Ranked* p =
+      new Ranked("attn",
+                 "the top ceil(r*N) by the attention each token receives in its isolated "
+                 "encoding (computed at ingest)",
+                 RankMode::kAttn);
+  return *p;
+}
+const Policy& probe_attn() {
+  static const Ranked* p = new Ranked(
+      "probe-attn",
+      "the top ceil(r*N) by probe drift times the attention received in the isolated encoding",
+      RankMode::kProbeAttn);
+  return *p;
+}
 const Policy& probe_shared() {
   static const ProbeShared* p = new ProbeShared(
       "probe-shared", "the probe-drift ranking with one budget shared across the request's chunks",
@@ -248,6 +311,13 @@ const Policy& probe_pos() {
       "probe-pos",
       "probe-shared with each chunk's scores weighted by ln(1 + its middle token's position)",
       true);
+  return *p;
+}
+const Policy& probe_attn_shared() {
+  static const ProbeShared* p = new ProbeShared(
+      "probe-attn-shared",
+      "the probe-attn ranking with one budget shared across the request's chunks", false,
+      RankMode::kProbeAttn);
   return *p;
 }
 }  // namespace policies

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "reuse/chunk_source.h"
 #include "reuse/freq_rank.h"
 
 namespace ct {
@@ -58,5 +59,33 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
                         const std::vector<const float*>& k_iso,
                         const std::vector<const float*>& v_iso, const ProbeOptions& o,
                         DeviceSequence* device = nullptr);
+
+// --- attention-weighted rankings (rank modes "attn" and "probe-attn") -----------------------
+// A drifted token matters as much as later rows attend to it: a stale K/V row moves a later
+// query's output in proportion to the attention that query gives it. Which tokens a request's
+// question will attend to is not known at ingest, but the attention the chunk's own rows give
+// each token in its isolated encoding is, at no extra pass.
+
+// Version tag of the attention weighting, part of rank_params (and so of chunk ids).
+extern const char* const kAttentionParams;
+
+// Per token j < n of a chunk: `sums[j]` is the attention it received in its isolated encoding,
+// summed over the chunk's rows (which see it from row j on: n - j of them), averaged over heads
+// and summed over n_layer layers (tapped_prefill's probs from the chunk's first row). Returns
+// a_j / a, a_j = (sums[j] / n_layer + kPrior * a) / (n - j + kPrior), the mean attention per
+// layer and seeing row, shrunk toward the chunk's mean a = sum(sums) / n_layer / sum(n - j) by a
+// prior worth kPrior = 16 rows, so that the last tokens, which few rows see, are not ranked by
+// their own self-attention. Mean about 1; finite; zero sums give all ones.
+std::vector<float> attention_received(const float* sums, int n, int n_layer);
+
+// Tokens by attention received (scores = attention_received's weights), ties to the lower index.
+ChunkRanking attention_rank(const std::vector<float>& weight);
+// The probe drift times the attention weight per token (scores on the probe's scale).
+ChunkRanking probe_attention_rank(const ChunkRanking& probe, const std::vector<float>& weight);
+
+// The ranking `mode` of chunk c: its stored one when it was ingested with that rank mode, else
+// one left by remember_ranking(id, rank_mode_name(mode), ...); ct::Error saying how to ingest
+// otherwise.
+ChunkRanking stored_ranking(const ChunkSource& c, RankMode mode);
 
 }  // namespace ct

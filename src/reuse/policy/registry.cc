@@ -26,6 +26,9 @@
   X(probe)             \
   X(probe_shared)      \
   X(probe_pos)         \
+  X(attn)              \
+  X(probe_attn)        \
+  X(probe_attn_shared) \
   X(oracle)            \
   X(oracle_shared)
 

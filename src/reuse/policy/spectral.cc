@@ -20,6 +20,7 @@ class Spectral final : public Policy {
   }
   // A deployment would store these rankings at ingest, so they are computed before the timer.
   void prepare(const ChunkSource& c, const PolicyOptions& p) const override { ranking(c, p); }
+  std::vector<RankMode> ingest_rankings() const override { return {mode_}; }
 
  private:
   std::vector<int32_t> ranking(const ChunkSource& c, const PolicyOptions& p) const {
