@@ -35,6 +35,7 @@ std::shared_ptr<const ChunkKV> ChunkCache::get(const std::vector<int32_t>& token
   rank_ms_ += ex.rank_ms;
   for (size_t i = 0; i < opt_.also.size(); ++i) {
     also_ms_ += ex.also_ms[i];
+    also_by_name_[ranking_name(opt_.also[i])] += ex.also_ms[i];
     remember_ranking(rec->meta.id, ranking_name(opt_.also[i]), ex.rankings[i]);
   }
   const size_t b = rec->meta.kv_bytes();

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -33,6 +34,8 @@ class ChunkCache {
   double forward_ms() const { return forward_ms_; }
   double rank_ms() const { return rank_ms_; }
   double also_ms() const { return also_ms_; }
+  // also_ms per ranking (by ranking_name).
+  const std::map<std::string, double>& also_ms_by_name() const { return also_by_name_; }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -42,6 +45,7 @@ class ChunkCache {
   size_t bytes_ = 0;
   int hits_ = 0, misses_ = 0;
   double encode_ms_ = 0, forward_ms_ = 0, rank_ms_ = 0, also_ms_ = 0;
+  std::map<std::string, double> also_by_name_;
   std::list<std::string> lru_;  // most recent first
   struct Entry {
     std::shared_ptr<const ChunkKV> rec;

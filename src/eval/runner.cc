@@ -228,6 +228,7 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
 
   const double enc_before = cache_.encode_ms(), fwd_before = cache_.forward_ms(),
                rank_before = cache_.rank_ms(), probe_before = cache_.also_ms();
+  const std::map<std::string, double> also_before = cache_.also_ms_by_name();
   std::vector<std::shared_ptr<const ChunkKV>> recs;
   for (const auto& t : prompt.chunks) recs.push_back(cache_.get(t));
   const double encode_ms = cache_.encode_ms() - enc_before;
@@ -347,6 +348,15 @@ void Runner::run_example(const std::vector<EvalExample>& file, size_t idx,
         j["encode_forward_ms"] = encode_forward_ms;
         j["encode_rank_ms"] = encode_rank_ms;
         j["encode_probe_ms"] = encode_probe_ms;
+        // Per ranking of EncodeOptions::also (encode_probe_ms is their sum), and whether the
+        // isolated prefill (encode_forward_ms) carried the attention tap of the attn rankings.
+        json by_name = json::object();
+        for (const auto& [name, ms] : cache_.also_ms_by_name()) {
+          const auto it = also_before.find(name);
+          by_name[name] = ms - (it == also_before.end() ? 0.0 : it->second);
+        }
+        j["encode_also_ms"] = by_name;
+        j["encode_attention_tap"] = encode_taps_attention(encode_options(o_));
         if (layout == Layout::kBase) j["band_energy"] = band_energy(recs, o_.n_bands);
         // Per chunk in prompt order: the mean true drift, and the mean stored probe score (the
         // chunk's probe drift), for analysing how a shared budget should split across chunks.

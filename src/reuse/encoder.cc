@@ -70,8 +70,14 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
   return h.hex_digest();
 }
 
+bool encode_taps_attention(const EncodeOptions& opt) {
+  const auto uses = [](RankMode m) { return m == RankMode::kAttn || m == RankMode::kProbeAttn; };
+  bool any = uses(opt.rank.mode);
+  for (const RankOptions& ro : opt.also) any = any || uses(ro.mode);
+  return any;
+}
+
 namespace {
-bool uses_attention(RankMode m) { return m == RankMode::kAttn || m == RankMode::kProbeAttn; }
 
 // The rankings of one isolated encoding. The probe pass runs once however many rankings use it.
 class Ranker {
@@ -133,8 +139,7 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
   // The attention the chunk's rows give each row (summed over rows and layers), for the rankings
   // that weigh by it.
-  bool want_attn = uses_attention(opt.rank.mode);
-  for (const RankOptions& ro : opt.also) want_attn = want_attn || uses_attention(ro.mode);
+  const bool want_attn = encode_taps_attention(opt);
   std::vector<float> probs(want_attn ? nt : 0, 0.0f);
   tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data(),
                  want_attn ? probs.data() : nullptr, want_attn ? off : -1);

@@ -61,7 +61,12 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
 ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
                      EncodeExtras* extras = nullptr);
 
-// Parses "lowfreq" | "highfreq" | "l2" | "head" | "probe"; ct::Error naming the valid ones.
+// Whether encode_chunk taps the isolated prefill's attention: for the attn and probe-attn
+// rankings, stored or in `also`.
+bool encode_taps_attention(const EncodeOptions& opt);
+
+// Parses "lowfreq" | "highfreq" | "l2" | "head" | "probe" | "attn" | "probe-attn"; ct::Error
+// naming the valid ones.
 RankMode parse_rank_mode(const std::string& s);
 
 // Unpacked K (pre-RoPE) and V of a record in text order: F32 [n_layer][n_tok][kv_dim] each.
