@@ -79,28 +79,45 @@ def paired(stats, vs, title, out):
 
 
 def ingest_cost(run_dir, out, stored):
-    """encode_rank_ms is the stored ranking's time, encode_probe_ms the other one's (the F32-tap
-    ranking of EncodeOptions::also): the probe pass when lowfreq is stored, the frequency
-    ranking when probe is (run.json config "rank")."""
-    fw = rk = pb = 0.0
-    n = 0
+    """encode_rank_ms is the stored ranking's time, encode_probe_ms the sum of the others' (the
+    F32-tap rankings of EncodeOptions::also), which newer records also give one by one
+    (encode_also_ms). Older records' only other ranking was the probe pass when lowfreq is stored
+    and the frequency ranking when probe is (run.json config "rank")."""
+    fw = rk = pb = at = 0.0
+    n = n_tap = 0
     with open(os.path.join(run_dir, "results.jsonl")) as f:
         for line in f:
             r = json.loads(line)
-            if r.get("policy") == "full" and "encode_probe_ms" in r and r["encode_forward_ms"] > 0:
+            if r.get("policy") != "full" or "encode_probe_ms" not in r or r["encode_forward_ms"] <= 0:
+                continue
+            split = r.get("encode_also_ms")
+            if split is not None and stored == "probe":
+                freq = sum(v for k, v in split.items() if k.startswith("lowfreq/"))
+                if not any(k.startswith("lowfreq/") for k in split):
+                    continue  # no frequency ranking in this run: nothing to compare with
                 fw += r["encode_forward_ms"]
-                rk += r["encode_rank_ms"]
-                pb += r["encode_probe_ms"]
-                n += 1
+                pb += r["encode_rank_ms"]
+                rk += freq
+                at += split.get("probe-attn", 0.0)
+                n_tap += bool(r.get("encode_attention_tap"))
+            else:
+                fw += r["encode_forward_ms"]
+                stored_ms, other_ms = r["encode_rank_ms"], r["encode_probe_ms"]
+                rk += other_ms if stored == "probe" else stored_ms
+                pb += stored_ms if stored == "probe" else other_ms
+            n += 1
     if n == 0:
         return
-    if stored == "probe":
-        rk, pb = pb, rk
     out.append(f"**Ingest cost over the chunks of {n} examples** (ms, summed): isolated prefill "
                f"{fw:.0f}, frequency ranking {rk:.0f}, probe pass {pb:.0f}. A plain encoding "
                f"(prefill + frequency ranking) costs {fw + rk:.0f}; a probe encoding (prefill + "
                f"probe) {fw + pb:.0f}, **{(fw + pb) / (fw + rk):.2f}×** the plain one "
-               f"({(fw + pb) / fw:.2f}× the prefill alone).\n")
+               f"({(fw + pb) / fw:.2f}× the prefill alone).")
+    if n_tap:
+        out.append(f"In {n_tap} of these examples the isolated prefill also tapped the attention "
+                   f"that the attn rankings need, so its time includes the tap; probe-attn's "
+                   f"weighting after the probe pass took {at:.0f} ms in all.")
+    out.append("")
 
 
 def run_dirs(dirs):

@@ -137,12 +137,12 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   const int nt = (int)toks.size();
   // F32 [L][nt][KV] taps; the sink row (index 0 when present) is dropped below.
   std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
-  // The attention the chunk's rows give each row (summed over rows and layers), for the rankings
-  // that weigh by it.
+  // The attention the chunk's last rows give each row (summed over rows and layers), for the
+  // rankings that weigh by it (attention_received).
   const bool want_attn = encode_taps_attention(opt);
   std::vector<float> probs(want_attn ? nt : 0, 0.0f);
   tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data(),
-                 want_attn ? probs.data() : nullptr, want_attn ? off : -1);
+                 want_attn ? probs.data() : nullptr, want_attn ? off + attention_first_row(n) : -1);
   const std::vector<float> attn =
       want_attn ? attention_received(probs.data() + off, n, L) : std::vector<float>();
   std::vector<const float*> kl(L), vl(L);

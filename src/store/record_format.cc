@@ -125,10 +125,11 @@ bool check_meta(const ChunkMeta& m, std::string* err) {
   // The store does not interpret the rank mode (reuse/ owns the names); it only keeps it printable.
   const bool mode_ok = !m.rank_mode.empty() && m.rank_mode.size() <= 32 &&
                        std::all_of(m.rank_mode.begin(), m.rank_mode.end(), [](char c) {
-                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+                                c == '-';
                        });
   if (!mode_ok)
-    return fail(fmt::format("chunk {}: rank_mode '{}', expected 1-32 characters from [a-z0-9_]",
+    return fail(fmt::format("chunk {}: rank_mode '{}', expected 1-32 characters from [a-z0-9_-]",
                             m.id, m.rank_mode.substr(0, 32)));
   const bool params_ok = m.rank_params.size() <= 200 &&
                          std::all_of(m.rank_params.begin(), m.rank_params.end(),

@@ -288,13 +288,14 @@ TEST_F(OfflinePolicyTest, ProbeOnALowFreqRecordNeedsTheProbeRanking) {
   EXPECT_EQ(select_offline(s, po), top);
 }
 
-TEST_F(OfflinePolicyTest, ProbeAndHeadRecordsRoundTripThroughADiskTier) {
+TEST_F(OfflinePolicyTest, OfflineRankedRecordsRoundTripThroughADiskTier) {
   const fs::path dir = fs::temp_directory_path() / "ct_offline_policy_disk";
   fs::remove_all(dir);
   store::DiskTierOptions dopt;
   dopt.dir = dir.string();
   dopt.sync_writes = false;
-  for (RankMode mode : {RankMode::kProbe, RankMode::kHead}) {
+  for (RankMode mode : {RankMode::kProbe, RankMode::kHead, RankMode::kAttn, RankMode::kProbeAttn}) {
+    SCOPED_TRACE(rank_mode_name(mode));
     EncodeOptions eo = probe_options();
     eo.rank.mode = mode;
     const ChunkKV a = encode_chunk(*model_, test::random_byte_tokens(50, 8), eo);
@@ -496,26 +497,33 @@ TEST_F(OfflinePolicyTest, ProbeScoresShareOneScaleAcrossChunks) {
   EXPECT_EQ(probe_params(ProbeOptions()).rfind("probe2:", 0), 0u);
 }
 
-// attention_received's weights against the documented formula, computed here from the sums.
+// attention_received's weights against the documented formula, computed here from the sums:
+// a short chunk (every row tapped) and a long one (the last kAttentionRows rows).
 TEST(AttentionWeights, FollowTheDocumentedShrinkageFormula) {
-  const std::vector<float> sums = {9.0f, 1.0f, 0.5f, 2.0f, 0.0f, 0.25f};
-  const int n = 6, L = 2;
-  double total = 0, seen = 0;
-  for (int j = 0; j < n; ++j) {
-    total += sums[j] / L;
-    seen += n - j;
+  for (int n : {6, kAttentionRows + 37}) {
+    SCOPED_TRACE(n);
+    std::vector<float> sums(n);
+    for (int j = 0; j < n; ++j) sums[j] = (float)((j * 7919) % 13) * 0.25f;
+    sums[0] = 10.0f * (float)n;  // far above any other token's share
+    const int L = 2, first = std::max(0, n - kAttentionRows);
+    EXPECT_EQ(attention_first_row(n), first);
+    double total = 0, seen = 0;
+    for (int j = 0; j < n; ++j) {
+      total += sums[j] / L;
+      seen += n - std::max(j, first);
+    }
+    const double mean = total / seen;
+    const std::vector<float> w = attention_received(sums.data(), n, L);
+    ASSERT_EQ(w.size(), (size_t)n);
+    for (int j = 0; j < n; ++j) {
+      const double want = (sums[j] / L + 16 * mean) / (n - std::max(j, first) + 16) / mean;
+      EXPECT_NEAR(w[j], want, 1e-6 * want) << j;
+    }
+    // The first token, given the most, ranks first; the last, seen by one row, is pulled toward
+    // the mean instead of being ranked on its own self-attention.
+    EXPECT_EQ(attention_rank(w).order[0], 0);
+    EXPECT_LT(std::fabs(w[n - 1] - 1.0f), std::fabs((float)(sums[n - 1] / L / mean) - 1.0f) + 1e-6f);
   }
-  const double mean = total / seen;
-  const std::vector<float> w = attention_received(sums.data(), n, L);
-  ASSERT_EQ(w.size(), (size_t)n);
-  for (int j = 0; j < n; ++j) {
-    const double want = (sums[j] / L + 16 * mean) / (n - j + 16) / mean;
-    EXPECT_NEAR(w[j], want, 1e-6 * want) << j;
-  }
-  // The first token, seen by every row and given the most, ranks first; the last, seen by one
-  // row, is pulled toward the mean instead of being ranked on its own self-attention.
-  EXPECT_EQ(attention_rank(w).order[0], 0);
-  EXPECT_LT(std::fabs(w[5] - 1.0f), std::fabs((float)(sums[5] / L / 1 / mean) - 1.0f));
   const std::vector<float> zero(4, 0.0f);
   EXPECT_EQ(attention_received(zero.data(), 4, 3), std::vector<float>(4, 1.0f));
   const std::vector<float> bad = {1.0f, -1.0f};
@@ -524,14 +532,15 @@ TEST(AttentionWeights, FollowTheDocumentedShrinkageFormula) {
   EXPECT_THROW(attention_received(nan.data(), 2, 1), Error);
 }
 
-// The attn ranking is the attention the chunk's own rows give each chunk token in the isolated
-// encoding (the sink row's attention and the sink key left out): the reference runs the plain
-// layer loop with the attention tap from the first chunk row.
+// The attn ranking is the attention the chunk's last rows give each chunk token in the isolated
+// encoding (the sink key left out): the reference runs the plain layer loop with the attention
+// tap from the chunk's row attention_first_row(n), for a chunk shorter and one longer than the
+// tapped rows.
 TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
   const ModelConfig& c = model_->config();
-  for (bool sink : {true, false}) {
-    SCOPED_TRACE(sink ? "sink" : "no sink");
-    const auto toks = test::random_byte_tokens(31, 17);
+  for (auto [sink, len] : {std::pair{true, 31}, std::pair{false, 31}, std::pair{true, kAttentionRows + 20}}) {
+    SCOPED_TRACE(std::string(sink ? "sink " : "no sink ") + std::to_string(len));
+    const auto toks = test::random_byte_tokens(len, 17);
     const int n = (int)toks.size();
     EncodeOptions eo;
     eo.sink = sink;
@@ -553,7 +562,7 @@ TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
     for (int l = 0; l < c.n_layer; ++l) {
       LayerTap tap;
       tap.probs_accum = probs.data();
-      tap.probs_from_row = off;
+      tap.probs_from_row = off + std::max(0, n - kAttentionRows);
       cpu::forward_layer(*model_, l, x.data(), pos.data(), ni, kv, ws, &tap);
     }
     const std::vector<float> want = attention_received(probs.data() + off, n, c.n_layer);

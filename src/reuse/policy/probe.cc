@@ -179,25 +179,29 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   return ranking_by_scores(std::move(scores));
 }
 
-const char* const kAttentionParams = "attn1:prior=16";
+const char* const kAttentionParams = "attn2:last=64:prior=16";
+
+int attention_first_row(int n) { return std::max(0, n - kAttentionRows); }
 
 std::vector<float> attention_received(const float* sums, int n, int n_layer) {
   CT_THROW_IF_NOT(n > 0 && n_layer > 0, "attention weights of {} tokens over {} layers", n,
                   n_layer);
   constexpr double kPrior = 16;
+  const int first = attention_first_row(n);
+  const auto seen_by = [&](int j) { return (double)(n - std::max(j, first)); };
   double total = 0, seen = 0;
   for (int j = 0; j < n; ++j) {
     CT_THROW_IF_NOT(std::isfinite(sums[j]) && sums[j] >= 0,
                     "attention weights: token {} received {}, expected a finite sum >= 0", j,
                     sums[j]);
     total += (double)sums[j] / n_layer;
-    seen += n - j;
+    seen += seen_by(j);
   }
   const double mean = total / seen;
   std::vector<float> w(n, 1.0f);
   if (!(mean > 0)) return w;
   for (int j = 0; j < n; ++j) {
-    const double a = ((double)sums[j] / n_layer + kPrior * mean) / (n - j + kPrior);
+    const double a = ((double)sums[j] / n_layer + kPrior * mean) / (seen_by(j) + kPrior);
     w[j] = (float)(a / mean);
   }
   return w;

@@ -9,7 +9,7 @@
 // kept, so the second pass computes only the chunk's rows, and only through the first
 // `layers` decoder layers (layer 0's pre-RoPE K and V do not depend on context; the drift of the
 // early layers carries the positional signal). The ingest cost is reported by
-// `cachetune bench-probe` (docs/RESULTS.md).
+// the eval records (encode_rank_ms, encode_also_ms; tools/quality_tables.py, docs/RESULTS.md).
 #pragma once
 
 #include <cstdint>
@@ -63,19 +63,27 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
 // --- attention-weighted rankings (rank modes "attn" and "probe-attn") -----------------------
 // A drifted token matters as much as later rows attend to it: a stale K/V row moves a later
 // query's output in proportion to the attention that query gives it. Which tokens a request's
-// question will attend to is not known at ingest, but the attention the chunk's own rows give
-// each token in its isolated encoding is, at no extra pass.
+// question will attend to is not known at ingest, but the attention the chunk's own last rows
+// give each token in its isolated encoding is, with no extra pass: those rows stand in for the
+// rows that follow the chunk in a request.
 
 // Version tag of the attention weighting, part of rank_params (and so of chunk ids).
 extern const char* const kAttentionParams;
 
-// Per token j < n of a chunk: `sums[j]` is the attention it received in its isolated encoding,
-// summed over the chunk's rows (which see it from row j on: n - j of them), averaged over heads
-// and summed over n_layer layers (tapped_prefill's probs from the chunk's first row). Returns
-// a_j / a, a_j = (sums[j] / n_layer + kPrior * a) / (n - j + kPrior), the mean attention per
-// layer and seeing row, shrunk toward the chunk's mean a = sum(sums) / n_layer / sum(n - j) by a
-// prior worth kPrior = 16 rows, so that the last tokens, which few rows see, are not ranked by
-// their own self-attention. Mean about 1; finite; zero sums give all ones.
+// The chunk's last rows whose attention the isolated encoding taps: rows from
+// attention_first_row(n) = max(0, n - kAttentionRows) on, kAttentionRows = 64 (a tap over every
+// row would cost the encoding a second, untiled attention: 2.4x a plain encoding, measured).
+constexpr int kAttentionRows = 64;
+int attention_first_row(int n);
+
+// Per token j < n of a chunk: `sums[j]` is the attention it received in its isolated encoding
+// from the chunk rows attention_first_row(n) .. n-1 that see it (n - max(j, first) of them),
+// averaged over heads and summed over rows and n_layer layers (tapped_prefill's probs). Returns
+// a_j / a, a_j = (sums[j] / n_layer + kPrior * a) / (n - max(j, first) + kPrior): the mean
+// attention per layer and tapped row, shrunk toward the chunk's mean a = sum(sums) / n_layer /
+// sum_j (n - max(j, first)) by a prior worth kPrior = 16 rows, so that the last tokens, which
+// few rows see, are not ranked by their own self-attention. Mean about 1; finite; zero sums give
+// all ones.
 std::vector<float> attention_received(const float* sums, int n, int n_layer);
 
 // Tokens by attention received (scores = attention_received's weights), ties to the lower index.
