@@ -46,9 +46,9 @@ std::string rank_params(const RankOptions& r, const ProbeOptions& p) {
     case RankMode::kProbe:
       return probe_params(p);
     case RankMode::kAttn:
-      return kAttentionParams;
+      return attention_params();
     case RankMode::kProbeAttn:
-      return probe_params(p) + ":" + kAttentionParams;
+      return probe_params(p) + ":" + attention_params();
     default:
       return std::string();
   }

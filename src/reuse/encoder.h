@@ -26,14 +26,16 @@ struct EncodeOptions {
   // paper's low-frequency one (kLowFreq, still `--policy freq`); docs/RESULTS.md, "Offline
   // policies" has the evidence. kHead stores the head ranking.
   RankOptions rank{.mode = RankMode::kProbe};
-  ProbeOptions probe;  // the probe context, when rank.mode is kProbe (or `also` asks for it)
+  // The probe context, for kProbe and kProbeAttn (stored, or asked for by `also`).
+  ProbeOptions probe;
   // Further rankings computed from the same isolated encoding (EncodeExtras::rankings), for
   // evaluating several offline policies on one record.
   std::vector<RankOptions> also;
   // Run the isolated prefill's layers on this device (backend.h; the same model, n_ctx at least
   // the chunk plus its sink) instead of the CPU, through the same layer contract and taps. The
   // device's cache is overwritten. The probe ranking's pass runs there too when the device also
-  // holds the probe context (probe_rank); the other rankings are computed on the host.
+  // holds the probe context (probe_rank), and so does the attention tap of attn and probe-attn;
+  // the rankings themselves are computed on the host.
   DeviceSequence* device = nullptr;
 };
 
@@ -45,13 +47,14 @@ struct EncodeExtras {
   std::vector<double> also_ms;  // per `also` ranking
 };
 
-// The rank_params string of a ranking: probe_params() for kProbe, "" otherwise.
+// The rank_params string of a ranking: probe_params() for kProbe, attention_params() for kAttn,
+// both joined by ':' for kProbeAttn, "" for the others.
 std::string rank_params(const RankOptions& r, const ProbeOptions& p);
 
 const char* rank_mode_name(RankMode m);
 
-// Content hash of (model fingerprint, token ids, dtype, sink, rank mode, alpha, and for kProbe
-// its rank_params): the same text encoded the same way by the same model gets the same id in any
+// Content hash of (model fingerprint, token ids, dtype, sink, rank mode, alpha, and the
+// rank_params of the non-spectral modes): the same text encoded the same way by the same model gets the same id in any
 // request. Ids of the spectral modes are the same as before the probe existed.
 std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
                      const EncodeOptions& opt);

@@ -93,8 +93,9 @@ class Policy {
   // Needs PolicyOptions::drift, the true drift that only the eval harness knows.
   virtual bool eval_only() const { return false; }
   // The rankings this policy reads from the chunk (stored_ranking, policy/probe.h), which a
-  // deployment computes at ingest: an encoder that stores another rank mode computes these as
-  // well (EncodeOptions::also) when the policy is to run on its records.
+  // deployment computes at ingest. The eval harness has the encoder compute them beside the
+  // stored one (EncodeOptions::also); `generate` and `serve` store one ranking (`--rank`), and a
+  // policy whose ranking a record lacks says which `--rank` to ingest with.
   virtual std::vector<RankMode> ingest_rankings() const { return {}; }
 
   // kChunk: tokens of chunk c (text-order indices, ascending) to recompute.

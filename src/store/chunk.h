@@ -30,10 +30,13 @@ struct ChunkMeta {
   int32_t kv_dim = 0;  // n_kv_head * head_dim
   KvDtype dtype = KvDtype::F16;
   bool sink = false;      // encoded after a BOS/attention-sink token (not stored)
-  std::string rank_mode;  // "lowfreq" | "highfreq" | "l2" | "head" | "probe"
+  // "lowfreq" | "highfreq" | "l2" | "head" | "probe" | "attn" | "probe-attn" (reuse/ owns the
+  // names; the store checks 1-32 characters of [a-z0-9_-])
+  std::string rank_mode;
   double alpha = 0.5;
   // Settings of a non-spectral ranking that are part of the id ("probe2:layers=6:text=..." for
-  // "probe"; see reuse/policy/probe.h); "" for the others. Optional in the record's meta JSON, so
+  // "probe", "attn2:last=64:prior=16" for "attn", both for "probe-attn"; see
+  // reuse/policy/probe.h); "" for the others. Optional in the record's meta JSON, so
   // records written before it existed read back with "".
   std::string rank_params;
   std::vector<int32_t> tokens;  // [n_tok] token ids in text order

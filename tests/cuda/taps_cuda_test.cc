@@ -17,6 +17,7 @@
 #include "cuda/compare.h"
 #include "reuse/encoder.h"
 #include "reuse/freq_rank.h"
+#include "reuse/policy/probe.h"
 #include "reuse/selective.h"
 #include "support/chunk_fixtures.h"
 #include "support/tiny_model.h"
@@ -143,14 +144,18 @@ TEST(CudaTaps, ChunkEncodingOnTheDeviceMatchesTheCpu) {
   const std::vector<int32_t> toks = test::random_byte_tokens(60, 13);
   // Room for the probe context before the chunk: the probe ranking's pass runs there too.
   auto dev = make_device("cuda", *m, 512);
-  for (RankMode mode : {RankMode::kProbe, RankMode::kHead, RankMode::kLowFreq}) {
+  // The attention rankings tap the last kAttentionRows rows: a longer chunk has rows before them.
+  const std::vector<int32_t> long_toks = test::random_byte_tokens(kAttentionRows + 40, 15);
+  for (RankMode mode : {RankMode::kProbe, RankMode::kHead, RankMode::kLowFreq, RankMode::kAttn,
+                        RankMode::kProbeAttn}) {
     SCOPED_TRACE(rank_mode_name(mode));
     EncodeOptions eo;
     eo.dtype = KvDtype::F32;
     eo.rank.mode = mode;
-    const ChunkKV cpu = encode_chunk(*m, toks, eo);
+    const auto& chunk = mode == RankMode::kAttn || mode == RankMode::kProbeAttn ? long_toks : toks;
+    const ChunkKV cpu = encode_chunk(*m, chunk, eo);
     eo.device = dev.get();
-    const ChunkKV gpu = encode_chunk(*m, toks, eo);
+    const ChunkKV gpu = encode_chunk(*m, chunk, eo);
     EXPECT_EQ(gpu.meta.id, cpu.meta.id);  // the device is not part of the record's identity
     const ChunkKVF32 a = unpack_text_order(cpu), b = unpack_text_order(gpu);
     EXPECT_LT(rel(b.k, a.k), kTol) << "K";

@@ -519,11 +519,14 @@ TEST(AttentionWeights, FollowTheDocumentedShrinkageFormula) {
       const double want = (sums[j] / L + 16 * mean) / (n - std::max(j, first) + 16) / mean;
       EXPECT_NEAR(w[j], want, 1e-6 * want) << j;
     }
-    // The first token, given the most, ranks first; the last, seen by one row, is pulled toward
-    // the mean instead of being ranked on its own self-attention.
-    EXPECT_EQ(attention_rank(w).order[0], 0);
-    EXPECT_LT(std::fabs(w[n - 1] - 1.0f), std::fabs((float)(sums[n - 1] / L / mean) - 1.0f) + 1e-6f);
+    EXPECT_EQ(attention_rank(w).order[0], 0);  // given far the most
   }
+  // By hand: two tokens, one layer, sums {1, 1}: token 0 is seen by 2 rows, token 1 by 1; the
+  // mean is 2 / 3, so a_0 = (1 + 16 * 2/3) / 18 and a_1 = (1 + 16 * 2/3) / 17, over 2/3.
+  const std::vector<float> two = {1.0f, 1.0f};
+  const std::vector<float> w2 = attention_received(two.data(), 2, 1);
+  EXPECT_NEAR(w2[0], (1 + 32.0 / 3) / 18 * 1.5, 1e-6);
+  EXPECT_NEAR(w2[1], (1 + 32.0 / 3) / 17 * 1.5, 1e-6);
   const std::vector<float> zero(4, 0.0f);
   EXPECT_EQ(attention_received(zero.data(), 4, 3), std::vector<float>(4, 1.0f));
   const std::vector<float> bad = {1.0f, -1.0f};
@@ -547,7 +550,7 @@ TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
     eo.rank.mode = RankMode::kAttn;
     const ChunkKV a = encode_chunk(*model_, toks, eo);
     EXPECT_EQ(a.meta.rank_mode, "attn");
-    EXPECT_EQ(a.meta.rank_params, kAttentionParams);
+    EXPECT_EQ(a.meta.rank_params, "attn2:last=64:prior=16");
 
     std::vector<int32_t> iso;
     if (sink) iso.push_back(model_->tokenizer().bos() >= 0 ? model_->tokenizer().bos() : 0);
@@ -565,6 +568,11 @@ TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
       tap.probs_from_row = off + std::max(0, n - kAttentionRows);
       cpu::forward_layer(*model_, l, x.data(), pos.data(), ni, kv, ws, &tap);
     }
+    // Each tapped row's head-averaged probabilities sum to 1 over all keys (the sink included),
+    // in every layer.
+    double total = 0;
+    for (float v : probs) total += v;
+    EXPECT_NEAR(total, (double)c.n_layer * std::min(n, kAttentionRows), 1e-3 * c.n_layer);
     const std::vector<float> want = attention_received(probs.data() + off, n, c.n_layer);
     ASSERT_EQ(a.meta.scores.size(), (size_t)n);
     for (int j = 0; j < n; ++j) EXPECT_NEAR(a.meta.scores[j], want[j], 1e-5f * want[j]) << j;
@@ -586,7 +594,7 @@ TEST_F(OfflinePolicyTest, ProbeAttnWeighsTheProbeDriftByAttention) {
   const ChunkKV w = encode_chunk(*model_, toks, at);
   const ChunkKV a = encode_chunk(*model_, toks, pa);
   EXPECT_EQ(a.meta.rank_mode, "probe-attn");
-  EXPECT_EQ(a.meta.rank_params, probe_params(ProbeOptions()) + ":" + kAttentionParams);
+  EXPECT_EQ(a.meta.rank_params, probe_params(ProbeOptions()) + ":" + attention_params());
   EXPECT_NE(a.meta.id, p.meta.id);
   EXPECT_NE(a.meta.id, w.meta.id);
   for (int j = 0; j < 45; ++j) {

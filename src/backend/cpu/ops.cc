@@ -202,8 +202,11 @@ constexpr int kTileK = 256;   // keys per tile
 constexpr float kNegBig = -1e30f;
 
 // Adds the attention probabilities of the selected rows (averaged over heads) into probs_accum.
-// One SGEMM per head group over all visible keys: only a few query rows are ever tapped, so the
-// [rows x n_ctx] score block stays small.
+// One parallel region (a barrier costs most on a loaded machine): first, per head, one SGEMM over
+// all visible keys and each row's softmax (the tapped rows are few: ProphetKV's query, a chunk's
+// last rows), the heads split across threads; then the sums into probs_accum, split by key: every
+// key gets its additions in one order (heads, then rows, ascending) whatever the thread count, so
+// the result does not depend on it.
 void accumulate_probs(const AttnArgs& a) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
@@ -212,24 +215,45 @@ void accumulate_probs(const AttnArgs& a) {
   if (nr <= 0) return;
   const int n_keys = a.q_pos[a.n_q - 1] + 1;
   const float scale = 1.0f / std::sqrt((float)hd);
-  std::vector<float> qt((size_t)nr * hd), s((size_t)nr * n_keys);
-  for (int h = 0; h < a.n_head; ++h) {
-    const int g = h / n_rep;
-    for (int i = 0; i < nr; ++i) {
-      for (int d = 0; d < hd; ++d) {
-        qt[(size_t)i * hd + d] = a.q[(size_t)(r0 + i) * qs + (size_t)h * hd + d] * scale;
+  constexpr int kKeyBlock = 256;
+  const int n_kb = (n_keys + kKeyBlock - 1) / kKeyBlock;
+  const size_t head_cells = (size_t)nr * n_keys;
+  std::vector<float> s(head_cells * a.n_head), w((size_t)nr * a.n_head);
+#pragma omp parallel if (head_cells * a.n_head >= 65536)
+  {
+    std::vector<float> qt((size_t)nr * hd);
+#pragma omp for schedule(static)
+    for (int h = 0; h < a.n_head; ++h) {
+      const int g = h / n_rep;
+      for (int i = 0; i < nr; ++i) {
+        for (int d = 0; d < hd; ++d) {
+          qt[(size_t)i * hd + d] = a.q[(size_t)(r0 + i) * qs + (size_t)h * hd + d] * scale;
+        }
+      }
+      float* sh = s.data() + head_cells * h;
+      for (int i = 0; i < nr; ++i) {
+        float* row = sh + (size_t)i * n_keys;
+        const int nv = a.q_pos[r0 + i] + 1;
+        for (int j = 0; j < nv; ++j) {
+          row[j] = vec_dot(qt.data() + (size_t)i * hd, a.k + (size_t)j * kvd + (size_t)g * hd, hd);
+        }
+        float mx = row[0];
+        for (int j = 1; j < nv; ++j) mx = std::max(mx, row[j]);
+        const float sum = vec_exp_sub_sum(row, nv, mx);
+        w[(size_t)h * nr + i] = 1.0f / (sum * a.n_head);
       }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, n_keys, hd, 1.0f, qt.data(), hd,
-                a.k + (size_t)g * hd, kvd, 0.0f, s.data(), n_keys);
-    for (int i = 0; i < nr; ++i) {
-      float* row = s.data() + (size_t)i * n_keys;
-      const int nv = a.q_pos[r0 + i] + 1;
-      float mx = row[0];
-      for (int j = 1; j < nv; ++j) mx = std::max(mx, row[j]);
-      const float sum = vec_exp_sub_sum(row, nv, mx);
-      const float w = 1.0f / (sum * a.n_head);
-      for (int j = 0; j < nv; ++j) a.probs_accum[j] += row[j] * w;
+#pragma omp for schedule(static)
+    for (int kb = 0; kb < n_kb; ++kb) {
+      const int j0 = kb * kKeyBlock, j1 = std::min(n_keys, j0 + kKeyBlock);
+      for (int h = 0; h < a.n_head; ++h) {
+        for (int i = 0; i < nr; ++i) {
+          const float* row = s.data() + head_cells * h + (size_t)i * n_keys;
+          const float wi = w[(size_t)h * nr + i];
+          const int je = std::min(j1, a.q_pos[r0 + i] + 1);
+          for (int j = j0; j < je; ++j) a.probs_accum[j] += row[j] * wi;
+        }
+      }
     }
   }
 }

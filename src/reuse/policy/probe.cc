@@ -179,14 +179,16 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
   return ranking_by_scores(std::move(scores));
 }
 
-const char* const kAttentionParams = "attn2:last=64:prior=16";
+std::string attention_params() {
+  return fmt::format("attn2:last={}:prior={}", kAttentionRows, kAttentionPrior);
+}
 
 int attention_first_row(int n) { return std::max(0, n - kAttentionRows); }
 
 std::vector<float> attention_received(const float* sums, int n, int n_layer) {
   CT_THROW_IF_NOT(n > 0 && n_layer > 0, "attention weights of {} tokens over {} layers", n,
                   n_layer);
-  constexpr double kPrior = 16;
+  constexpr double kPrior = kAttentionPrior;
   const int first = attention_first_row(n);
   const auto seen_by = [&](int j) { return (double)(n - std::max(j, first)); };
   double total = 0, seen = 0;
@@ -219,6 +221,8 @@ ChunkRanking probe_attention_rank(const ChunkRanking& probe, const std::vector<f
 }
 
 ChunkRanking stored_ranking(const ChunkSource& c, RankMode mode) {
+  CT_ASSERT(mode != RankMode::kLowFreq && mode != RankMode::kHighFreq && mode != RankMode::kL2,
+            "stored_ranking of a spectral mode (its name needs the alpha; policy/spectral.cc)");
   const ChunkMeta& meta = c.meta();
   const char* name = rank_mode_name(mode);
   if (meta.rank_mode == name) return {meta.scores, meta.order};

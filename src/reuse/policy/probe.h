@@ -67,21 +67,23 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
 // give each token in its isolated encoding is, with no extra pass: those rows stand in for the
 // rows that follow the chunk in a request.
 
-// Version tag of the attention weighting, part of rank_params (and so of chunk ids).
-extern const char* const kAttentionParams;
-
 // The chunk's last rows whose attention the isolated encoding taps: rows from
-// attention_first_row(n) = max(0, n - kAttentionRows) on, kAttentionRows = 64 (a tap over every
-// row would cost the encoding a second, untiled attention: 2.4x a plain encoding, measured).
+// attention_first_row(n) = max(0, n - kAttentionRows) on. kAttentionPrior: the shrinkage prior of
+// attention_received, in rows.
 constexpr int kAttentionRows = 64;
+constexpr int kAttentionPrior = 16;
 int attention_first_row(int n);
+
+// Version tag of the attention weighting with its constants ("attn2:last=64:prior=16"), part of
+// rank_params (and so of chunk ids).
+std::string attention_params();
 
 // Per token j < n of a chunk: `sums[j]` is the attention it received in its isolated encoding
 // from the chunk rows attention_first_row(n) .. n-1 that see it (n - max(j, first) of them),
 // averaged over heads and summed over rows and n_layer layers (tapped_prefill's probs). Returns
-// a_j / a, a_j = (sums[j] / n_layer + kPrior * a) / (n - max(j, first) + kPrior): the mean
+// a_j / a, a_j = (sums[j] / n_layer + P * a) / (n - max(j, first) + P), P = kAttentionPrior: the mean
 // attention per layer and tapped row, shrunk toward the chunk's mean a = sum(sums) / n_layer /
-// sum_j (n - max(j, first)) by a prior worth kPrior = 16 rows, so that the last tokens, which
+// sum_j (n - max(j, first)) by a prior worth kAttentionPrior = 16 rows, so that the last tokens, which
 // few rows see, are not ranked by their own self-attention. Mean about 1; finite; zero sums give
 // all ones.
 std::vector<float> attention_received(const float* sums, int n, int n_layer);

@@ -2,7 +2,8 @@
 // low-frequency ranking with cutoff alpha, kept exactly as published and reported honestly),
 // `l2` (joint K/V norm, no FFT) and `highfreq` (the high-frequency reconstruction). When the
 // record was laid out in that ranking its stored order is used; otherwise the ranking is computed
-// from the stored K/V on first use and kept per (chunk id, mode, alpha).
+// from the stored K/V on first use and kept per (chunk id, mode, alpha) (freq's: the eval harness
+// computes it from the F32 taps at encoding instead, Policy::ingest_rankings).
 #include <string>
 
 #include "reuse/encoder.h"
@@ -20,7 +21,11 @@ class Spectral final : public Policy {
   }
   // A deployment would store these rankings at ingest, so they are computed before the timer.
   void prepare(const ChunkSource& c, const PolicyOptions& p) const override { ranking(c, p); }
-  std::vector<RankMode> ingest_rankings() const override { return {mode_}; }
+  // freq's ranking is computed at ingest (from the F32 taps, as a deployment storing it would);
+  // l2 and highfreq are baselines computed on first use from the stored record.
+  std::vector<RankMode> ingest_rankings() const override {
+    return mode_ == RankMode::kLowFreq ? std::vector<RankMode>{mode_} : std::vector<RankMode>{};
+  }
 
  private:
   std::vector<int32_t> ranking(const ChunkSource& c, const PolicyOptions& p) const {
