@@ -2,6 +2,7 @@
 """Markdown tables with bootstrap intervals from `cachetune eval` summaries (issue 15).
 
 usage: tools/quality_tables.py RUN_DIR [RUN_DIR ...] [--setting base] [--vs probe] [--plot PNG]
+                               [--into docs/RESULTS.md [--block NAME]]
 
 A RUN_DIR is one model's results directory, or a directory of them (`cachetune eval --model A,B`
 writes one subdirectory per model). For each model: an overall table (all examples of all tasks pooled),
@@ -195,6 +196,9 @@ def main():
     ap.add_argument("--plot", help="also draw the pooled KL ratios with intervals into this PNG")
     ap.add_argument("--into", help="replace the tables between the quality-tables markers of "
                     "this Markdown file (docs/RESULTS.md) instead of printing them")
+    ap.add_argument("--block", default="generated",
+                    help="with --into: the markers '<!-- quality-tables: BLOCK begin -->' and "
+                    "'... BLOCK end -->' (default: generated)")
     a = ap.parse_args()
     out = []
     models = []
@@ -206,7 +210,8 @@ def main():
         tasks = s["tasks"]
         ns = {t: tasks[t]["n_examples"] for t in tasks}
         out.append(f"### {model} (r = {cfg.get('ratio')}, {sum(ns.values())} examples: " +
-                   ", ".join(f"{t} {n}" for t, n in sorted(ns.items())) + ")\n")
+                   ", ".join(f"{t} {n}" for t, n in sorted(ns.items())) +
+                   f"; `{os.path.normpath(d)}`)\n")
         if a.setting in s.get("overall", {}):
             table(s["overall"][a.setting], "All tasks pooled (per-example KL ratio)", out)
             paired(s["overall"][a.setting], a.vs, "All tasks pooled", out)
@@ -225,8 +230,8 @@ def main():
     if not a.into:
         print(text)
         return 0
-    replace_between(a.into, "<!-- quality-tables: generated begin -->",
-                    "<!-- quality-tables: generated end -->", text)
+    replace_between(a.into, f"<!-- quality-tables: {a.block} begin -->",
+                    f"<!-- quality-tables: {a.block} end -->", text)
     return 0
 
 

@@ -205,6 +205,7 @@ void register_generate(CLI::App& app) {
   c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");
   add_rmin_option(c, &a->engine.r_min);
+  a->engine.add_encoding(c);
   c->add_option("--device", a->engine.device,
                 "Chunk mode: where prefill and decoding run, cpu or cuda (policies the GPU path "
                 "lacks run on the CPU)")

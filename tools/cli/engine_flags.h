@@ -70,15 +70,8 @@ struct EngineFlags {
   std::string probe_text = kDefaultProbeText;
   double r_min = std::nan("");  // NaN: the model's measured floor (model_r_min); --rmin
 
-  void add(CLI::App* c) {
-    add_model_option(c, &model);
-    c->add_option(
-        "--tiers", tiers,
-        "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
-        "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
-    c->add_option("--kv-dtype", dtype, "Stored K/V type: f16, bf16, f32")->capture_default_str();
-    c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
-        ->capture_default_str();
+  // How new chunks are encoded and ranked (part of their ids): --no-sink, --rank, --probe-*.
+  void add_encoding(CLI::App* c) {
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
     c->add_option("--rank", rank,
                   "Ranking stored with new chunks, which --policy cachetune recomputes the top "
@@ -90,6 +83,18 @@ struct EngineFlags {
                   "Layers of the probe ranking's second pass (0: max(2, ceil(n_layer/5)))")
         ->capture_default_str();
     c->add_option("--probe-text", probe_text, "Probe context of the probe ranking");
+  }
+
+  void add(CLI::App* c) {
+    add_model_option(c, &model);
+    c->add_option(
+        "--tiers", tiers,
+        "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
+        "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
+    c->add_option("--kv-dtype", dtype, "Stored K/V type: f16, bf16, f32")->capture_default_str();
+    c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
+        ->capture_default_str();
+    add_encoding(c);
     add_device_option(c, &device);
     c->add_option("--rank-device", rank_device,
                   "Where new chunks' frequency ranking runs: cpu (FFTW) or cuda (cuFFT; needs a "

@@ -229,7 +229,8 @@ ChunkRanking stored_ranking(const ChunkSource& c, RankMode mode) {
   auto kept = remembered_ranking(meta.id, name);
   CT_THROW_IF_NOT(kept && (int)kept->order.size() == meta.n_tok,
                   "chunk {} was ingested with rank mode '{}', and this policy needs the '{}' "
-                  "ranking, which is computed at ingest: re-ingest with --rank {}",
+                  "ranking, which is computed at ingest: re-ingest with --rank {} (and give `generate` or "
+                  "`serve` the same --rank)",
                   meta.id.substr(0, 12), meta.rank_mode, name, name);
   return std::move(*kept);
 }
