@@ -13,7 +13,6 @@ every mode alike, and reports each mode's total encoding time and its ratio to t
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -21,16 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_common import cpu_name  # noqa: E402
 
 
 def ingest_seconds(binary, model, data, limit, rank, tier_dir):

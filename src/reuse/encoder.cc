@@ -37,8 +37,10 @@ RankMode parse_rank_mode(const std::string& s) {
                      RankMode::kProbe, RankMode::kAttn, RankMode::kProbeAttn}) {
     if (s == rank_mode_name(m)) return m;
   }
-  CT_THROW("unknown rank mode '{}', expected one of: lowfreq, highfreq, l2, head, probe, attn, probe-attn",
-           s);
+  CT_THROW(
+      "unknown rank mode '{}', expected one of: lowfreq, highfreq, l2, head, probe, attn, "
+      "probe-attn",
+      s);
 }
 
 std::string rank_params(const RankOptions& r, const ProbeOptions& p) {
@@ -85,7 +87,14 @@ class Ranker {
   Ranker(const Model& m, const std::vector<int32_t>& tokens, bool sink,
          const std::vector<const float*>& kl, const std::vector<const float*>& vl, int KV,
          const std::vector<float>& attn, const ProbeOptions& po, DeviceSequence* device)
-      : m_(m), tokens_(tokens), sink_(sink), kl_(kl), vl_(vl), kv_(KV), attn_(attn), po_(po),
+      : m_(m),
+        tokens_(tokens),
+        sink_(sink),
+        kl_(kl),
+        vl_(vl),
+        kv_(KV),
+        attn_(attn),
+        po_(po),
         device_(device) {}
   ChunkRanking operator()(const RankOptions& ro) {
     const int n = (int)tokens_.size();
@@ -206,8 +215,10 @@ ChunkKVF32 unpack_text_order(const ChunkKV& c) {
   for (int l = 0; l < m.n_layer; ++l) {
     for (int j = 0; j < n; ++j) {
       const int t = m.order[j];
-      kv_unpack(m.dtype, c.k[l].data() + j * row_bytes, out.k.data() + ((size_t)l * n + t) * KV, KV);
-      kv_unpack(m.dtype, c.v[l].data() + j * row_bytes, out.v.data() + ((size_t)l * n + t) * KV, KV);
+      kv_unpack(m.dtype, c.k[l].data() + j * row_bytes, out.k.data() + ((size_t)l * n + t) * KV,
+                KV);
+      kv_unpack(m.dtype, c.v[l].data() + j * row_bytes, out.v.data() + ((size_t)l * n + t) * KV,
+                KV);
     }
   }
   return out;

@@ -54,8 +54,8 @@ std::string rank_params(const RankOptions& r, const ProbeOptions& p);
 const char* rank_mode_name(RankMode m);
 
 // Content hash of (model fingerprint, token ids, dtype, sink, rank mode, alpha, and the
-// rank_params of the non-spectral modes): the same text encoded the same way by the same model gets the same id in any
-// request. Ids of the spectral modes are the same as before the probe existed.
+// rank_params of the non-spectral modes): the same text encoded the same way by the same model gets
+// the same id in any request. Ids of the spectral modes are the same as before the probe existed.
 std::string chunk_id(const std::string& model_fingerprint, const std::vector<int32_t>& tokens,
                      const EncodeOptions& opt);
 

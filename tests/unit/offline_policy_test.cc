@@ -107,7 +107,8 @@ TEST_F(OfflinePolicyTest, ProbeRankingThroughTheBackendEqualsThePlainLayerLoop) 
     model_->embed(all.data(), P, x.data());
     std::vector<int32_t> pos(P);
     std::iota(pos.begin(), pos.end(), 0);
-    for (int l = 0; l < layers; ++l) cpu::forward_layer(*model_, l, x.data(), pos.data(), P, kv, ws);
+    for (int l = 0; l < layers; ++l)
+      cpu::forward_layer(*model_, l, x.data(), pos.data(), P, kv, ws);
     x.assign((size_t)n * c.n_embd, 0.0f);
     model_->embed(toks.data(), n, x.data());
     pos.resize(n);
@@ -541,7 +542,8 @@ TEST(AttentionWeights, FollowTheDocumentedShrinkageFormula) {
 // tapped rows.
 TEST_F(OfflinePolicyTest, AttnRankingIsTheAttentionOfTheIsolatedEncoding) {
   const ModelConfig& c = model_->config();
-  for (auto [sink, len] : {std::pair{true, 31}, std::pair{false, 31}, std::pair{true, kAttentionRows + 20}}) {
+  for (auto [sink, len] :
+       {std::pair{true, 31}, std::pair{false, 31}, std::pair{true, kAttentionRows + 20}}) {
     SCOPED_TRACE(std::string(sink ? "sink " : "no sink ") + std::to_string(len));
     const auto toks = test::random_byte_tokens(len, 17);
     const int n = (int)toks.size();
@@ -628,8 +630,9 @@ TEST_F(OfflinePolicyTest, ProbeAttnWeighsTheProbeDriftByAttention) {
     po.ratio = r;
     const int k = n_select(r, 45);
     for (const auto& [name, src, order] :
-         {std::tuple{"probe-attn", &sa, &a.meta.order}, std::tuple{"probe-attn", &sl, &a.meta.order},
-          std::tuple{"attn", &sw, &w.meta.order}, std::tuple{"attn", &sl, &w.meta.order}}) {
+         {std::tuple{"probe-attn", &sa, &a.meta.order},
+          std::tuple{"probe-attn", &sl, &a.meta.order}, std::tuple{"attn", &sw, &w.meta.order},
+          std::tuple{"attn", &sl, &w.meta.order}}) {
       po.kind = &find_policy(name);
       std::vector<int32_t> top(order->begin(), order->begin() + k);
       std::sort(top.begin(), top.end());

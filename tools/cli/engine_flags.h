@@ -73,10 +73,11 @@ struct EngineFlags {
   // How new chunks are encoded and ranked (part of their ids): --no-sink, --rank, --probe-*.
   void add_encoding(CLI::App* c) {
     c->add_flag("--no-sink", no_sink, "Encode chunks from position 0 without a sink token");
-    c->add_option("--rank", rank,
-                  "Ranking stored with new chunks, which --policy cachetune recomputes the top "
-                  "of: lowfreq (the paper's), probe, head, highfreq, l2, attn (attention each token "
-                  "receives from the chunk's last 64 rows), probe-attn (probe drift times that)")
+    c->add_option(
+         "--rank", rank,
+         "Ranking stored with new chunks, which --policy cachetune recomputes the top "
+         "of: lowfreq (the paper's), probe, head, highfreq, l2, attn (attention each token "
+         "receives from the chunk's last 64 rows), probe-attn (probe drift times that)")
         ->check(CLI::IsMember({"lowfreq", "probe", "head", "highfreq", "l2", "attn", "probe-attn"}))
         ->capture_default_str();
     c->add_option("--probe-layers", probe_layers,

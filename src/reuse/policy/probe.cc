@@ -227,11 +227,12 @@ ChunkRanking stored_ranking(const ChunkSource& c, RankMode mode) {
   const char* name = rank_mode_name(mode);
   if (meta.rank_mode == name) return {meta.scores, meta.order};
   auto kept = remembered_ranking(meta.id, name);
-  CT_THROW_IF_NOT(kept && (int)kept->order.size() == meta.n_tok,
-                  "chunk {} was ingested with rank mode '{}', and this policy needs the '{}' "
-                  "ranking, which is computed at ingest: re-ingest with --rank {} (and give `generate` or "
-                  "`serve` the same --rank)",
-                  meta.id.substr(0, 12), meta.rank_mode, name, name);
+  CT_THROW_IF_NOT(
+      kept && (int)kept->order.size() == meta.n_tok,
+      "chunk {} was ingested with rank mode '{}', and this policy needs the '{}' "
+      "ranking, which is computed at ingest: re-ingest with --rank {} (and give `generate` or "
+      "`serve` the same --rank)",
+      meta.id.substr(0, 12), meta.rank_mode, name, name);
   return std::move(*kept);
 }
 
@@ -264,7 +265,9 @@ class ProbeShared final : public Policy {
  public:
   ProbeShared(const char* name, const char* summary, bool position_prior,
               RankMode mode = RankMode::kProbe)
-      : Policy(name, summary, PolicyStage::kRequest), position_prior_(position_prior), mode_(mode) {}
+      : Policy(name, summary, PolicyStage::kRequest),
+        position_prior_(position_prior),
+        mode_(mode) {}
   std::vector<RankMode> ingest_rankings() const override { return {mode_}; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     std::vector<ChunkRanking> ranks;
@@ -323,10 +326,10 @@ const Policy& probe_pos() {
   return *p;
 }
 const Policy& probe_attn_shared() {
-  static const ProbeShared* p = new ProbeShared(
-      "probe-attn-shared",
-      "the probe-attn ranking with one budget shared across the request's chunks", false,
-      RankMode::kProbeAttn);
+  static const ProbeShared* p =
+      new ProbeShared("probe-attn-shared",
+                      "the probe-attn ranking with one budget shared across the request's chunks",
+                      false, RankMode::kProbeAttn);
   return *p;
 }
 }  // namespace policies

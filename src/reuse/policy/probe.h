@@ -81,11 +81,11 @@ std::string attention_params();
 // Per token j < n of a chunk: `sums[j]` is the attention it received in its isolated encoding
 // from the chunk rows attention_first_row(n) .. n-1 that see it (n - max(j, first) of them),
 // averaged over heads and summed over rows and n_layer layers (tapped_prefill's probs). Returns
-// a_j / a, a_j = (sums[j] / n_layer + P * a) / (n - max(j, first) + P), P = kAttentionPrior: the mean
-// attention per layer and tapped row, shrunk toward the chunk's mean a = sum(sums) / n_layer /
-// sum_j (n - max(j, first)) by a prior worth kAttentionPrior = 16 rows, so that the last tokens, which
-// few rows see, are not ranked by their own self-attention. Mean about 1; finite; zero sums give
-// all ones.
+// a_j / a, a_j = (sums[j] / n_layer + P * a) / (n - max(j, first) + P), P = kAttentionPrior: the
+// mean attention per layer and tapped row, shrunk toward the chunk's mean a = sum(sums) / n_layer /
+// sum_j (n - max(j, first)) by a prior worth kAttentionPrior = 16 rows, so that the last tokens,
+// which few rows see, are not ranked by their own self-attention. Mean about 1; finite; zero sums
+// give all ones.
 std::vector<float> attention_received(const float* sums, int n, int n_layer);
 
 // Tokens by attention received (scores = attention_received's weights), ties to the lower index.
