@@ -4,9 +4,10 @@
 // replaced (QgemvPath::kF32) and the generic dequantise-and-dot path (cpu::qgemv_dequant). The
 // matrix has the shape of Qwen2.5-0.5B's ffn_down (896 rows x 4864 columns, a multiple of every
 // block size), random N(0, 0.5^2) weights encoded by our encoders. BM_QGemvBatch runs
-// cpu::qgemv_batch on the Q4_K matrix with 1-16 input rows (counter per_row: time per input row),
-// against one qgemv per row (the loop qgemv_batch was before it had a multi-row kernel). Run with
-// OMP_NUM_THREADS=1 for one core's figures (docs/PERFORMANCE.md, "Decode kernels per type"):
+// cpu::qgemv_batch on the Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices with 1-16 input rows (counter
+// per_row: time per input row), against one qgemv per row (the loop qgemv_batch was before it had a
+// multi-row kernel). Run with OMP_NUM_THREADS=1 for one core's figures (docs/PERFORMANCE.md,
+// "Decode kernels per type"):
 //   OMP_NUM_THREADS=1 build/bench/ct_micro_bench --benchmark_filter=QGemv
 #include <benchmark/benchmark.h>
 
@@ -32,24 +33,25 @@ struct Problem {
   ct::cpu::QMatrix w;
 };
 
-const Problem& problem(GgmlType t) {
-  static std::map<GgmlType, Problem> cache;
-  auto it = cache.find(t);
+// The kRows x cols matrix of type t.
+const Problem& problem(GgmlType t, int cols = kCols) {
+  static std::map<std::pair<GgmlType, int>, Problem> cache;
+  auto it = cache.find({t, cols});
   if (it != cache.end()) return it->second;
-  Problem& p = cache[t];
+  Problem& p = cache[{t, cols}];
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 0.5f);
-  std::vector<float> wf((size_t)kRows * kCols);
+  std::vector<float> wf((size_t)kRows * cols);
   for (float& v : wf) v = nd(rng);
-  const size_t rb = ct::ggml_row_bytes(t, kCols);
+  const size_t rb = ct::ggml_row_bytes(t, cols);
   p.packed.resize(rb * kRows);
   for (int r = 0; r < kRows; ++r) {
-    ct::ggml_from_f32(t, wf.data() + (size_t)r * kCols, p.packed.data() + r * rb, kCols);
+    ct::ggml_from_f32(t, wf.data() + (size_t)r * cols, p.packed.data() + r * rb, cols);
   }
-  p.x.resize(kCols);
+  p.x.resize(cols);
   for (float& v : p.x) v = nd(rng);
   p.y.resize(kRows);
-  p.w = ct::cpu::QMatrix{t, p.packed.data(), kRows, kCols, rb};
+  p.w = ct::cpu::QMatrix{t, p.packed.data(), kRows, cols, rb};
   return p;
 }
 
@@ -104,12 +106,12 @@ CT_QGEMV_BENCH8(q4_K, GgmlType::Q4_K);
 CT_QGEMV_BENCH8(q5_K, GgmlType::Q5_K);
 CT_QGEMV_BENCH8(q6_K, GgmlType::Q6_K);
 
-// n input rows through the Q4_K matrix: one qgemv_batch (multi-row kernel) or n qgemv calls.
-void BM_QGemvBatch(benchmark::State& state, bool batched) {
-  const Problem& p = problem(GgmlType::Q4_K);
-  const int n = (int)state.range(0);
-  std::vector<float> x((size_t)n * kCols), y((size_t)n * kRows);
-  for (int i = 0; i < n; ++i) std::copy(p.x.begin(), p.x.end(), x.begin() + (size_t)i * kCols);
+// n = range(0) input rows through the kRows x range(1) matrix of type t: one qgemv_batch (multi-row kernel) or n qgemv calls.
+void BM_QGemvBatch(benchmark::State& state, GgmlType t, bool batched) {
+  const int n = (int)state.range(0), cols = (int)state.range(1);
+  const Problem& p = problem(t, cols);
+  std::vector<float> x((size_t)n * cols), y((size_t)n * kRows);
+  for (int i = 0; i < n; ++i) std::copy(p.x.begin(), p.x.end(), x.begin() + (size_t)i * cols);
   for (size_t j = 0; j < x.size(); ++j) x[j] *= 1.0f + 0.001f * (float)(j % 7);
   const ct::cpu::QMatrix* ws[1] = {&p.w};
   for (auto _ : state) {
@@ -117,7 +119,7 @@ void BM_QGemvBatch(benchmark::State& state, bool batched) {
       ct::cpu::qgemv_batch(ws, 1, x.data(), n, y.data(), kRows);
     } else {
       for (int i = 0; i < n; ++i) {
-        ct::cpu::qgemv(p.w, x.data() + (size_t)i * kCols, y.data() + (size_t)i * kRows);
+        ct::cpu::qgemv(p.w, x.data() + (size_t)i * cols, y.data() + (size_t)i * kRows);
       }
     }
     benchmark::DoNotOptimize(y.data());
@@ -125,22 +127,28 @@ void BM_QGemvBatch(benchmark::State& state, bool batched) {
   }
   state.counters["per_row"] = benchmark::Counter(
       (double)state.iterations() * n, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["GMAC/s"] = benchmark::Counter(
+      (double)state.iterations() * n * kRows * cols * 1e-9, benchmark::Counter::kIsRate);
 }
 
-BENCHMARK_CAPTURE(BM_QGemvBatch, q4_K_batch, true)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(4)
-    ->Arg(8)
-    ->Arg(16)
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_QGemvBatch, q4_K_row_by_row, false)
-    ->Arg(1)
-    ->Arg(2)
-    ->Arg(4)
-    ->Arg(8)
-    ->Arg(16)
-    ->Unit(benchmark::kMicrosecond);
+// Rows 1-16 at ffn_down's 4,864 columns (8-bit inputs of 8 rows: 38 KiB), and 1, 4 and 8 at 576
+// (SmolLM2's width: 18 blocks, a row's last two in a group of their own).
+#define CT_QGEMV_BATCH_BENCH(name, type)                                                      \
+  BENCHMARK_CAPTURE(BM_QGemvBatch, name##_batch, type, true)                                  \
+      ->ArgsProduct({{1, 2, 4, 6, 8, 16}, {kCols}})                                           \
+      ->Args({1, 576})                                                                        \
+      ->Args({4, 576})                                                                        \
+      ->Args({8, 576})                                                                        \
+      ->Unit(benchmark::kMicrosecond);                                                        \
+  BENCHMARK_CAPTURE(BM_QGemvBatch, name##_row_by_row, type, false)                            \
+      ->Args({8, kCols})                                                                      \
+      ->Unit(benchmark::kMicrosecond)
+CT_QGEMV_BATCH_BENCH(q4_0, GgmlType::Q4_0);
+CT_QGEMV_BATCH_BENCH(q4_1, GgmlType::Q4_1);
+CT_QGEMV_BATCH_BENCH(q5_0, GgmlType::Q5_0);
+CT_QGEMV_BATCH_BENCH(q8_0, GgmlType::Q8_0);
+CT_QGEMV_BATCH_BENCH(q4_K, GgmlType::Q4_K);
+CT_QGEMV_BATCH_BENCH(q6_K, GgmlType::Q6_K);
 
 // Prefill-sized products (n input rows): what the prefill did before (the matrix dequantised to
 // F32, then one SGEMM), the 8-bit multi-row decode kernel (qgemv_batch, kMaxBatchRows rows at a

@@ -175,6 +175,8 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
     m.rope().apply(q, n, QKV, c.n_head, pos);
     m.rope().apply(k, n, QKV, c.n_head_kv, pos);
   }
+  thread_local std::vector<cpu::AttnArgs> attn_args;
+  attn_args.assign(n_seqs, cpu::AttnArgs{});
   for (int s = 0, row0 = 0; s < n_seqs; row0 += seqs[s].n, ++s) {
     const int ns = seqs[s].n;
     float* kc = seqs[s].kv->k(l);
@@ -183,7 +185,7 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
       std::memcpy(kc + (size_t)pos[i] * KV, k + (size_t)i * QKV, KV * sizeof(float));
       std::memcpy(vc + (size_t)pos[i] * KV, v + (size_t)i * QKV, KV * sizeof(float));
     }
-    cpu::AttnArgs a;
+    cpu::AttnArgs& a = attn_args[s];
     a.q = q + (size_t)row0 * QKV;
     a.q_stride = QKV;
     a.q_pos = pos + row0;
@@ -198,12 +200,11 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
       a.probs_accum = tap->probs_accum;
       a.probs_from_row = tap->probs_from_row;
     }
-    if (ref) {
-      cpu::attention_ref(a);
-    } else {
-      cpu::attention(a);
-    }
+    if (ref) cpu::attention_ref(a);
   }
+  // Every sequence's attention in one parallel region (one barrier per layer, not one per
+  // sequence); each result is that of the sequence alone.
+  if (!ref) cpu::attention(attn_args.data(), n_seqs);
   project_seqs({&w.wo}, ws.attn.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 

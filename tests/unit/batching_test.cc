@@ -50,10 +50,15 @@ class BatchingTest : public ::testing::Test {
 TEST_F(BatchingTest, DecodeBatchEqualsEachSequenceAloneBitForBit) {
   auto m = Model::load(*path_);
   const int V = m->config().n_vocab;
-  // Three sequences with prompts of different lengths, so the batch's rows sit at different
-  // positions and attend over caches of different lengths.
-  const std::vector<std::vector<int32_t>> prompts = {
-      {1, 2, 3, 4, 5}, {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}, {20, 21}};
+  // Eight sequences with prompts of different lengths, so the batch's rows sit at different
+  // positions and attend over caches of different lengths; eight rows take the products' lane
+  // form (qgemv_q8.h), whose results must equal the one-row form's.
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {5, 11, 2, 7, 1, 9, 3, 4}) {
+    std::vector<int32_t> p(len);
+    for (int j = 0; j < len; ++j) p[j] = 1 + (len * 13 + j * 5) % 60;
+    prompts.push_back(p);
+  }
   const int n = (int)prompts.size();
   std::vector<KVCache> solo(n), batch(n);
   std::vector<int32_t> next(n);

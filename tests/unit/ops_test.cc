@@ -588,6 +588,36 @@ std::vector<uint8_t> random_blocks(GgmlType t, int rows, int cols, uint32_t seed
   return packed;
 }
 
+TEST(QGemv, LaneFormEqualsOneRowFormOnEveryQuantPattern) {
+  // Random blocks reach every quant (Q8_0's -128 included) and the inputs their +-127 ends
+  // (one element per 32 is the block's largest): 8 and 13 rows (the lane form for the
+  // 32-element types, a full tile and one of 5 that falls back) against each row alone, under
+  // both paths.
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0}) {
+    const int rows = 37, cols = 320;
+    auto packed = random_blocks(t, rows, cols, 93);
+    const size_t rb = ggml_row_bytes(t, cols);
+    const QMatrix w{t, packed.data(), rows, cols, rb};
+    const QMatrix* ws[1] = {&w};
+    for (int n : {8, 13}) {
+      auto x = randn((size_t)n * cols, 94 + n);
+      for (int i = 0; i < n; ++i) x[(size_t)i * cols + 7] = i % 2 ? 40.0f : -40.0f;
+      for (QgemvPath path : {QgemvPath::kNative, QgemvPath::kAvx2}) {
+        std::vector<float> y((size_t)n * rows);
+        qgemv_batch(ws, 1, x.data(), n, y.data(), rows, path);
+        for (int i = 0; i < n; ++i) {
+          std::vector<float> one(rows);
+          qgemv(w, x.data() + (size_t)i * cols, one.data(), path);
+          for (int r = 0; r < rows; ++r) {
+            ASSERT_EQ(y[(size_t)i * rows + r], one[r])
+                << ggml_type_name(t) << " n=" << n << " row " << i << " out " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QGemm, UnpackedRowsEqualTheReferenceDequantiser) {
   // d * u + o per element against ggml_to_f32_ref: two float roundings apart at most.
   const int cols = 512;

@@ -260,72 +260,108 @@ void accumulate_probs(const AttnArgs& a) {
 
 }  // namespace
 
-void attention(const AttnArgs& a) {
+namespace {
+
+// One task of attention(): query tile qb (kTileQ rows) of a's rows times the n_rep heads sharing KV
+// head g, over every key visible to them. Buffers are the calling thread's.
+struct AttnScratch {
+  std::vector<float> qt, st, ot, mt, lt;
+};
+
+void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
   const int qs = a.q_stride ? a.q_stride : qd;
   const float scale = 1.0f / std::sqrt((float)hd);
-  const int n_qb = (a.n_q + kTileQ - 1) / kTileQ;
-  const int n_task = n_qb * a.n_kv_head;
   const int max_rows = kTileQ * n_rep;
-#pragma omp parallel if (n_task > 1)
-  {
-    std::vector<float> qt((size_t)max_rows * hd), st((size_t)max_rows * kTileK);
-    std::vector<float> ot((size_t)max_rows * hd), mt(max_rows), lt(max_rows);
-#pragma omp for schedule(dynamic)
-    for (int task = 0; task < n_task; ++task) {
-      const int g = task % a.n_kv_head, qb = task / a.n_kv_head;
-      const int r0 = qb * kTileQ, nr = std::min(kTileQ, a.n_q - r0), m = nr * n_rep;
-      for (int hl = 0; hl < n_rep; ++hl) {
-        const int h = g * n_rep + hl;
-        for (int i = 0; i < nr; ++i) {
-          const float* src = a.q + (size_t)(r0 + i) * qs + (size_t)h * hd;
-          float* dst = qt.data() + (size_t)(hl * nr + i) * hd;
-          for (int d = 0; d < hd; ++d) dst[d] = src[d] * scale;
-        }
-      }
-      std::fill(ot.begin(), ot.begin() + (size_t)m * hd, 0.0f);
-      std::fill(mt.begin(), mt.begin() + m, kNegBig);
-      std::fill(lt.begin(), lt.begin() + m, 0.0f);
-      const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
-      for (int k0 = 0; k0 < kend; k0 += kTileK) {
-        const int nk = std::min(kTileK, kend - k0);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hd, 1.0f, qt.data(), hd,
-                    a.k + (size_t)k0 * kvd + (size_t)g * hd, kvd, 0.0f, st.data(), kTileK);
-        for (int row = 0; row < m; ++row) {
-          float* s = st.data() + (size_t)row * kTileK;
-          const int lim = a.q_pos[r0 + row % nr] - k0 + 1;  // visible keys in this tile
-          const int nv = std::clamp(lim, 0, nk);
-          if (nv == 0) {
-            std::fill(s, s + nk, 0.0f);
-            continue;
-          }
-          float mx = mt[row];
-          for (int j = 0; j < nv; ++j) mx = std::max(mx, s[j]);
-          const float corr = std::exp(mt[row] - mx);
-          const float sum = vec_exp_sub_sum(s, nv, mx);
-          std::fill(s + nv, s + nk, 0.0f);
-          lt[row] = lt[row] * corr + sum;
-          mt[row] = mx;
-          if (corr != 1.0f) vec_scale(ot.data() + (size_t)row * hd, hd, corr);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, nk, 1.0f, st.data(), kTileK,
-                    a.v + (size_t)k0 * kvd + (size_t)g * hd, kvd, 1.0f, ot.data(), hd);
-      }
-      for (int hl = 0; hl < n_rep; ++hl) {
-        const int h = g * n_rep + hl;
-        for (int i = 0; i < nr; ++i) {
-          const int row = hl * nr + i;
-          const float inv = 1.0f / lt[row];
-          const float* src = ot.data() + (size_t)row * hd;
-          float* dst = a.out + (size_t)(r0 + i) * qd + (size_t)h * hd;
-          for (int d = 0; d < hd; ++d) dst[d] = src[d] * inv;
-        }
-      }
+  if (t.qt.size() < (size_t)max_rows * hd) {
+    t.qt.resize((size_t)max_rows * hd);
+    t.ot.resize((size_t)max_rows * hd);
+  }
+  if (t.st.size() < (size_t)max_rows * kTileK) t.st.resize((size_t)max_rows * kTileK);
+  if (t.mt.size() < (size_t)max_rows) {
+    t.mt.resize(max_rows);
+    t.lt.resize(max_rows);
+  }
+  float *qt = t.qt.data(), *st = t.st.data(), *ot = t.ot.data(), *mt = t.mt.data(),
+        *lt = t.lt.data();
+  const int r0 = qb * kTileQ, nr = std::min(kTileQ, a.n_q - r0), m = nr * n_rep;
+  for (int hl = 0; hl < n_rep; ++hl) {
+    const int h = g * n_rep + hl;
+    for (int i = 0; i < nr; ++i) {
+      const float* src = a.q + (size_t)(r0 + i) * qs + (size_t)h * hd;
+      float* dst = qt + (size_t)(hl * nr + i) * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = src[d] * scale;
     }
   }
-  if (a.probs_accum) accumulate_probs(a);
+  std::fill(ot, ot + (size_t)m * hd, 0.0f);
+  std::fill(mt, mt + m, kNegBig);
+  std::fill(lt, lt + m, 0.0f);
+  const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
+  for (int k0 = 0; k0 < kend; k0 += kTileK) {
+    const int nk = std::min(kTileK, kend - k0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hd, 1.0f, qt, hd,
+                a.k + (size_t)k0 * kvd + (size_t)g * hd, kvd, 0.0f, st, kTileK);
+    for (int row = 0; row < m; ++row) {
+      float* s = st + (size_t)row * kTileK;
+      const int lim = a.q_pos[r0 + row % nr] - k0 + 1;  // visible keys in this tile
+      const int nv = std::clamp(lim, 0, nk);
+      if (nv == 0) {
+        std::fill(s, s + nk, 0.0f);
+        continue;
+      }
+      float mx = mt[row];
+      for (int j = 0; j < nv; ++j) mx = std::max(mx, s[j]);
+      const float corr = std::exp(mt[row] - mx);
+      const float sum = vec_exp_sub_sum(s, nv, mx);
+      std::fill(s + nv, s + nk, 0.0f);
+      lt[row] = lt[row] * corr + sum;
+      mt[row] = mx;
+      if (corr != 1.0f) vec_scale(ot + (size_t)row * hd, hd, corr);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, nk, 1.0f, st, kTileK,
+                a.v + (size_t)k0 * kvd + (size_t)g * hd, kvd, 1.0f, ot, hd);
+  }
+  for (int hl = 0; hl < n_rep; ++hl) {
+    const int h = g * n_rep + hl;
+    for (int i = 0; i < nr; ++i) {
+      const int row = hl * nr + i;
+      const float inv = 1.0f / lt[row];
+      const float* src = ot + (size_t)row * hd;
+      float* dst = a.out + (size_t)(r0 + i) * qd + (size_t)h * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = src[d] * inv;
+    }
+  }
 }
+
+}  // namespace
+
+void attention(const AttnArgs* args, int n_args) {
+  // The tasks of every call in one parallel region: (call, query tile, KV head), each computed
+  // exactly as the call alone would compute it.
+  std::vector<int> first(n_args + 1, 0);
+  for (int c = 0; c < n_args; ++c) {
+    const AttnArgs& a = args[c];
+    first[c + 1] = first[c] + (a.n_q + kTileQ - 1) / kTileQ * a.n_kv_head;
+  }
+  const int n_task = first[n_args];
+#pragma omp parallel if (n_task > 1)
+  {
+    thread_local AttnScratch scratch;
+#pragma omp for schedule(dynamic)
+    for (int task = 0; task < n_task; ++task) {
+      const int c = (int)(std::upper_bound(first.begin(), first.end(), task) - first.begin()) - 1;
+      const AttnArgs& a = args[c];
+      const int local = task - first[c];
+      attention_task(a, local % a.n_kv_head, local / a.n_kv_head, scratch);
+    }
+  }
+  for (int c = 0; c < n_args; ++c) {
+    if (args[c].probs_accum) accumulate_probs(args[c]);
+  }
+}
+
+void attention(const AttnArgs& a) { attention(&a, 1); }
 
 void attention_ref(const AttnArgs& a) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;

@@ -79,6 +79,9 @@ struct AttnArgs {
 
 // Tiled (flash-style online softmax) attention: memory per thread is one tile, never n x n.
 void attention(const AttnArgs& a);
+// Several independent calls (the sequences of a decode step) in one parallel region: each
+// call's result is what attention() alone gives it, bit for bit.
+void attention(const AttnArgs* args, int n_args);
 void attention_ref(const AttnArgs& a);
 
 }  // namespace ct::cpu

@@ -398,11 +398,12 @@ namespace {
 // The input rows of one product in every form its kernels read (the calling thread's buffers,
 // reused across calls; the OpenMP team only reads them).
 struct Inputs {
-  std::vector<int8_t> q32, qk;
-  std::vector<float> d32, sx32, dk, s32, s16f;
+  std::vector<int8_t> q32, qk, lq;
+  std::vector<float> d32, sx32, dk, s32, s16f, ld, lsx;
   std::vector<int16_t> s16;
-  std::vector<int32_t> h16;
+  std::vector<int32_t> h16, lh16;
   std::vector<q8::Act> act;
+  std::vector<q8::Lanes32> lanes;
   std::vector<XSums> sums;
 };
 
@@ -415,7 +416,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
   int offset[kMaxMany + 1] = {0};
   RowDot dot[kMaxMany] = {};
   q8::RowsDot dot8[kMaxMany] = {};
-  bool any_s32 = false, any_s16 = false;
+  bool any_s32 = false, any_s16 = false, any_lanes = false;
   unsigned formats = q8::kNone;
   for (int m = 0; m < n_mats; ++m) {
     const QMatrix& w = *ws[m];
@@ -427,6 +428,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     if (path != QgemvPath::kF32) dot8[m] = q8::find(w.type, path == QgemvPath::kNative);
     if (dot8[m] != nullptr) {
       formats |= q8::format_of(w.type);
+      any_lanes = any_lanes || q8::wants_lanes(w.type, path == QgemvPath::kNative, n_rows);
     } else {
       dot[m] = k->dot;
       any_s32 = any_s32 || k->needs_s32;
@@ -492,6 +494,24 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
   }
   const q8::Act* act = in.act.data();
   const XSums* sums = in.sums.data();
+  // The 32-element types' lane form: the rows again, eight to a tile, interleaved.
+  const q8::Lanes32* lanes = nullptr;
+  if (any_lanes) {
+    const int tiles = (n_rows + q8::kLanes - 1) / q8::kLanes;
+    const size_t per_tile = (size_t)cols / 32 * q8::kLanes;
+    in.lq.resize(tiles * per_tile * 32);
+    in.ld.resize(tiles * per_tile);
+    in.lh16.resize(tiles * per_tile * 2);
+    in.lsx.resize(tiles * per_tile);
+    in.lanes.resize(tiles);
+    for (int t = 0; t < tiles; ++t) {
+      const size_t o = t * per_tile;
+      q8::interleave_blocks32(act + t * q8::kLanes, std::min(q8::kLanes, n_rows - t * q8::kLanes),
+                              cols, &in.lq[o * 32], &in.ld[o], &in.lh16[o * 2], &in.lsx[o]);
+      in.lanes[t] = q8::Lanes32{&in.lq[o * 32], &in.ld[o], &in.lh16[o * 2], &in.lsx[o]};
+    }
+    lanes = in.lanes.data();
+  }
   // One parallel region over the rows of all the matrices: one fork/join instead of n, and each
   // weight row is read from memory once for all the input rows.
   const int total = offset[n_mats];
@@ -503,7 +523,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     const uint8_t* row = ws[m]->data + (size_t)r * ws[m]->row_bytes;
     float* y = y0[m] + r;
     if (dot8[m] != nullptr) {
-      dot8[m](row, act, n_rows, cols, y, y_stride);
+      dot8[m](row, act, lanes, n_rows, cols, y, y_stride);
     } else {
       for (int i = 0; i < n_rows; ++i) {
         y[i * y_stride] = dot[m](row, x + (size_t)i * cols, sums[i], cols);

@@ -3,15 +3,18 @@
 // 16-element sums in integers; Q8_0 computes sum |w| * (sign(w) q8) (maddubs needs one unsigned
 // operand; |w| <= 128 and |q8| <= 127 keep every pair sum inside int16, so it never saturates);
 // Q4_1 dots its unsigned quants and adds m * d32 * sum(q8). These four convert to float once per
-// four blocks (sums4). K-quants (Q4_K, Q5_K, Q6_K) multiply each sub-block's int16 pair sums by
-// its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or the offset 32 (Q6_K) with the
-// input's 16-element sums in integers, and convert once per super-block.
-// Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
-// registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory.
+// four blocks in the one-row-per-register form (sums4), once per block and eight rows in the
+// lane form (Lanes32), with the same float steps per row. K-quants (Q4_K, Q5_K, Q6_K) multiply each
+// sub-block's int16 pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or
+// the offset 32 (Q6_K) with the input's 16-element sums in integers, and convert once per
+// super-block. Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
+// registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory, or
+// (32-element types, kMinLaneRows rows or more) in the lane form, eight rows per register.
 #include "backend/cpu/qgemv_q8.h"
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -29,6 +32,11 @@
 #else
 #define CT_Q8_VNNI 0
 #endif
+
+// The kernels' building blocks must inline into their loops: GCC's heuristics left a group
+// (several hundred instructions once unrolled) out of line for some types, which passes the
+// accumulators through memory on every call.
+#define CT_Q8_INLINE inline __attribute__((always_inline))
 
 namespace ct::cpu::q8 {
 using simd::half;
@@ -113,10 +121,21 @@ inline __m128i k_scales_mins(const uint8_t* s) {
 // A shuffle_epi8 control that copies int16 lane j of each 128-bit half to every lane of it.
 inline __m256i pair_index(int j) { return _mm256_set1_epi16((short)(0x0101 * 2 * j + 0x0100)); }
 
-// Runs K's kernel over n rows in tiles of kTile (remainder 1-3), each row's arithmetic the same.
+// Runs K's kernel over n rows: tiles of kLanes rows in K's lane form where K has one and the
+// caller built the tiles (at least kMinLaneRows rows in the tile), the others in tiles of kTile
+// (remainder 1-3). Each row's arithmetic is the same in every form.
 template <class K, bool kVnni>
-void rows_tiled(const uint8_t* row, const Act* act, int n, int cols, float* y, size_t ys) {
+void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n, int cols, float* y,
+                size_t ys) {
   int i = 0;
+  if constexpr (K::template kHasLanes<kVnni>) {
+    if (lanes != nullptr) {
+      for (; n - i >= kMinLaneRows; i += kLanes) {
+        K::template run_lanes<kVnni>(row, lanes[i / kLanes], std::min(kLanes, n - i), cols,
+                                     y + i * ys, ys);
+      }
+    }
+  }
   for (; i + kTile <= n; i += kTile) {
     K::template run<kVnni, kTile>(row, act + i, cols, y + i * ys, ys);
   }
@@ -207,7 +226,7 @@ inline __m256 skip_lanes(__m256 v, int skip) {
 // done zeroed through their weight scales (full loads, no copies); else a group whose missing
 // blocks are zero.
 template <class K, bool kVnni, int N>
-inline void blocks32_row(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
+CT_Q8_INLINE void blocks32_row(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
   __m256 acc[N];
   for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
   const int nb = cols / 32;
@@ -243,6 +262,10 @@ struct KBlocks32 {
   static constexpr int kOffsetShift = kT == Type32::kQ4_0 ? 3 : kT == Type32::kQ5_0 ? 4 : 0;
   static constexpr bool kSigned = kT == Type32::kQ8_0;  // int8 quants: the sign trick
   static constexpr bool kMin = kT == Type32::kQ4_1;     // the d q + m form
+  // The lane form multiplies a broadcast weight group with eight rows' bytes: with AVX2's maddubs
+  // its pair sums must fit int16, which Q8_0's w + 128 (up to 255) would not.
+  template <bool kVnni>
+  static constexpr bool kHasLanes = !kSigned || (kVnni && CT_Q8_VNNI);
   static __m256i quants(const uint8_t* blk) {
     if constexpr (kT == Type32::kQ4_0) {
       return nibbles32(blk + 2);
@@ -255,7 +278,8 @@ struct KBlocks32 {
     }
   }
   template <bool kVnni, int N, bool kFull>
-  static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip, __m256* acc) {
+  CT_Q8_INLINE static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip,
+                                 __m256* acc) {
     __m256i w[4], u[4];
     for (int j = 0; j < 4; ++j) {
       w[j] = kFull || j < nv ? quants(blk + j * kBytes) : _mm256_setzero_si256();
@@ -290,6 +314,73 @@ struct KBlocks32 {
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     blocks32_row<KBlocks32, kVnni, N>(row, a, cols, y, ys);
   }
+
+  // The lane form keeps what the register of the one-row form keeps, per row: partial sums
+  // lo[j] and hi[j] (its lanes j and 4 + j: the terms of elements 0..15 and 16..31 of the blocks
+  // in lane j, with Q4_1's min terms in lo), and folds them as hsum256_ps does. Block b lies in
+  // lane b mod 4, except the blocks of the last group of a row whose block count is not a
+  // multiple of 4: that group is the row's last four blocks, so block b lies in lane b - (nb - 4).
+  struct LaneSums {
+    __m256 lo[4], hi[4];
+  };
+  // One block's terms in the lane form (eight rows, one per lane) into lane j of the sums. The
+  // weight quants go through a stack buffer, so that each 4-byte group is broadcast by a load
+  // (the asm makes the compiler store and reload them instead of broadcasting with shuffles,
+  // which all queue on one port).
+  template <bool kVnni>
+  CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const Lanes32& t, int b, int j,
+                                       LaneSums& p) {
+    alignas(32) uint8_t wq[32];
+    __m256i u = quants(blk);
+    if constexpr (kSigned) u = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));  // w + 128
+    _mm256_store_si256(reinterpret_cast<__m256i*>(wq), u);
+    asm("" : "+m"(wq));
+    const int8_t* xq = t.q + (size_t)b * 32 * kLanes;
+    // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
+    __m256i c[4];
+    for (int g = 0; g < 8; ++g) {
+      int32_t w4;
+      std::memcpy(&w4, wq + 4 * g, 4);
+      const int k = g >> 1;
+      const __m256i acc = g & 1 ? c[k] : _mm256_setzero_si256();
+      c[k] = dot_u8s8<kVnni>(acc, _mm256_set1_epi32(w4), load256(xq + 32 * g));
+    }
+    __m256i lo = _mm256_add_epi32(c[0], c[1]), hi = _mm256_add_epi32(c[2], c[3]);
+    constexpr int kShift = kSigned ? 7 : kOffsetShift;
+    if constexpr (kShift > 0) {
+      const int32_t* h = t.h16 + (size_t)b * 2 * kLanes;
+      lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(load256(h), kShift));
+      hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(load256(h + kLanes), kShift));
+    }
+    const __m256 dd =
+        _mm256_mul_ps(_mm256_set1_ps(half(blk)), _mm256_loadu_ps(t.d + (size_t)b * kLanes));
+    p.lo[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dd, p.lo[j]);
+    if constexpr (kMin) {
+      p.lo[j] = _mm256_fmadd_ps(_mm256_set1_ps(half(blk + 2)),
+                                _mm256_loadu_ps(t.sx + (size_t)b * kLanes), p.lo[j]);
+    }
+    p.hi[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), dd, p.hi[j]);
+  }
+  // The lane form on one tile (n <= kLanes rows valid).
+  template <bool kVnni>
+  static void run_lanes(const uint8_t* row, const Lanes32& t, int n, int cols, float* y,
+                        size_t ys) {
+    LaneSums p;
+    for (int j = 0; j < 4; ++j) p.lo[j] = p.hi[j] = _mm256_setzero_ps();
+    const int nb = cols / 32, full = nb / 4 * 4;
+    for (int b = 0; b < full; b += 4) {
+      const uint8_t* blk = row + (size_t)b * kBytes;
+      for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, t, b + j, j, p);
+    }
+    const int shift = nb >= 4 ? nb - 4 : 0;  // lane of a last-group block: b - shift
+    for (int b = full; b < nb; ++b) lanes_block<kVnni>(row + (size_t)b * kBytes, t, b, b - shift, p);
+    // hsum256_ps's order: ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
+    __m256 f[4];
+    for (int j = 0; j < 4; ++j) f[j] = _mm256_add_ps(p.lo[j], p.hi[j]);
+    alignas(32) float out[kLanes];
+    _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(f[0], f[1]), _mm256_add_ps(f[2], f[3])));
+    for (int i = 0; i < n; ++i) y[i * ys] = out[i];
+  }
 };
 
 // Q4_K (kFive false) and Q5_K: d, dmin, 12 scale bytes, [Q5_K: 32 bytes qh], 128 bytes qs; element
@@ -297,6 +388,8 @@ struct KBlocks32 {
 // sum_s sc_s * sum(q_w q) and of sum_s m_s * sum(q), then two float multiply-adds.
 template <bool kFive>
 struct KQ45K {
+  template <bool kVnni>
+  static constexpr bool kHasLanes = false;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     constexpr size_t kBytes = kFive ? 176 : 144;
@@ -353,6 +446,8 @@ struct KQ45K {
 // bit 2k make q in [0, 64); the element is d * scales[8h + 2k + l / 16] * (q - 32). The offset is
 // subtracted in integers as 32 * sum_g scales[g] * s16[g].
 struct KQ6K {
+  template <bool kVnni>
+  static constexpr bool kHasLanes = false;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
@@ -409,15 +504,18 @@ struct Entry {
   GgmlType type;
   Format format;
   RowsDot avx2, vnni;
+  bool lanes_avx2, lanes_vnni;  // whether each kernel has the lane form
 };
 
 template <class K>
 constexpr Entry entry(GgmlType t, Format f) {
-#if CT_Q8_VNNI
-  return {t, f, rows_tiled<K, false>, rows_tiled<K, true>};
-#else
-  return {t, f, rows_tiled<K, false>, rows_tiled<K, false>};
-#endif
+  constexpr bool kV = CT_Q8_VNNI != 0;
+  return {t,
+          f,
+          rows_tiled<K, false>,
+          rows_tiled<K, kV>,
+          K::template kHasLanes<false>,
+          K::template kHasLanes<kV>};
 }
 
 const Entry kEntries[] = {
@@ -445,6 +543,11 @@ Format format_of(GgmlType t) {
 }
 
 bool have_vnni() { return CT_Q8_VNNI != 0; }
+
+bool wants_lanes(GgmlType t, bool vnni, int n) {
+  const Entry* e = find_entry(t);
+  return e != nullptr && n >= kMinLaneRows && (vnni && CT_Q8_VNNI ? e->lanes_vnni : e->lanes_avx2);
+}
 
 RowsDot find(GgmlType t, bool vnni) {
   const Entry* e = find_entry(t);
@@ -474,6 +577,27 @@ void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx,
     h16[2 * b + 1] = s_hi;
     sx[b] = scale * (float)(s_lo + s_hi);
   });
+}
+
+void interleave_blocks32(const Act* act, int n, int cols, int8_t* q, float* d, int32_t* h16,
+                         float* sx) {
+  const int nb = cols / 32;
+  std::memset(q, 0, (size_t)cols * kLanes);
+  std::fill(d, d + (size_t)nb * kLanes, 0.0f);
+  std::fill(h16, h16 + (size_t)nb * 2 * kLanes, 0);
+  std::fill(sx, sx + (size_t)nb * kLanes, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    const Act& a = act[i];
+    for (int b = 0; b < nb; ++b) {
+      for (int g = 0; g < 8; ++g) {
+        std::memcpy(q + (((size_t)b * 8 + g) * kLanes + i) * 4, a.q32 + 32 * b + 4 * g, 4);
+      }
+      d[(size_t)b * kLanes + i] = a.d32[b];
+      h16[(size_t)b * 2 * kLanes + i] = a.h16[2 * b];
+      h16[(size_t)b * 2 * kLanes + kLanes + i] = a.h16[2 * b + 1];
+      sx[(size_t)b * kLanes + i] = a.sx32[b];
+    }
+  }
 }
 
 void quantise_blocks32x16(const float* x, int cols, int8_t* q, float* d, float* sx16) {
