@@ -4,7 +4,7 @@
 // replaced (QgemvPath::kF32) and the generic dequantise-and-dot path (cpu::qgemv_dequant). The
 // matrix has the shape of Qwen2.5-0.5B's ffn_down (896 rows x 4864 columns, a multiple of every
 // block size), random N(0, 0.5^2) weights encoded by our encoders. BM_QGemvBatch runs
-// cpu::qgemv_batch on the Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K matrices with 1-16 input rows (counter
+// cpu::qgemv_batch on the matrices of the types with 8-bit kernels with 1-16 input rows (counter
 // per_row: time per input row), against one qgemv per row (the loop qgemv_batch was before it had a
 // multi-row kernel). Run with OMP_NUM_THREADS=1 for one core's figures (docs/PERFORMANCE.md,
 // "Decode kernels per type"):
@@ -87,24 +87,14 @@ void BM_QGemv(benchmark::State& state, GgmlType t, Variant v) {
       ->Unit(benchmark::kMicrosecond);                                 \
   BENCHMARK_CAPTURE(BM_QGemv, name##_dequant, type, Variant::kDequant) \
       ->Unit(benchmark::kMicrosecond)
-// Types with 8-bit kernels: also the AVX2 path and the F32-activation kernel.
+// Types with 8-bit kernels: also the AVX2 path, the F32-activation kernel and several rows
+// (CT_QGEMV_BATCH_BENCH, below).
 #define CT_QGEMV_BENCH8(name, type)                                                              \
   CT_QGEMV_BENCH(name, type);                                                                    \
+  CT_QGEMV_BATCH_BENCH(name, type);                                                              \
   BENCHMARK_CAPTURE(BM_QGemv, name##_avx2, type, Variant::kAvx2)->Unit(benchmark::kMicrosecond); \
   BENCHMARK_CAPTURE(BM_QGemv, name##_f32, type, Variant::kF32)->Unit(benchmark::kMicrosecond)
 
-CT_QGEMV_BENCH(f16, GgmlType::F16);
-CT_QGEMV_BENCH(bf16, GgmlType::BF16);
-CT_QGEMV_BENCH(q5_1, GgmlType::Q5_1);
-CT_QGEMV_BENCH(q2_K, GgmlType::Q2_K);
-CT_QGEMV_BENCH(q3_K, GgmlType::Q3_K);
-CT_QGEMV_BENCH8(q4_0, GgmlType::Q4_0);
-CT_QGEMV_BENCH8(q4_1, GgmlType::Q4_1);
-CT_QGEMV_BENCH8(q5_0, GgmlType::Q5_0);
-CT_QGEMV_BENCH8(q8_0, GgmlType::Q8_0);
-CT_QGEMV_BENCH8(q4_K, GgmlType::Q4_K);
-CT_QGEMV_BENCH8(q5_K, GgmlType::Q5_K);
-CT_QGEMV_BENCH8(q6_K, GgmlType::Q6_K);
 
 // n = range(0) input rows through the kRows x range(1) matrix of type t: one qgemv_batch (multi-row kernel) or n qgemv calls.
 void BM_QGemvBatch(benchmark::State& state, GgmlType t, bool batched) {
@@ -143,12 +133,19 @@ void BM_QGemvBatch(benchmark::State& state, GgmlType t, bool batched) {
   BENCHMARK_CAPTURE(BM_QGemvBatch, name##_row_by_row, type, false)                            \
       ->Args({8, kCols})                                                                      \
       ->Unit(benchmark::kMicrosecond)
-CT_QGEMV_BATCH_BENCH(q4_0, GgmlType::Q4_0);
-CT_QGEMV_BATCH_BENCH(q4_1, GgmlType::Q4_1);
-CT_QGEMV_BATCH_BENCH(q5_0, GgmlType::Q5_0);
-CT_QGEMV_BATCH_BENCH(q8_0, GgmlType::Q8_0);
-CT_QGEMV_BATCH_BENCH(q4_K, GgmlType::Q4_K);
-CT_QGEMV_BATCH_BENCH(q6_K, GgmlType::Q6_K);
+
+CT_QGEMV_BENCH(f16, GgmlType::F16);
+CT_QGEMV_BENCH(bf16, GgmlType::BF16);
+CT_QGEMV_BENCH(q5_1, GgmlType::Q5_1);
+CT_QGEMV_BENCH(q2_K, GgmlType::Q2_K);
+CT_QGEMV_BENCH(q3_K, GgmlType::Q3_K);
+CT_QGEMV_BENCH8(q4_0, GgmlType::Q4_0);
+CT_QGEMV_BENCH8(q4_1, GgmlType::Q4_1);
+CT_QGEMV_BENCH8(q5_0, GgmlType::Q5_0);
+CT_QGEMV_BENCH8(q8_0, GgmlType::Q8_0);
+CT_QGEMV_BENCH8(q4_K, GgmlType::Q4_K);
+CT_QGEMV_BENCH8(q5_K, GgmlType::Q5_K);
+CT_QGEMV_BENCH8(q6_K, GgmlType::Q6_K);
 
 // Prefill-sized products (n input rows): what the prefill did before (the matrix dequantised to
 // F32, then one SGEMM), the 8-bit multi-row decode kernel (qgemv_batch, kMaxBatchRows rows at a
