@@ -262,12 +262,13 @@ void accumulate_probs(const AttnArgs& a) {
 
 namespace {
 
-// One task of attention(): query tile qb (kTileQ rows) of a's rows times the n_rep heads sharing KV
-// head g, over every key visible to them. Buffers are the calling thread's.
+// The buffers of attention tasks, one set per thread, kept between calls.
 struct AttnScratch {
   std::vector<float> qt, st, ot, mt, lt;
 };
 
+// One task of attention(): query tile qb (kTileQ rows) of a's rows times the n_rep heads sharing KV
+// head g, over every key visible to them, with the calling thread's buffers.
 void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;

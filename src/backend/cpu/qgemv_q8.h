@@ -26,13 +26,13 @@ enum Format : unsigned { kNone = 0, kBlocks32 = 1, kBlocks256 = 2 };
 // One quantised input row (views into the caller's buffers; a format's fields are null when the
 // product does not use it). cols is a multiple of 32 (kBlocks32) or 256 (kBlocks256).
 struct Act {
-  const int8_t* q32 = nullptr;    // [cols]
-  const float* d32 = nullptr;     // [cols / 32]
-  const float* sx32 = nullptr;    // [cols / 32]
+  const int8_t* q32 = nullptr;   // [cols]
+  const float* d32 = nullptr;    // [cols / 32]
+  const float* sx32 = nullptr;   // [cols / 32]
   const int32_t* h16 = nullptr;  // [cols / 16]
-  const int8_t* qk = nullptr;     // [cols]
-  const float* dk = nullptr;      // [cols / 256]
-  const int16_t* s16 = nullptr;   // [cols / 16]
+  const int8_t* qk = nullptr;    // [cols]
+  const float* dk = nullptr;     // [cols / 256]
+  const int16_t* s16 = nullptr;  // [cols / 16]
 };
 
 // The encoding type t's 8-bit kernel reads, kNone for the types that stay on F32 kernels.
