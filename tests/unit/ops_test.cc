@@ -197,7 +197,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                                            AttnCase{70, 70, 4, 2, 16, false},
                                            AttnCase{300, 33, 6, 2, 12, false},
                                            AttnCase{600, 45, 9, 3, 64, true},
-                                           AttnCase{530, 530, 3, 3, 8, false}));
+                                           AttnCase{530, 530, 3, 3, 8, false},
+                                           // one-row tasks (the direct kernel): decode rows, a
+                                           // prefill's last single-row tile, head sizes 16/64/128,
+                                           // 1 to 7 heads per KV head, fewer keys than 8
+                                           AttnCase{5, 1, 7, 1, 64, false},
+                                           AttnCase{300, 1, 9, 3, 64, false},
+                                           AttnCase{1000, 1, 14, 2, 64, false},
+                                           AttnCase{77, 1, 4, 4, 128, false},
+                                           AttnCase{90, 33, 6, 2, 16, false},
+                                           AttnCase{700, 65, 12, 2, 128, true}));
+
+// The direct one-row kernel against the tiled SGEMM path it replaces for one-row tasks: a row at
+// the end of a 32-row tile (tiled) and the same row as a call of its own (direct) agree to float
+// rounding, and a batch of one-row calls gives each call's bits alone.
+TEST(Attention, OneRowKernelMatchesTiledPathAndIsBatchIndependent) {
+  const int n_ctx = 400, n_head = 9, n_kv = 3, hd = 64, kvd = n_kv * hd, qd = n_head * hd;
+  auto k = randn((size_t)n_ctx * kvd, 20), v = randn((size_t)n_ctx * kvd, 21);
+  auto q = randn((size_t)32 * qd, 22, 2.0f);
+  std::vector<int32_t> pos(32);
+  for (int i = 0; i < 32; ++i) pos[i] = n_ctx - 32 + i;
+  auto args = [&](int row0, int nq, float* out) {
+    AttnArgs a;
+    a.q = q.data() + (size_t)row0 * qd;
+    a.q_pos = pos.data() + row0;
+    a.n_q = nq;
+    a.k = k.data();
+    a.v = v.data();
+    a.n_head = n_head;
+    a.n_kv_head = n_kv;
+    a.head_dim = hd;
+    a.out = out;
+    return a;
+  };
+  std::vector<float> tiled((size_t)32 * qd), alone((size_t)32 * qd), batched((size_t)32 * qd);
+  attention(args(0, 32, tiled.data()));
+  std::vector<AttnArgs> calls;
+  for (int i = 0; i < 32; ++i) {
+    attention(args(i, 1, alone.data() + (size_t)i * qd));
+    calls.push_back(args(i, 1, batched.data() + (size_t)i * qd));
+  }
+  attention(calls.data(), (int)calls.size());
+  EXPECT_LT(max_abs_diff(tiled, alone), 2e-5f);
+  EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)));
+}
 
 }  // namespace
 }  // namespace ct::cpu

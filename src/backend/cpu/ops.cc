@@ -335,6 +335,106 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   }
 }
 
+// The eight horizontal sums of a[0..7] in one vector (lane i: the sum of a[i]'s lanes), by a
+// fixed tree, so each sum's bits depend only on its own vector.
+inline __m256 hsum8x8(const __m256* a) {
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// out[h] = sum over the n keys of p[h][j] * v_j, for G heads at once, 16 elements of the head at
+// a time (2G accumulators), keys in ascending order; then times inv[h].
+template <int G>
+void value_sums(const float* p, int ld_p, const float* v, int kvd, int n, int hd, const float* inv,
+                float* out, int ld_out) {
+  for (int d = 0; d < hd; d += 16) {
+    __m256 acc[G][2];
+    for (int h = 0; h < G; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    for (int j = 0; j < n; ++j) {
+      const float* vj = v + (size_t)j * kvd + d;
+      const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+      for (int h = 0; h < G; ++h) {
+        const __m256 pj = _mm256_broadcast_ss(p + (size_t)h * ld_p + j);
+        acc[h][0] = _mm256_fmadd_ps(pj, v0, acc[h][0]);
+        acc[h][1] = _mm256_fmadd_ps(pj, v1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < G; ++h) {
+      const __m256 s = _mm256_set1_ps(inv[h]);
+      _mm256_storeu_ps(out + (size_t)h * ld_out + d, _mm256_mul_ps(acc[h][0], s));
+      _mm256_storeu_ps(out + (size_t)h * ld_out + d + 8, _mm256_mul_ps(acc[h][1], s));
+    }
+  }
+}
+
+// Whether a task of one query row takes attention_row(): its head size must be whole 16-float
+// groups (64 and 128 in the models served).
+bool row_kernel_fits(const AttnArgs& a) { return a.head_dim % 16 == 0; }
+
+// A task of one query row (row r; a decode step's row, or a tile's single row): the n_rep heads
+// sharing KV head g, scored against every visible key directly, one softmax over the whole row,
+// then the value sums. At one row the two SGEMMs of attention_task cost mostly their fixed
+// overhead. Each score is one 8-lane accumulation over the head folded by a fixed tree, and each
+// output element adds the keys in ascending order, so the result depends on the row alone.
+void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
+  const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
+  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qs = a.q_stride ? a.q_stride : qd;
+  const float scale = 1.0f / std::sqrt((float)hd);
+  const int n = a.q_pos[r] + 1, ld = (n + 7) / 8 * 8;
+  if (t.qt.size() < (size_t)n_rep * hd) t.qt.resize((size_t)n_rep * hd);
+  if (t.st.size() < (size_t)n_rep * ld) t.st.resize((size_t)n_rep * ld);
+  if (t.lt.size() < (size_t)n_rep) t.lt.resize(n_rep);
+  float *qt = t.qt.data(), *st = t.st.data(), *inv = t.lt.data();
+  const float* q = a.q + (size_t)r * qs + (size_t)g * n_rep * hd;
+  for (int i = 0; i < n_rep * hd; ++i) qt[i] = q[i] * scale;
+  const float* kg = a.k + (size_t)g * hd;
+  const float* vg = a.v + (size_t)g * hd;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const float* kj[8];
+    for (int u = 0; u < 8; ++u) kj[u] = kg + (size_t)std::min(j0 + u, n - 1) * kvd;
+    // The rows are kvd floats apart, so the hardware prefetchers see short runs: fetch the next
+    // block's keys into L1 and this block's values into L2 for the value sums.
+    for (int u = 0; u < 8 && j0 + 8 + u < n; ++u) {
+      const char* kn = (const char*)(kg + (size_t)(j0 + 8 + u) * kvd);
+      for (int b = 0; b < hd * 4; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
+    }
+    for (int u = 0; u < 8 && j0 + u < n; ++u) {
+      const char* vn = (const char*)(vg + (size_t)(j0 + u) * kvd);
+      for (int b = 0; b < hd * 4; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
+    }
+    for (int h = 0; h < n_rep; ++h) {
+      const float* qh = qt + (size_t)h * hd;
+      __m256 acc[8];
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+      for (int d = 0; d < hd; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qh + d);
+        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj[u] + d), acc[u]);
+      }
+      _mm256_storeu_ps(st + (size_t)h * ld + j0, hsum8x8(acc));
+    }
+  }
+  for (int h = 0; h < n_rep; ++h) {
+    float* s = st + (size_t)h * ld;
+    float mx = s[0];
+    for (int j = 1; j < n; ++j) mx = std::max(mx, s[j]);
+    inv[h] = 1.0f / vec_exp_sub_sum(s, n, mx);
+  }
+  float* out = a.out + (size_t)r * qd + (size_t)g * n_rep * hd;
+  for (int h0 = 0; h0 < n_rep; h0 += 4) {
+    const float* p = st + (size_t)h0 * ld;
+    float* o = out + (size_t)h0 * hd;
+    switch (std::min(4, n_rep - h0)) {
+      case 4: value_sums<4>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 3: value_sums<3>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 2: value_sums<2>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      default: value_sums<1>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+    }
+  }
+}
+
 }  // namespace
 
 void attention(const AttnArgs* args, int n_args) {
@@ -354,7 +454,14 @@ void attention(const AttnArgs* args, int n_args) {
       const int c = (int)(std::upper_bound(first.begin(), first.end(), task) - first.begin()) - 1;
       const AttnArgs& a = args[c];
       const int local = task - first[c];
-      attention_task(a, local % a.n_kv_head, local / a.n_kv_head, scratch);
+      const int g = local % a.n_kv_head, qb = local / a.n_kv_head;
+      // A tile of one row (every decode task) by the direct kernel: the choice depends on the
+      // row's own call, never on which other calls share the region.
+      if (qb * kTileQ + 1 == a.n_q && row_kernel_fits(a)) {
+        attention_row(a, g, qb * kTileQ, scratch);
+      } else {
+        attention_task(a, g, qb, scratch);
+      }
     }
   }
   for (int c = 0; c < n_args; ++c) {
