@@ -77,7 +77,8 @@ struct AttnArgs {
   int probs_from_row = 0;
 };
 
-// Tiled (flash-style online softmax) attention: memory per thread is one tile, never n x n.
+// Tiled (flash-style online softmax) attention: memory per thread is one tile, never n x n. A
+// task of one query row (a decode row) takes a direct kernel instead, chosen by that shape alone.
 void attention(const AttnArgs& a);
 // Several independent calls (the sequences of a decode step) in one parallel region: each
 // call's result is what attention() alone gives it, bit for bit.
