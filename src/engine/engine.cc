@@ -291,10 +291,8 @@ void Engine::start_prefill(Generation& g) {
     ComposedRequest req{p.prefix, {}, p.query};
     for (const auto& src : g.srcs_) req.chunks.push_back(src.get());
     SelectiveOptions sel = g.sel_;
-    // The GPU runs the policies it offers; the others (and prompts longer than its sequence)
-    // stay on the CPU.
-    const bool on_gpu =
-        gpu_ && sel.policy.kind->on_gpu() && n_total + gen.max_tokens <= gpu_ctx();
+    // The GPU runs every policy; prompts longer than its sequence stay on the CPU.
+    const bool on_gpu = gpu_ && n_total + gen.max_tokens <= gpu_ctx();
     if (g.opt_.auto_ratio.value_or(opt_.auto_ratio)) {
       // The tiers the chunks were in when looked up (staged: possibly some steps ago; the
       // prefill reads them from there, pinned).
@@ -310,9 +308,12 @@ void Engine::start_prefill(Generation& g) {
     sel.device = on_gpu ? gpu_.get() : nullptr;
     sel.device_kv_to_host = false;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
-    // On the GPU the cache lives on the device; the host one is only needed on the CPU.
+    // On the GPU the cache lives on the device; the host one is only needed on the CPU, and for
+    // a policy that works on it (the token stage: prefix caching's rows, remembered after).
     KVCache& kv = g.kv_;
-    kv = on_gpu ? KVCache() : model_->make_cache(n_total + gen.max_tokens + 1);
+    kv = on_gpu && !sel.policy.kind->uses_host_cache()
+             ? KVCache()
+             : model_->make_cache(n_total + gen.max_tokens + 1);
     g.on_gpu_ = on_gpu;
     const bool sliced =
         opt_.prefill_chunk > 0 && gen.max_tokens > 0 && SlicedPrefill::supports(sel);
@@ -323,6 +324,7 @@ void Engine::start_prefill(Generation& g) {
         g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
+        g.next_pos_ = kv.n_pos;  // a token-stage list can be shorter than the prompt (lfonly)
         g.srcs_.clear();  // releases the chunks' pins (PooledChunk) once their rows are read
       }
     } catch (const ChunkReadError& e) {

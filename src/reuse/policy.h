@@ -82,9 +82,10 @@ class Policy {
   PolicyStage stage() const { return stage_; }
 
   // Traits callers ask instead of testing names.
-  // Runs with device compute (SelectiveOptions::device): every policy of the layer loop, whose
-  // taps and keep_rows every backend has; a token-stage policy runs a plain CPU prefill.
-  bool on_gpu() const { return stage() != PolicyStage::kTokens; }
+  // Places rows in, or reads, the host K/V cache itself (a token-stage policy's plan_tokens and
+  // after_tokens): a device prefill (SelectiveOptions::device) then needs a host cache of the
+  // whole prompt and hands its finished cache back there. Every policy runs on a device.
+  bool uses_host_cache() const { return stage() == PolicyStage::kTokens; }
   // Has a per-chunk recompute set of about ceil(r*N) tokens whose Recall@r against the true drift
   // is reported (eval).
   virtual bool scored() const { return true; }

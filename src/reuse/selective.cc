@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "backend/cpu_forward.h"
 #include "core/error.h"
@@ -242,6 +243,42 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
   return res;
 }
 
+// A token-stage policy's list on a device: the rows the policy placed in the host cache
+// ([0, n_reused): already rotated, F32) go into the device's cache as they are, the rest of the
+// list runs through every layer there, and the finished cache comes back to the host, where
+// after_tokens reads it (the prefix cache remembers it).
+std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const TokenPlan& tp,
+                                     KVCache& kv, PrefillBreakdown& bd) {
+  const int n = (int)tp.tokens.size() - tp.n_reused;
+  CT_THROW_IF_NOT(n > 0, "a token-stage policy left no token to prefill");
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), tp.n_reused);
+  const auto be = dev.layers(&kv);
+  be->begin(tp.tokens.data() + tp.n_reused, pos.data(), n);
+  if (tp.n_reused > 0) {
+    ReusedRows rows;
+    rows.segments.push_back({KvDtype::F32, tp.n_reused, "the reused prefix"});
+    rows.pos.resize(tp.n_reused);
+    std::iota(rows.pos.begin(), rows.pos.end(), 0);
+    rows.rotated = true;
+    const size_t bytes = (size_t)tp.n_reused * m.config().kv_dim() * sizeof(float);
+    rows.read = [&kv, bytes](int l, int, void* k, void* v) {
+      std::memcpy(k, kv.k(l), bytes);
+      std::memcpy(v, kv.v(l), bytes);
+    };
+    be->set_reused(rows, 0);
+  }
+  for (int l = 0; l < m.config().n_layer; ++l) be->layer(l, nullptr);
+  std::vector<float> logits = be->finish();
+  const LayerTimes& t = be->times();
+  bd.load_ms += t.load_ms;
+  bd.load_wait_ms += t.load_wait_ms;
+  bd.compute_ms += t.compute_ms;
+  bd.logits_ms += t.logits_ms;
+  bd.kv_to_host_ms += t.kv_to_host_ms;
+  return logits;
+}
+
 }  // namespace
 
 std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
@@ -257,8 +294,10 @@ RequestLayout checked_layout(const Model& m, const ComposedRequest& req, const S
                              const KVCache& kv, std::vector<ChunkPlan>& plans) {
   RequestLayout lay = layout_request(req);
   const ModelConfig& c = m.config();
-  // A device prefill that keeps its cache on the device does not touch the host kv.
-  const bool host_kv_unused = opt.device && !opt.device_kv_to_host;
+  // A device prefill that keeps its cache on the device does not touch the host kv, unless the
+  // policy works on the host cache itself.
+  const bool host_kv_unused =
+      opt.device && !opt.device_kv_to_host && !opt.policy.kind->uses_host_cache();
   CT_THROW_IF_NOT(host_kv_unused || lay.n_total <= kv.n_ctx(),
                   "composed prompt of {} tokens does not fit the {}-position KV cache", lay.n_total,
                   kv.n_ctx());
@@ -271,9 +310,6 @@ RequestLayout checked_layout(const Model& m, const ComposedRequest& req, const S
                     cm.id.substr(0, 12), cm.model_fingerprint, cm.n_layer, cm.kv_dim,
                     m.fingerprint(), c.n_layer, c.kv_dim());
   }
-  CT_THROW_IF_NOT(!opt.device || opt.policy.kind->on_gpu(),
-                  "policy '{}' prefills a token list on the CPU; it has no device path",
-                  opt.policy.kind->name());
   plans.assign(req.chunks.size(), ChunkPlan{});
   for (size_t b = 0; b < req.chunks.size(); ++b) {
     plans[b].c = req.chunks[b];
@@ -337,10 +373,14 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       report->selected.clear();
       if (tp.selected) report->selected = *tp.selected;
     }
-    Timer ct;
-    logits = cpu::prefill(m, tp.tokens.data() + tp.n_reused, (int)tp.tokens.size() - tp.n_reused,
-                          tp.n_reused, kv, ws);
-    bd.compute_ms += ct.ms();
+    if (opt.device) {
+      logits = device_token_pass(m, *opt.device, tp, kv, bd);
+    } else {
+      Timer ct;
+      logits = cpu::prefill(m, tp.tokens.data() + tp.n_reused,
+                            (int)tp.tokens.size() - tp.n_reused, tp.n_reused, kv, ws);
+      bd.compute_ms += ct.ms();
+    }
     kv.n_pos = (int)tp.tokens.size();
     pol.after_tokens(preq, tp.tokens, kv);
     bd.n_active = (int)tp.tokens.size() - tp.n_reused;

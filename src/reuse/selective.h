@@ -78,16 +78,19 @@ struct SelectiveOptions {
   std::vector<float>* query_attention = nullptr;
   PrefixCache* prefix_cache = nullptr;  // for policies with uses_prefix_cache()
   // Compute the layers on this device (backend.h, e.g. the GPU; built from the same model,
-  // n_ctx >= the prompt) instead of the CPU: each layer's reused rows are read as stored (sparse: the complement's
-  // rank rows) into pinned memory, copied to the device and unpacked and rotated there
-  // (pipeline.overlap and rope_in_loader do not apply). On return the host kv holds the whole
-  // cache, as on the CPU path. Policies with Policy::on_gpu() only (every policy of the layer
-  // loop, the layer-0 and query-attention ones included; not the token-stage ones) and one K/V
-  // type per request; the others are refused. On the GPU, PrefillBreakdown::compute_ms includes the logits and the waiting for
-  // the device; load_ms = load_wait_ms is the host's reading and queueing of the reused rows.
+  // n_ctx >= the prompt) instead of the CPU: each layer's reused rows are read as stored (sparse:
+  // the complement's rank rows) into pinned memory, copied to the device and unpacked and rotated
+  // there (pipeline.overlap and rope_in_loader do not apply). Every policy runs there: the layer
+  // loop's (layer-0 and query-attention ones included) and the token-stage ones, whose list is
+  // prefilled on the device over the rows they placed in the host kv (already rotated, copied as
+  // they are). On return the host kv holds the whole cache, as on the CPU path (see
+  // device_kv_to_host). One K/V type per request; mixed types are refused. On the GPU,
+  // PrefillBreakdown::compute_ms includes the logits and the waiting for the device; load_ms =
+  // load_wait_ms is the host's reading and queueing of the reused rows.
   DeviceSequence* device = nullptr;
   // Device only: copy the finished cache back into the host kv (false when decoding continues on
-  // the device; the host kv is then not touched and may be empty).
+  // the device; the host kv is then not touched and may be empty). Policies with
+  // Policy::uses_host_cache() (the token stage) always get it back and need the host kv.
   bool device_kv_to_host = true;
 };
 

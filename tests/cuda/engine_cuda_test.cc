@@ -1,8 +1,8 @@
 // The engine with --device cuda (EngineOptions::cuda) on a tiny random model: a cachetune answer
-// computed and decoded on the GPU equals the CPU engine's (greedy, same chunks); the layer-loop
-// policies that need taps (CacheBlend, ProphetKV) run on the GPU with the same budget; and a
-// token-stage policy, which the GPU path lacks, runs on the CPU and says so. Skipped without a
-// device.
+// computed and decoded on the GPU equals the CPU engine's (greedy, same chunks), and so do the
+// token-stage policies' (lfonly; prefix caching, its second request reusing the first's prefix);
+// the layer-loop policies that need taps (CacheBlend, ProphetKV) run on the GPU with the same
+// budget. Skipped without a device.
 #include <gtest/gtest.h>
 
 #include "engine/calibration.h"
@@ -41,9 +41,15 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   gen.stop_at_eog = false;
   // CacheBlend's and ProphetKV's selection can differ from the CPU's at the cut
   // (taps_cuda_test.cc), so for them only the device and the budget are compared.
-  for (const char* name : {"cachetune", "full", "reuse", "cacheblend", "prophetkv"}) {
+  // prefix twice: the second answer reuses the first's cached prefix (its rows go up to the
+  // device as they are). The token-stage policies' logits match the CPU's like kChunk ones.
+  int prefix_answers = 0;
+  for (const char* name :
+       {"cachetune", "full", "reuse", "cacheblend", "prophetkv", "lfonly", "prefix", "prefix"}) {
     SCOPED_TRACE(name);
-    const bool exact = find_policy(name).stage() == PolicyStage::kChunk;
+    const PolicyStage stage = find_policy(name).stage();
+    const bool exact = stage == PolicyStage::kChunk || stage == PolicyStage::kTokens;
+    const bool prefix_hit = find_policy(name).uses_prefix_cache() && ++prefix_answers == 2;
     SelectiveOptions sel;
     sel.policy.kind = &find_policy(name);
     const Answer a = cpu.answer(kDocs, "Who kept it?", sel, gen);
@@ -51,15 +57,16 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
     EXPECT_EQ(a.device, "cpu");
     EXPECT_EQ(b.device, "cuda");
     EXPECT_EQ(b.prefill.n_active, a.prefill.n_active);
+    EXPECT_EQ(b.prefill.n_loaded, a.prefill.n_loaded);
+    if (prefix_hit) {
+      EXPECT_GT(b.prefill.n_loaded, 0);
+    }
     EXPECT_EQ(b.tokens.size(), a.tokens.size());
     if (exact) {
       EXPECT_EQ(b.tokens, a.tokens);
       EXPECT_EQ(b.text, a.text);
     }
   }
-  SelectiveOptions lfonly;
-  lfonly.policy.kind = &find_policy("lfonly");
-  EXPECT_EQ(gpu.answer(kDocs, "Who kept it?", lfonly, gen).device, "cpu");
 }
 
 // A GPU engine's options with a calibration store in dir.

@@ -1,8 +1,9 @@
-// Selective prefill with the layers computed on the GPU decoder (SelectiveOptions::gpu) against
-// the same prefill on the CPU: every offline policy, chunks in any order with a prefix and a
-// query, every stored K/V type, sparse loading on and off (reused rows copied as stored and
-// unpacked and rotated on the device). The first-token logits and the whole K/V cache handed back
-// to the host must match. Skipped without a device.
+// Selective prefill with the layers computed on the GPU decoder (SelectiveOptions::device)
+// against the same prefill on the CPU: every offline policy, chunks in any order with a prefix
+// and a query, every stored K/V type, sparse loading on and off (reused rows copied as stored and
+// unpacked and rotated on the device), and the token-stage policies (prefix caching with a hit,
+// lfonly). The first-token logits and the whole K/V cache handed back to the host must match.
+// Skipped without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,24 +120,55 @@ TEST(CudaSelective, FullPolicyEqualsThePlainGpuPrefill) {
 
 // The layer-loop policies that need taps or keep_rows run on the device (taps_cuda_test.cc); a
 // token-stage policy prefills a token list on the CPU and has no device path.
-TEST(CudaSelective, TokenStagePoliciesAreRefusedClearly) {
+TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
   const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
-  const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(20, 8), EncodeOptions{});
-  const InMemoryChunk ca(a);
-  ComposedRequest req{test::random_byte_tokens(3, 9), {&ca}, test::random_byte_tokens(4, 10)};
-  auto dev = make_device("cuda", *m, 64);
-  KVCache kv = m->make_cache(64);
-  Workspace ws;
+  const int KV = m->config().kv_dim();
+  const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(40, 8), EncodeOptions{});
+  const ChunkKV b = encode_chunk(*m, test::random_byte_tokens(30, 11), EncodeOptions{});
+  const InMemoryChunk ca(a), cb(b);
+  // The second request repeats the first's prefix and first chunk: prefix caching reuses them.
+  const ComposedRequest first{test::random_byte_tokens(3, 9), {&ca, &cb},
+                              test::random_byte_tokens(4, 10)};
+  const ComposedRequest second{first.prefix, {&ca}, test::random_byte_tokens(5, 12)};
+  const int n_ctx = 96;
+  auto dev = make_device("cuda", *m, n_ctx);
   int n_token_stage = 0;
   for (const Policy* kind : all_policies()) {
     if (kind->stage() != PolicyStage::kTokens) continue;
     ++n_token_stage;
-    SelectiveOptions so;
-    so.policy.kind = kind;
-    so.device = dev.get();
-    EXPECT_THROW(selective_prefill(*m, req, so, kv, ws), Error) << kind->name();
+    PrefixCache cpu_prefixes, gpu_prefixes;
+    for (const ComposedRequest* req : {&first, &second}) {
+      SCOPED_TRACE(std::string(kind->name()) + (req == &first ? " first" : " second"));
+      SelectiveOptions so;
+      so.policy.kind = kind;
+      so.policy.ratio = 0.15;
+      KVCache cpu_kv = m->make_cache(n_ctx), gpu_kv = m->make_cache(n_ctx);
+      Workspace ws;
+      PrefillBreakdown cpu_bd, gpu_bd;
+      so.prefix_cache = &cpu_prefixes;
+      const std::vector<float> cpu = selective_prefill(*m, *req, so, cpu_kv, ws, &cpu_bd);
+      so.prefix_cache = &gpu_prefixes;
+      so.device = dev.get();
+      so.device_kv_to_host = false;  // a token-stage policy gets the host cache back regardless
+      const std::vector<float> gpu = selective_prefill(*m, *req, so, gpu_kv, ws, &gpu_bd);
+      ASSERT_EQ(cpu.size(), gpu.size());
+      EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
+      EXPECT_EQ(std::max_element(gpu.begin(), gpu.end()) - gpu.begin(),
+                std::max_element(cpu.begin(), cpu.end()) - cpu.begin());
+      EXPECT_EQ(gpu_bd.n_active, cpu_bd.n_active);
+      EXPECT_EQ(gpu_bd.n_loaded, cpu_bd.n_loaded);
+      if (kind->uses_prefix_cache() && req == &second) {
+        EXPECT_EQ(gpu_bd.n_loaded, 43);  // the prefix and chunk a
+      }
+      ASSERT_EQ(gpu_kv.n_pos, cpu_kv.n_pos);
+      for (int l = 0; l < m->config().n_layer; ++l) {
+        const size_t n = static_cast<size_t>(cpu_kv.n_pos) * KV;
+        EXPECT_LT(rel_max_diff(gpu_kv.k(l), cpu_kv.k(l), n), 2e-4) << "K of layer " << l;
+        EXPECT_LT(rel_max_diff(gpu_kv.v(l), cpu_kv.v(l), n), 2e-4) << "V of layer " << l;
+      }
+    }
   }
   EXPECT_GE(n_token_stage, 2);  // prefix and lfonly
 }

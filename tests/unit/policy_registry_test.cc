@@ -55,21 +55,19 @@ TEST(PolicyRegistry, AnUnknownNameListsTheKnownOnes) {
 TEST(PolicyRegistry, TraitsAgreeWithStages) {
   for (const Policy* p : all_policies()) {
     SCOPED_TRACE(p->name());
-    // The device path runs every policy of the layer loop (its backend has taps and keep_rows);
-    // a token-list prefill runs on the CPU.
-    EXPECT_EQ(p->on_gpu(), p->stage() != PolicyStage::kTokens);
+    // A token-list policy places and reads rows of the host cache itself; the layer loop's
+    // policies leave the cache to the backend.
+    EXPECT_EQ(p->uses_host_cache(), p->stage() == PolicyStage::kTokens);
     // A token-list prefill has no per-chunk recompute set to score.
     if (p->stage() == PolicyStage::kTokens) {
       EXPECT_FALSE(p->scored());
     }
   }
-  EXPECT_TRUE(find_policy("cachetune").on_gpu());
-  EXPECT_TRUE(find_policy("oracle").on_gpu());
+  EXPECT_FALSE(find_policy("cachetune").uses_host_cache());
+  EXPECT_FALSE(find_policy("cacheblend").uses_host_cache());
   EXPECT_TRUE(find_policy("oracle").eval_only());
-  EXPECT_TRUE(find_policy("cacheblend").on_gpu());
-  EXPECT_TRUE(find_policy("prophetkv").on_gpu());
-  EXPECT_FALSE(find_policy("prefix").on_gpu());
-  EXPECT_FALSE(find_policy("lfonly").on_gpu());
+  EXPECT_TRUE(find_policy("prefix").uses_host_cache());
+  EXPECT_TRUE(find_policy("lfonly").uses_host_cache());
   EXPECT_TRUE(find_policy("prefix").uses_prefix_cache());
   EXPECT_EQ(find_policy("cacheblend").stage(), PolicyStage::kAfterLayer0);
   EXPECT_EQ(find_policy("lfonly").stage(), PolicyStage::kTokens);
