@@ -24,16 +24,31 @@ bool backend_available(std::string_view name) {
   return name == "cpu" || (name == "cuda" && cuda::device_count() > 0);
 }
 
+namespace {
+// Never destroyed (like cuFFT's plans): a static destructor could run after the CUDA runtime's.
+std::mutex& band_norms_mutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::unique_ptr<cuda::BandNorms>& kept_band_norms() {
+  static auto* kept = new std::unique_ptr<cuda::BandNorms>();
+  return *kept;
+}
+}  // namespace
+
+void release_cuda_band_norms() {
+  std::lock_guard<std::mutex> lock(band_norms_mutex());
+  kept_band_norms().reset();
+}
+
 std::vector<float> cuda_band_norms(const std::vector<const float*>& mats, int n_tok, int kv_dim,
                                    bool filter, int lo, int hi) {
   // The BandNorms of the last shape is kept (device buffers and cuFFT plans are most of a first
   // call's cost); a chunk of another length replaces it, so device memory stays bounded by one
   // shape. The lock serialises callers, which share one device anyway.
-  static std::mutex mu;
-  static auto* cached = new std::unique_ptr<cuda::BandNorms>();  // never destroyed, like the plans
   const int n_mat = static_cast<int>(mats.size());
-  std::lock_guard<std::mutex> lock(mu);
-  auto& bn = *cached;
+  std::lock_guard<std::mutex> lock(band_norms_mutex());
+  auto& bn = kept_band_norms();
   if (!bn || bn->n_mat() != n_mat || bn->n_tok() != n_tok || bn->kv_dim() != kv_dim) {
     bn.reset();  // free the old shape's device memory before allocating the new one
     bn = std::make_unique<cuda::BandNorms>(n_mat, n_tok, kv_dim);
@@ -51,6 +66,8 @@ bool backend_available(std::string_view name) { return name == "cpu"; }
 std::vector<float> cuda_band_norms(const std::vector<const float*>&, int, int, bool, int, int) {
   CT_THROW("{}", kNoCudaMessage);
 }
+
+void release_cuda_band_norms() {}
 
 }  // namespace ct::backend
 

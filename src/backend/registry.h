@@ -25,5 +25,9 @@ extern const char* const kNoCudaMessage;
 // shape are kept; calls are serialised. Throws ct::Error (kNoCudaMessage without CUDA).
 std::vector<float> cuda_band_norms(const std::vector<const float*>& mats, int n_tok, int kv_dim,
                                    bool filter, int lo, int hi);
+// Frees what cuda_band_norms keeps (its last shape's device buffers and plans); the next call
+// allocates again. For a program's orderly end, so that a leak checker (compute-sanitizer's
+// memcheck, tools/gpu_check.sh) reports only real leaks. No-op without CUDA or nothing kept.
+void release_cuda_band_norms();
 
 }  // namespace ct::backend

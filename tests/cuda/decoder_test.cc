@@ -1,7 +1,8 @@
 // The GPU decoder (backend/cuda/decoder) against the CPU backend's cpu::prefill on tiny random
 // models: last-row logits and every layer's K/V cache rows, for grouped-query attention, Qwen2's
-// QKV biases with NeoX RoPE, a SmolLM2-shaped head layout, and a prefill split in two calls (rows
-// at positions > 0 attending over cache rows of the earlier call). Skipped without a device.
+// QKV biases with NeoX RoPE, a SmolLM2-shaped head layout, quantised weights (Q4_K, Q6_K, Q5_0
+// matrices, Q8_0 embedding, untied output) and a prefill split in two calls (rows at positions
+// > 0 attending over cache rows of the earlier call). Skipped without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,6 +37,10 @@ struct Case {
   test::TinyModelOptions opt;
   int n_tok;
   int split;  // 0: one call; else the first call takes [0, split)
+  // Quantised weights: the CPU side runs its reference path (each matrix dequantised to F32,
+  // F32 activations), which is what the decoder computes from the F32 weights it uploads; the
+  // fast CPU kernels round the activations to 8 bits and would differ by more than 2e-4.
+  bool cpu_reference = false;
 };
 
 void check_case(const Case& c) {
@@ -47,6 +52,7 @@ void check_case(const Case& c) {
 
   KVCache kv = m->make_cache(n_ctx);
   Workspace ws;
+  ws.use_reference = c.cpu_reference;
   auto dec = make_cuda_decoder(*m, n_ctx);
   std::vector<float> cpu, gpu;
   if (c.split == 0) {
@@ -88,6 +94,22 @@ TEST(CudaDecoder, MatchesCpuPrefill) {
   smol.opt.n_ff = 1536;
   smol.opt.context_length = 1024;
   cases.push_back(smol);
+  // Weights kept in their file encoding on the host, dequantised once for the upload
+  // (make_cuda_decoder): K-quant and Q8_0 matrices, a Q8_0 embedding and an untied output.
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0}) {
+    Case q{std::string("qwen2 ") + ggml_type_name(t) + " weights", {}, 29, 0};
+    q.opt.arch = "qwen2";
+    q.opt.n_embd = 256;
+    q.opt.n_head = 4;
+    q.opt.n_head_kv = 2;
+    q.opt.head_dim = 64;
+    q.opt.n_ff = 512;
+    q.opt.weight_type = t;
+    q.opt.token_embd_type = GgmlType::Q8_0;
+    q.opt.tied_output = false;
+    q.cpu_reference = true;
+    cases.push_back(q);
+  }
   for (const Case& c : cases) check_case(c);
 }
 
