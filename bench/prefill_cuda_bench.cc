@@ -5,7 +5,8 @@
 // ~1.6 GB file, dequantised to F32 for the GPU). Each runs the plain prefill and a composed
 // request (32-token prefix, six 500-token chunks held in host memory, 32-token query) with full
 // recompute and with cachetune at r = 0.15 (the paper's CPU-cache setting); shape 1 on the GPU
-// only (its CPU rows would take minutes; its chunks are encoded there too). Built where
+// only (its CPU rows would take minutes; its chunks are encoded there too). BM_DecodeCuda times
+// decode steps of 1, 8 and 32 sequences at once (decode_batch). Built where
 // bench/CMakeLists.txt defines CT_BENCH_TINY_MODEL (CT_CUDA builds: a CPU/GPU comparison); the
 // GPU cases skip ("no CUDA device") on a machine without a device, before writing any model.
 #if defined(CT_BENCH_TINY_MODEL)
@@ -85,6 +86,34 @@ void BM_PrefillCuda(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ct::cuda_prefill(*dec, m, toks.data(), n, 0));
   state.counters["tok/s"] =
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Decode steps on the GPU for S sequences at once (cuda::Decoder::decode_batch): S slots, each
+// holding a 1,024-token context; one step decodes a token of every slot. Args: S, shape.
+// tok/s counts all S rows; S = 1 is the one-request rate it is compared with.
+void BM_DecodeCuda(benchmark::State& state) {
+  if (!ct::cuda_ranking_available()) {
+    state.SkipWithError("no CUDA device");
+    return;
+  }
+  const int n_seq = static_cast<int>(state.range(0)), ctx = 1024;
+  const ct::Model& m = shaped_model(static_cast<int>(state.range(1)));
+  auto dec = ct::make_cuda_decoder(m, ctx + 1, n_seq);
+  std::vector<int32_t> toks, pos(n_seq, ctx), seqs(n_seq);
+  for (int s = 0; s < n_seq; ++s) {
+    dec->select(s);
+    const std::vector<int32_t> prompt = ct::test::random_byte_tokens(ctx, 50 + s);
+    ct::cuda_prefill(*dec, m, prompt.data(), ctx, 0);
+    toks.push_back(prompt[s % ctx]);
+    seqs[s] = s;
+  }
+  ct::cuda_decode_batch(*dec, m, toks.data(), pos.data(), seqs.data(), n_seq);  // warm-up
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        ct::cuda_decode_batch(*dec, m, toks.data(), pos.data(), seqs.data(), n_seq));
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n_seq),
+                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The composed request of the selective benchmarks, its chunks encoded once per shape on the
@@ -169,6 +198,11 @@ BENCHMARK(BM_Selective)
     ->Args({1, 0, 1})
     ->Args({1, 1, 1})
     ->ArgNames({"gpu", "cachetune", "shape"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_DecodeCuda)
+    ->ArgsProduct({{1, 8, 32}, {0, 1}})
+    ->ArgNames({"seqs", "shape"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_PrefillCpu)->Arg(512)->Arg(3000)->Unit(benchmark::kMillisecond)->UseRealTime();

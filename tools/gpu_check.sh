@@ -29,9 +29,9 @@ OMP_NUM_THREADS="${CT_BENCH_THREADS:-2}" "$PACK/ct_micro_bench" --benchmark_filt
   --benchmark_out="$OUT/rank_bench.json" --benchmark_out_format=json 2>&1 | tee "$OUT/rank_bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-# Prefill, CPU backend on every host core against the GPU decoder.
+# Prefill, CPU backend on every host core against the GPU decoder; and batched GPU decode steps.
 if [[ " $BENCH " == *" prefill "* ]]; then
-OMP_NUM_THREADS="$(nproc)" "$PACK/ct_micro_bench" --benchmark_filter='^BM_(PrefillCpu|PrefillCuda|Selective)/' \
+OMP_NUM_THREADS="$(nproc)" "$PACK/ct_micro_bench" --benchmark_filter='^BM_(PrefillCpu|PrefillCuda|Selective|DecodeCuda)/' \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$OUT/prefill_bench.json" --benchmark_out_format=json 2>&1 | tee "$OUT/prefill_bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -104,15 +104,23 @@ class LayerBackend {
   LayerTimes times_;
 };
 
-// A device that keeps one sequence's K/V in its own memory (the GPU). A request's selective
-// prefill runs its layer loop there (layers()), and decoding then continues from that cache
-// (prefill()). The engine holds one through this interface only (made by make_device), so it
-// never names a device's own types.
+// A device that keeps the K/V of n_seq() sequences in its own memory (the GPU), n_ctx()
+// positions each. A request's selective prefill runs its layer loop there (layers()), and
+// decoding then continues from that cache (prefill(), or decode_batch() for a row of each of
+// several sequences at once). layers() and prefill() work on the selected sequence slot
+// (select(); 0 at first). The engine holds one through this interface only (made by
+// make_device), so it never names a device's own types.
 class DeviceSequence {
  public:
   virtual ~DeviceSequence() = default;
   virtual const char* name() const = 0;  // "cuda"
-  virtual int n_ctx() const = 0;         // positions the device's sequence holds
+  virtual int n_ctx() const = 0;         // positions each of the device's sequences holds
+  virtual int n_seq() const = 0;         // sequence slots
+  virtual void select(int slot) = 0;     // the slot layers() and prefill() work on
+  // One token of each of n sequences: row i is tokens[i] of slot slots[i] (distinct) at
+  // position pos[i], over that slot's cache rows [0, pos[i]). Returns F32 [n][n_vocab].
+  virtual std::vector<float> decode_batch(const int32_t* tokens, const int32_t* pos,
+                                          const int32_t* slots, int n) = 0;
   // The LayerBackend of a selective prefill on this device. With kv_to_host, finish() copies
   // the finished cache into it (which must hold the prompt); else the host cache is not touched.
   virtual std::unique_ptr<LayerBackend> layers(KVCache* kv_to_host) = 0;
@@ -130,9 +138,11 @@ class DeviceSequence {
 void tapped_prefill(const Model& m, const int32_t* tokens, int n, DeviceSequence* device, float* k,
                     float* v, float* probs = nullptr, int probs_from_row = -1);
 
-// The device `name` ("cuda", the only one) for model m with n_ctx positions. Throws ct::Error
-// naming the backend when this build lacks it (backend/registry.h) or it cannot start.
-std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx);
+// The device `name` ("cuda", the only one) for model m with n_seq sequences of n_ctx positions.
+// Throws ct::Error naming the backend when this build lacks it (backend/registry.h) or it cannot
+// start.
+std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx,
+                                            int n_seq = 1);
 
 // The CPU backend: the layers of m on the host cache kv (at least as long as the prompt); any
 // number of sequences per pass (begin_batch), each on its own host cache.

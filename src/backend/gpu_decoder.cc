@@ -11,7 +11,7 @@
 
 namespace ct {
 
-std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx) {
+std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx, int n_seq) {
   CT_THROW_IF_NOT(backend::backend_built("cuda"), "GPU decoder: {}", backend::kNoCudaMessage);
   const ModelConfig& c = m.config();
   cuda::DecoderDims d;
@@ -47,7 +47,7 @@ std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx) {
   w.tok_embd = tok_embd.data();
   w.output = tied ? tok_embd.data() : output.data();  // the decoder recognises tying by pointer
   w.out_norm = m.output_norm();
-  return std::make_unique<cuda::Decoder>(d, w, n_ctx);
+  return std::make_unique<cuda::Decoder>(d, w, n_ctx, n_seq);
 }
 
 std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_t* tokens, int n,
@@ -59,14 +59,28 @@ std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_
   return dec.forward(tokens, pos.data(), n, cos.data(), sin.data());
 }
 
+std::vector<float> cuda_decode_batch(cuda::Decoder& dec, const Model& m, const int32_t* tokens,
+                                     const int32_t* pos, const int32_t* seqs, int n) {
+  std::vector<float> cos, sin;
+  m.rope().angle_table(pos, n, cos, sin);
+  return dec.decode_batch(tokens, pos, seqs, n, cos.data(), sin.data());
+}
+
 namespace {
 
 // The "cuda" DeviceSequence (backend.h): one cuda::Decoder built from the model.
 class CudaSequence final : public DeviceSequence {
  public:
-  CudaSequence(const Model& m, int n_ctx) : m_(m), dec_(make_cuda_decoder(m, n_ctx)) {}
+  CudaSequence(const Model& m, int n_ctx, int n_seq)
+      : m_(m), dec_(make_cuda_decoder(m, n_ctx, n_seq)) {}
   const char* name() const override { return "cuda"; }
   int n_ctx() const override { return dec_->n_ctx(); }
+  int n_seq() const override { return dec_->n_seq(); }
+  void select(int slot) override { dec_->select(slot); }
+  std::vector<float> decode_batch(const int32_t* tokens, const int32_t* pos, const int32_t* slots,
+                                  int n) override {
+    return cuda_decode_batch(*dec_, m_, tokens, pos, slots, n);
+  }
   std::unique_ptr<LayerBackend> layers(KVCache* kv_to_host) override {
     return make_cuda_layers(m_, *dec_, kv_to_host);
   }
@@ -81,10 +95,11 @@ class CudaSequence final : public DeviceSequence {
 
 }  // namespace
 
-std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx) {
+std::unique_ptr<DeviceSequence> make_device(const std::string& name, const Model& m, int n_ctx,
+                                            int n_seq) {
   CT_THROW_IF_NOT(name == "cuda", "device '{}': expected cuda (the CPU is not a device sequence)",
                   name);
-  return std::make_unique<CudaSequence>(m, n_ctx);
+  return std::make_unique<CudaSequence>(m, n_ctx, n_seq);
 }
 
 }  // namespace ct

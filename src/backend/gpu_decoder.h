@@ -11,11 +11,17 @@
 
 namespace ct {
 
-std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx);
+// n_seq: the decoder's sequence slots (cuda::Decoder), n_ctx positions each.
+std::unique_ptr<cuda::Decoder> make_cuda_decoder(const Model& m, int n_ctx, int n_seq = 1);
 
 // cpu::prefill on the GPU: tokens at positions [pos0, pos0 + n) over a cache holding
 // [0, pos0). Returns the last row's logits.
 std::vector<float> cuda_prefill(cuda::Decoder& dec, const Model& m, const int32_t* tokens, int n,
                                 int pos0);
+
+// cuda::Decoder::decode_batch with the model's rotations: one token of each of n slots.
+// Returns F32 [n][n_vocab].
+std::vector<float> cuda_decode_batch(cuda::Decoder& dec, const Model& m, const int32_t* tokens,
+                                     const int32_t* pos, const int32_t* seqs, int n);
 
 }  // namespace ct

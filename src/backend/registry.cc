@@ -75,7 +75,7 @@ namespace ct::cuda {
 
 // No Impl exists without CUDA: the constructor throws, so the other members are unreachable.
 struct Decoder::Impl {};
-Decoder::Decoder(const DecoderDims&, const DecoderWeights&, int) {
+Decoder::Decoder(const DecoderDims&, const DecoderWeights&, int, int) {
   CT_THROW("GPU decoder: {}", backend::kNoCudaMessage);
 }
 Decoder::~Decoder() = default;
@@ -84,6 +84,12 @@ Decoder::~Decoder() = default;
                         "a GPU decoder exists in a build without CUDA")
 const DecoderDims& Decoder::dims() const { CT_NO_DECODER; }
 int Decoder::n_ctx() const { CT_NO_DECODER; }
+int Decoder::n_seq() const { CT_NO_DECODER; }
+void Decoder::select(int) { CT_NO_DECODER; }
+std::vector<float> Decoder::decode_batch(const int32_t*, const int32_t*, const int32_t*, int,
+                                         const float*, const float*) {
+  CT_NO_DECODER;
+}
 std::vector<float> Decoder::forward(const int32_t*, const int32_t*, int, const float*,
                                     const float*) {
   CT_NO_DECODER;

@@ -33,7 +33,10 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.cuda) {
     CT_THROW_IF_NOT(backend::backend_built("cuda"), "--device cuda: {}", backend::kNoCudaMessage);
     CT_THROW_IF_NOT(opt_.gpu_ctx >= 1, "engine gpu_ctx = {}; expected >= 1", opt_.gpu_ctx);
-    gpu_ = make_device("cuda", *model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train));
+    CT_THROW_IF_NOT(opt_.gpu_seqs >= 1, "engine gpu_seqs = {}; expected >= 1", opt_.gpu_seqs);
+    gpu_ = make_device("cuda", *model_, std::min(opt_.gpu_ctx, model_->config().n_ctx_train),
+                       opt_.gpu_seqs);
+    gpu_slots_->busy.assign(opt_.gpu_seqs, 0);
   }
 }
 
@@ -291,8 +294,13 @@ void Engine::start_prefill(Generation& g) {
     ComposedRequest req{p.prefix, {}, p.query};
     for (const auto& src : g.srcs_) req.chunks.push_back(src.get());
     SelectiveOptions sel = g.sel_;
-    // The GPU runs every policy; prompts longer than its sequence stay on the CPU.
-    const bool on_gpu = gpu_ && n_total + gen.max_tokens <= gpu_ctx();
+    // The GPU runs every policy, a request in a sequence slot of its own; prompts longer than
+    // its sequences, and requests finding every slot taken, stay on the CPU.
+    if (gpu_ && n_total + gen.max_tokens <= gpu_ctx() && !g.gpu_slot_) {
+      g.gpu_slot_ = acquire_gpu_slot();
+    }
+    const bool on_gpu = g.gpu_slot_ != nullptr;
+    if (on_gpu) gpu_->select(*g.gpu_slot_);
     if (g.opt_.auto_ratio.value_or(opt_.auto_ratio)) {
       // The tiers the chunks were in when looked up (staged: possibly some steps ago; the
       // prefill reads them from there, pinned).
@@ -325,6 +333,7 @@ void Engine::start_prefill(Generation& g) {
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
         g.next_pos_ = kv.n_pos;  // a token-stage list can be shorter than the prompt (lfonly)
+        if (on_gpu) kv = KVCache();  // decoding goes on from the device's cache
         g.srcs_.clear();  // releases the chunks' pins (PooledChunk) once their rows are read
       }
     } catch (const ChunkReadError& e) {
@@ -362,13 +371,14 @@ void Engine::finish(Generation& g) const {
   a.text = a.stopped_at_sequence ? g.stops_->emitted() : model_->tokenizer().decode(a.tokens);
   g.kv_ = KVCache();  // the memory goes back now, not when the caller drops the generation
   g.logits_ = std::vector<float>();
+  g.gpu_slot_.reset();  // and so does its GPU sequence slot
 }
 
 StepRows Engine::advance(Generation* const* gens, int n) {
   const Tokenizer& tok = model_->tokenizer();
   const int V = model_->config().n_vocab;
-  std::vector<Generation*> feed, pre;
-  std::vector<int32_t> ids;
+  std::vector<Generation*> feed, pre, gfeed;  // gfeed: the GPU sequences' decode rows
+  std::vector<int32_t> ids, gids;
   std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
   int work = 0;  // this step's prefill work: tokens encoded and slice rows
@@ -439,9 +449,9 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       finish(g);
       continue;
     }
-    if (g.on_gpu_) {
-      g.logits_ = gpu_->prefill(&id, 1, g.next_pos_);
-      ++g.next_pos_;
+    if (g.on_gpu_) {  // one batched step over every GPU sequence, below
+      gfeed.push_back(&g);
+      gids.push_back(id);
       continue;
     }
     CT_THROW_IF_NOT(g.kv_.n_pos < g.kv_.n_ctx(), "KV cache full at {} positions while decoding",
@@ -449,13 +459,47 @@ StepRows Engine::advance(Generation* const* gens, int n) {
     feed.push_back(&g);
     ids.push_back(id);
   }
-  rows.decode = (int)feed.size();
+  rows.decode = (int)(feed.size() + gfeed.size());
+  if (!gfeed.empty()) gpu_decode_step(gfeed, gids);
   if (!pre.empty()) {
     rows.prefill = mixed_step(feed, ids, pre, slices);
   } else if (!feed.empty()) {
     decode_step(feed, ids);
   }
   return rows;
+}
+
+void Engine::gpu_decode_step(const std::vector<Generation*>& feed,
+                             const std::vector<int32_t>& ids) {
+  const int V = model_->config().n_vocab;
+  std::vector<int32_t> pos, slots;
+  for (Generation* g : feed) {
+    pos.push_back(g->next_pos_);
+    slots.push_back(*g->gpu_slot_);
+  }
+  const std::vector<float> logits =
+      gpu_->decode_batch(ids.data(), pos.data(), slots.data(), (int)feed.size());
+  for (size_t i = 0; i < feed.size(); ++i) {
+    feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    ++feed[i]->next_pos_;
+  }
+}
+
+std::shared_ptr<const int> Engine::acquire_gpu_slot() {
+  std::lock_guard<std::mutex> lk(gpu_slots_->mu);
+  std::vector<char>& busy = gpu_slots_->busy;
+  for (size_t i = 0; i < busy.size(); ++i) {
+    if (busy[i]) continue;
+    busy[i] = 1;
+    // Released when the last holder drops it (Generation, finish), also after the engine.
+    std::shared_ptr<GpuSlots> pool = gpu_slots_;
+    return std::shared_ptr<const int>(new int((int)i), [pool](const int* s) {
+      std::lock_guard<std::mutex> lk2(pool->mu);
+      pool->busy[*s] = 0;
+      delete s;
+    });
+  }
+  return nullptr;
 }
 
 void Engine::decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids) {
@@ -584,6 +628,7 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
     if (!g.sliced_->done()) continue;
     g.answer_.prefill = g.sliced_->breakdown();
     g.logits_ = g.sliced_->take_logits();
+    g.next_pos_ = g.kv_.n_pos;  // as after a whole prefill (a token-stage list may be shorter)
     g.sliced_.reset();
     g.srcs_.clear();  // releases the chunks' pins
   }

@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -45,10 +46,15 @@ struct EngineOptions {
   double r_min = 0.15;           // quality floor (paper App. E.4); also the fallback ratio
   std::string calibration_path;  // default: default_calibration_path()
   // Compute prefill and decoding on the GPU (CT_CUDA builds): the weights are uploaded once and
-  // one GPU sequence of gpu_ctx positions (at most the model's context) is kept. Policies the GPU
-  // path does not offer (SelectiveOptions::gpu) run on the CPU; Answer::device says which ran.
+  // gpu_seqs sequences of gpu_ctx positions each (at most the model's context) are kept. Every
+  // policy runs there; a prompt longer than a GPU sequence, or a request finding every sequence
+  // slot taken, runs on the CPU (Answer::device says which).
   bool cuda = false;
   int gpu_ctx = 8192;
+  // GPU sequence slots (gpu_ctx positions each): requests that prefill and decode on the GPU at
+  // once, their decode rows one batched step (cuda::Decoder::decode_batch). The scheduler
+  // admits at most this many running requests on a CUDA engine.
+  int gpu_seqs = 1;
   // Chunked prefill: at most this many prefill rows per engine step (advance), so that a long
   // prompt is prefilled over several steps, each shared with the decode rows of running requests.
   // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
@@ -167,6 +173,7 @@ class Generation {
   Timer decode_;  // since the first token was sampled
   bool first_ = true;
   bool on_gpu_ = false;
+  std::shared_ptr<const int> gpu_slot_;  // the GPU sequence slot it holds (on_gpu_)
   int next_pos_ = 0;  // position of the next token fed
   bool done_ = false;
   std::exception_ptr error_;
@@ -237,7 +244,8 @@ class Engine {
   // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
   // read during a slice is re-encoded and that request's prefill starts again. A prefilling
   // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
-  // On a CUDA engine at most one GPU generation may be unfinished at a time (one GPU sequence).
+  // On a CUDA engine each generation on the GPU holds one of its gpu_seqs sequence slots until it
+  // finishes (or is dropped); while every slot is held, new requests run on the CPU.
   std::unique_ptr<Generation> begin(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                                     const GenerateOptions& gen, const AnswerOptions& opt = {},
                                     const Timer& arrival = Timer());
@@ -287,6 +295,15 @@ class Engine {
   int mixed_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids,
                  std::vector<Generation*>& pre, std::vector<int>& slice);
   std::unique_ptr<DeviceSequence> gpu_;                            // EngineOptions::cuda
+  // Which of gpu_'s sequence slots generations hold (shared with their slot handles).
+  struct GpuSlots {
+    std::mutex mu;
+    std::vector<char> busy;
+  };
+  std::shared_ptr<GpuSlots> gpu_slots_ = std::make_shared<GpuSlots>();
+  // A free slot, released when the returned handle is dropped; null when all are taken.
+  std::shared_ptr<const int> acquire_gpu_slot();
+  void gpu_decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids);
   Workspace decode_ws_;                                            // advance()'s batch
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };

@@ -35,8 +35,10 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions opt) : engine_(engine), op
                   opt_.max_running);
   CT_THROW_IF_NOT(opt_.max_queue >= 1, "scheduler: max_queue = {}; expected >= 1",
                   opt_.max_queue);
-  // A CUDA engine keeps one GPU sequence: its requests decode one at a time.
-  if (engine_.options().cuda) opt_.max_running = 1;
+  // A CUDA engine has EngineOptions::gpu_seqs sequence slots: at most that many requests run.
+  if (engine_.options().cuda) {
+    opt_.max_running = std::min(opt_.max_running, engine_.options().gpu_seqs);
+  }
   stats_.kv_budget = opt_.kv_budget_bytes;
   thread_ = std::thread([this] { loop(); });
 }

@@ -82,10 +82,11 @@ class Policy {
   PolicyStage stage() const { return stage_; }
 
   // Traits callers ask instead of testing names.
-  // Places rows in, or reads, the host K/V cache itself (a token-stage policy's plan_tokens and
-  // after_tokens): a device prefill (SelectiveOptions::device) then needs a host cache of the
-  // whole prompt and hands its finished cache back there. Every policy runs on a device.
-  bool uses_host_cache() const { return stage() == PolicyStage::kTokens; }
+  // A token-stage policy whose plan_tokens places rows in, or whose after_tokens reads, the host
+  // K/V cache (prefix caching): a device prefill (SelectiveOptions::device) then needs a host
+  // cache of the whole prompt and hands its finished cache back there. Every policy runs on a
+  // device; a token-stage policy without this trait reuses no rows (lfonly).
+  virtual bool uses_host_cache() const { return false; }
   // Has a per-chunk recompute set of about ceil(r*N) tokens whose Recall@r against the true drift
   // is reported (eval).
   virtual bool scored() const { return true; }

@@ -245,15 +245,19 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
 
 // A token-stage policy's list on a device: the rows the policy placed in the host cache
 // ([0, n_reused): already rotated, F32) go into the device's cache as they are, the rest of the
-// list runs through every layer there, and the finished cache comes back to the host, where
-// after_tokens reads it (the prefix cache remembers it).
+// list runs through every layer there, and the finished cache comes back to the host (to_host),
+// where after_tokens reads it (the prefix cache remembers it). to_host may be null when the
+// policy reuses no rows and reads nothing after.
 std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const TokenPlan& tp,
-                                     KVCache& kv, PrefillBreakdown& bd) {
+                                     KVCache* to_host, PrefillBreakdown& bd) {
   const int n = (int)tp.tokens.size() - tp.n_reused;
   CT_THROW_IF_NOT(n > 0, "a token-stage policy left no token to prefill");
+  CT_ASSERT(tp.n_reused == 0 || to_host != nullptr,
+            "{} reused rows of a host cache the policy did not declare (uses_host_cache)",
+            tp.n_reused);
   std::vector<int32_t> pos(n);
   std::iota(pos.begin(), pos.end(), tp.n_reused);
-  const auto be = dev.layers(&kv);
+  const auto be = dev.layers(to_host);
   be->begin(tp.tokens.data() + tp.n_reused, pos.data(), n);
   if (tp.n_reused > 0) {
     ReusedRows rows;
@@ -262,9 +266,9 @@ std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const 
     std::iota(rows.pos.begin(), rows.pos.end(), 0);
     rows.rotated = true;
     const size_t bytes = (size_t)tp.n_reused * m.config().kv_dim() * sizeof(float);
-    rows.read = [&kv, bytes](int l, int, void* k, void* v) {
-      std::memcpy(k, kv.k(l), bytes);
-      std::memcpy(v, kv.v(l), bytes);
+    rows.read = [to_host, bytes](int l, int, void* k, void* v) {
+      std::memcpy(k, to_host->k(l), bytes);
+      std::memcpy(v, to_host->v(l), bytes);
     };
     be->set_reused(rows, 0);
   }
@@ -374,7 +378,8 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
       if (tp.selected) report->selected = *tp.selected;
     }
     if (opt.device) {
-      logits = device_token_pass(m, *opt.device, tp, kv, bd);
+      const bool to_host = opt.device_kv_to_host || pol.uses_host_cache();
+      logits = device_token_pass(m, *opt.device, tp, to_host ? &kv : nullptr, bd);
     } else {
       Timer ct;
       logits = cpu::prefill(m, tp.tokens.data() + tp.n_reused,

@@ -2,7 +2,8 @@
 // models: last-row logits and every layer's K/V cache rows, for grouped-query attention, Qwen2's
 // QKV biases with NeoX RoPE, a SmolLM2-shaped head layout, quantised weights (Q4_K, Q6_K, Q5_0
 // matrices, Q8_0 embedding, untied output) and a prefill split in two calls (rows at positions
-// > 0 attending over cache rows of the earlier call). Skipped without a device.
+// > 0 attending over cache rows of the earlier call); and the batched decode step over several
+// sequence slots against each sequence alone. Skipped without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,6 +112,70 @@ TEST(CudaDecoder, MatchesCpuPrefill) {
     cases.push_back(q);
   }
   for (const Case& c : cases) check_case(c);
+}
+
+// decode_batch: three sequences of different lengths in the slots of one decoder, two decode
+// steps over all of them at once (rows in another order than the slots), against each sequence
+// alone on a one-slot decoder: logits of every row, and the slots' caches afterwards (so no row
+// wrote into another's slot, and prefilling slots 1 and 2 left slot 0 alone).
+TEST(CudaDecoder, BatchedDecodeMatchesEachSequenceAlone) {
+  CT_REQUIRE_CUDA_DEVICE();
+  test::TempDir dir;
+  test::TinyModelOptions o;
+  o.arch = "qwen2";  // QKV biases and NeoX rotation; grouped-query attention
+  const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", o));
+  const int n_ctx = 48, V = m->config().n_vocab, KV = m->config().kv_dim();
+  const std::vector<int> lens = {5, 30, 17};
+  std::vector<std::vector<int32_t>> prompts, next;
+  for (int s = 0; s < 3; ++s) {
+    prompts.push_back(test::random_byte_tokens(lens[s], 20 + s));
+    next.push_back(test::random_byte_tokens(2, 40 + s));
+  }
+  auto batched = make_cuda_decoder(*m, n_ctx, 3);
+  EXPECT_EQ(batched->n_seq(), 3);
+  for (int s = 0; s < 3; ++s) {
+    batched->select(s);
+    cuda_prefill(*batched, *m, prompts[s].data(), lens[s], 0);
+  }
+  const std::vector<int32_t> order = {2, 0, 1};  // row i decodes slot order[i]
+  std::vector<std::vector<float>> got(2);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<int32_t> toks, pos;
+    for (int s : order) {
+      toks.push_back(next[s][step]);
+      pos.push_back(lens[s] + step);
+    }
+    got[step] = cuda_decode_batch(*batched, *m, toks.data(), pos.data(), order.data(), 3);
+    ASSERT_EQ(got[step].size(), static_cast<size_t>(3) * V);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const int s = order[i];
+    SCOPED_TRACE("slot " + std::to_string(s));
+    auto alone = make_cuda_decoder(*m, n_ctx);
+    cuda_prefill(*alone, *m, prompts[s].data(), lens[s], 0);
+    for (int step = 0; step < 2; ++step) {
+      const std::vector<float> want = cuda_prefill(*alone, *m, &next[s][step], 1, lens[s] + step);
+      const std::vector<float> row(got[step].begin() + (size_t)i * V,
+                                   got[step].begin() + (size_t)(i + 1) * V);
+      EXPECT_LT(rel_max_diff(row, want), 2e-4) << "step " << step;
+      EXPECT_EQ(argmax(row), argmax(want)) << "step " << step;
+    }
+    const int n_pos = lens[s] + 2;
+    std::vector<float> k(static_cast<size_t>(n_pos) * KV), v(k.size()), ka(k.size()), va(k.size());
+    batched->select(s);
+    alone->select(0);
+    for (int l = 0; l < m->config().n_layer; ++l) {
+      batched->read_kv(l, n_pos, k.data(), v.data());
+      alone->read_kv(l, n_pos, ka.data(), va.data());
+      EXPECT_LT(rel_max_diff(k, ka), 2e-4) << "K of layer " << l;
+      EXPECT_LT(rel_max_diff(v, va), 2e-4) << "V of layer " << l;
+    }
+  }
+  // Bad batches are refused by name.
+  const std::vector<int32_t> t2 = {1, 2}, p2 = {7, 7}, same = {1, 1}, far = {0, 3};
+  EXPECT_THROW(cuda_decode_batch(*batched, *m, t2.data(), p2.data(), same.data(), 2), Error);
+  EXPECT_THROW(cuda_decode_batch(*batched, *m, t2.data(), p2.data(), far.data(), 2), Error);
+  EXPECT_THROW(batched->select(3), Error);
 }
 
 TEST(CudaDecoder, RejectsBadPositionsAndTokens) {

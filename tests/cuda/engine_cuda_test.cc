@@ -2,7 +2,8 @@
 // computed and decoded on the GPU equals the CPU engine's (greedy, same chunks), and so do the
 // token-stage policies' (lfonly; prefix caching, its second request reusing the first's prefix);
 // the layer-loop policies that need taps (CacheBlend, ProphetKV) run on the GPU with the same
-// budget. Skipped without a device.
+// budget; and several requests decode on the GPU together, one sequence slot each. Skipped
+// without a device.
 #include <gtest/gtest.h>
 
 #include "engine/calibration.h"
@@ -41,11 +42,12 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
   gen.stop_at_eog = false;
   // CacheBlend's and ProphetKV's selection can differ from the CPU's at the cut
   // (taps_cuda_test.cc), so for them only the device and the budget are compared.
-  // prefix twice: the second answer reuses the first's cached prefix (its rows go up to the
-  // device as they are). The token-stage policies' logits match the CPU's like kChunk ones.
+  // prefix twice, lfonly between: the second prefix answer reuses the first's cached prefix,
+  // whose rows must go up to the device (lfonly left other rows there). The token-stage
+  // policies' logits match the CPU's like kChunk ones.
   int prefix_answers = 0;
   for (const char* name :
-       {"cachetune", "full", "reuse", "cacheblend", "prophetkv", "lfonly", "prefix", "prefix"}) {
+       {"cachetune", "full", "reuse", "cacheblend", "prophetkv", "prefix", "lfonly", "prefix"}) {
     SCOPED_TRACE(name);
     const PolicyStage stage = find_policy(name).stage();
     const bool exact = stage == PolicyStage::kChunk || stage == PolicyStage::kTokens;
@@ -67,6 +69,58 @@ TEST(CudaEngine, GpuAnswersEqualCpuAnswers) {
       EXPECT_EQ(b.text, a.text);
     }
   }
+}
+
+// Several requests on the GPU at once (EngineOptions::gpu_seqs): each prefills into a sequence
+// slot of its own, and their decode rows run as one batched step (decode_batch). Greedy answers
+// equal the CPU engine's for each request alone; a request arriving while every slot is taken
+// runs on the CPU, and a finished request's slot goes to the next one.
+TEST(CudaEngine, ConcurrentGpuRequestsDecodeTogetherAndMatchTheCpu) {
+  if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
+  test::TempDir dir;
+  EngineOptions eo = tiny_engine_options(dir);
+  Engine cpu(eo);
+  eo.cuda = true;
+  eo.gpu_seqs = 2;
+  Engine gpu(eo);
+  ASSERT_EQ(gpu.device()->n_seq(), 2);
+  const Tokenizer& tok = gpu.model().tokenizer();
+  const std::vector<std::string> questions = {"Who kept it?", "When was it built?",
+                                              "What colour is it?"};
+  const std::vector<int> lengths = {7, 11, 5};
+  SelectiveOptions sel;
+  sel.policy.kind = &find_policy("cachetune");
+  auto gen_of = [](int n) {
+    GenerateOptions g;
+    g.max_tokens = n;
+    g.stop_at_eog = false;
+    return g;
+  };
+  std::vector<std::unique_ptr<Generation>> gs;
+  std::vector<Generation*> ptrs;
+  for (size_t i = 0; i < questions.size(); ++i) {
+    gs.push_back(gpu.begin(build_rag_prompt(tok, kDocs, questions[i]), sel, gen_of(lengths[i])));
+    ptrs.push_back(gs.back().get());
+  }
+  EXPECT_EQ(gs[0]->answer().device, "cuda");
+  EXPECT_EQ(gs[1]->answer().device, "cuda");
+  EXPECT_EQ(gs[2]->answer().device, "cpu");  // both slots taken
+  const StepRows first = gpu.advance(ptrs.data(), 3);
+  EXPECT_EQ(first.decode, 3);  // two GPU rows in one batch, one CPU row
+  while (!gs[0]->done() || !gs[1]->done() || !gs[2]->done()) gpu.advance(ptrs.data(), 3);
+  for (size_t i = 0; i < questions.size(); ++i) {
+    SCOPED_TRACE(questions[i]);
+    ASSERT_FALSE(gs[i]->error());
+    const Answer want = cpu.answer(kDocs, questions[i], sel, gen_of(lengths[i]));
+    EXPECT_EQ(gs[i]->answer().tokens, want.tokens);
+  }
+  // The finished requests gave their slots back.
+  std::unique_ptr<Generation> again =
+      gpu.begin(build_rag_prompt(tok, kDocs, questions[2]), sel, gen_of(lengths[2]));
+  EXPECT_EQ(again->answer().device, "cuda");
+  Generation* one = again.get();
+  while (!again->done()) gpu.advance(&one, 1);
+  EXPECT_EQ(again->answer().tokens, gs[2]->answer().tokens);
 }
 
 // A GPU engine's options with a calibration store in dir.

@@ -118,8 +118,9 @@ TEST(CudaSelective, FullPolicyEqualsThePlainGpuPrefill) {
   EXPECT_EQ(sel, plain);  // the same kernels on the same rows: bit for bit
 }
 
-// The layer-loop policies that need taps or keep_rows run on the device (taps_cuda_test.cc); a
-// token-stage policy prefills a token list on the CPU and has no device path.
+// The token-stage policies prefill their list on the device over the rows they placed in the host
+// cache. The device's cache is filled with other rows before each pass, so rows that were not
+// uploaded would show.
 TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
@@ -151,6 +152,8 @@ TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
       const std::vector<float> cpu = selective_prefill(*m, *req, so, cpu_kv, ws, &cpu_bd);
       so.prefix_cache = &gpu_prefixes;
       so.device = dev.get();
+      const std::vector<int32_t> other = test::random_byte_tokens(n_ctx - 1, 99);
+      dev->prefill(other.data(), n_ctx - 1, 0);
       so.device_kv_to_host = false;  // a token-stage policy gets the host cache back regardless
       const std::vector<float> gpu = selective_prefill(*m, *req, so, gpu_kv, ws, &gpu_bd);
       ASSERT_EQ(cpu.size(), gpu.size());

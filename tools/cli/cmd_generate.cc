@@ -207,8 +207,8 @@ void register_generate(CLI::App& app) {
   add_rmin_option(c, &a->engine.r_min);
   a->engine.add_encoding(c);
   c->add_option("--device", a->engine.device,
-                "Chunk mode: where prefill and decoding run, cpu or cuda (policies the GPU path "
-                "lacks run on the CPU)")
+                "Chunk mode: where prefill and decoding run, cpu or cuda (a prompt longer than "
+                "the GPU's sequence runs on the CPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   c->add_option("--rank-device", a->engine.rank_device, "Where new chunks are ranked: cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));

@@ -44,7 +44,7 @@ inline CLI::Option* add_device_option(CLI::App* c, std::string* device) {
   return c
       ->add_option("--device", *device,
                    "Where prefill and decoding run: cpu, or cuda (a CT_CUDA build and a GPU; "
-                   "policies the GPU path lacks fall back to the CPU)")
+                   "a prompt longer than the GPU's sequence falls back to the CPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
 }
@@ -65,6 +65,7 @@ struct EngineFlags {
   bool no_sink = false;
   std::string rank_device = "cpu";
   std::string device = "cpu";
+  int gpu_seqs = EngineOptions().gpu_seqs;
   std::string rank = rank_mode_name(EncodeOptions().rank.mode);
   int probe_layers = 0;
   std::string probe_text = kDefaultProbeText;
@@ -97,6 +98,12 @@ struct EngineFlags {
         ->capture_default_str();
     add_encoding(c);
     add_device_option(c, &device);
+    c->add_option("--gpu-seqs", gpu_seqs,
+                  "With --device cuda: sequences the GPU holds at once (each 8,192 positions of F32 "
+                  "K/V, or the model's context if shorter); their decode steps run as one batch, "
+                  "and serve runs at most this many requests")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
     c->add_option("--rank-device", rank_device,
                   "Where new chunks' frequency ranking runs: cpu (FFTW) or cuda (cuFFT; needs a "
                   "CT_CUDA build and a GPU)")
@@ -119,6 +126,7 @@ struct EngineFlags {
     o.encode.sink = !no_sink;
     o.encode.rank.device = rank_device == "cuda" ? RankDevice::kCuda : RankDevice::kCpu;
     o.cuda = device == "cuda";
+    o.gpu_seqs = gpu_seqs;
     return o;
   }
 };

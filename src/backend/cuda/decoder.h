@@ -52,19 +52,32 @@ struct DecoderTap {
 // Element type of reused K/V rows as stored in chunk records (store/chunk.h's KvDtype).
 enum class RowType { kF32, kF16, kBF16 };
 
-// One sequence on the GPU: the weights (uploaded once), a KV cache of n_ctx positions per layer
-// (post-RoPE keys and values, indexed by global position, like model/kv_cache.h) and scratch
-// grown to the largest batch. Not thread-safe. Throws ct::Error naming the failing CUDA or
-// cuBLAS call.
+// Sequences on the GPU: the weights (uploaded once), a KV cache of n_ctx positions per layer for
+// each of n_seq sequence slots (post-RoPE keys and values, indexed by global position, like
+// model/kv_cache.h) and scratch grown to the largest batch. The calls below work on the selected
+// slot (select(); 0 at first), except decode_batch, which takes one row of each of several.
+// Not thread-safe. Throws ct::Error naming the failing CUDA or cuBLAS call.
 class Decoder {
  public:
-  Decoder(const DecoderDims& dims, const DecoderWeights& w, int n_ctx);
+  Decoder(const DecoderDims& dims, const DecoderWeights& w, int n_ctx, int n_seq = 1);
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
   const DecoderDims& dims() const;
   int n_ctx() const;
+  int n_seq() const;
+  // The slot the single-sequence calls (forward ... read_kv) work on, in [0, n_seq).
+  void select(int seq);
+
+  // One decode step for n sequences at once (continuous batching): row i is token tokens[i] of
+  // slot seqs[i] (distinct slots) at position pos[i] (< n_ctx), attending over that slot's cache
+  // rows [0, pos[i]], which must be valid; its K/V is written there. The products run over all n
+  // rows together, the attention per row over its own slot. cos, sin: F32 [n][n_rot/2] as in
+  // forward. Returns F32 [n][n_vocab], row i's logits equal (up to float rounding: cuBLAS may
+  // sum in another order for another n) to forward() of that row alone on its slot.
+  std::vector<float> decode_batch(const int32_t* tokens, const int32_t* pos, const int32_t* seqs,
+                                  int n, const float* cos, const float* sin);
 
   // All layers on n tokens at global positions pos[n] (strictly increasing, < n_ctx), as
   // cpu::prefill: each layer writes the rows' K/V at their positions, then row i attends over

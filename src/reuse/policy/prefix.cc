@@ -17,6 +17,7 @@ class Prefix final : public Policy {
                PolicyStage::kTokens) {}
   bool scored() const override { return false; }
   bool uses_prefix_cache() const override { return true; }
+  bool uses_host_cache() const override { return true; }
   TokenPlan plan_tokens(const PolicyRequest& r, KVCache& kv) const override {
     CT_THROW_IF_NOT(r.opt.prefix_cache != nullptr, "the prefix policy needs a PrefixCache");
     TokenPlan plan;
