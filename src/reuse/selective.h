@@ -89,8 +89,8 @@ struct SelectiveOptions {
   // load_wait_ms is the host's reading and queueing of the reused rows.
   DeviceSequence* device = nullptr;
   // Device only: copy the finished cache back into the host kv (false when decoding continues on
-  // the device; the host kv is then not touched and may be empty). Policies with
-  // Policy::uses_host_cache() (the token stage) always get it back and need the host kv.
+  // the device; the host kv is then not touched and may be empty). A policy with
+  // Policy::uses_host_cache() (prefix caching) always gets it back and needs the host kv.
   bool device_kv_to_host = true;
 };
 

@@ -154,7 +154,8 @@ TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
       so.device = dev.get();
       const std::vector<int32_t> other = test::random_byte_tokens(n_ctx - 1, 99);
       dev->prefill(other.data(), n_ctx - 1, 0);
-      so.device_kv_to_host = false;  // a token-stage policy gets the host cache back regardless
+      // Prefix caching gets the host cache back regardless (uses_host_cache); lfonly when asked.
+      so.device_kv_to_host = !kind->uses_host_cache();
       const std::vector<float> gpu = selective_prefill(*m, *req, so, gpu_kv, ws, &gpu_bd);
       ASSERT_EQ(cpu.size(), gpu.size());
       EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
