@@ -25,13 +25,31 @@ namespace {
 
 using test::rel_max_diff;
 
+// The device's prefill against the CPU's: logits within 2e-4 of their largest value and the same
+// argmax, the same rows computed and loaded, and the first n_pos rows of every layer's K/V.
+void expect_same_prefill(const Model& m, const std::vector<float>& cpu,
+                         const std::vector<float>& gpu, const PrefillBreakdown& cpu_bd,
+                         const PrefillBreakdown& gpu_bd, const KVCache& cpu_kv,
+                         const KVCache& gpu_kv, int n_pos) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
+  EXPECT_EQ(std::max_element(gpu.begin(), gpu.end()) - gpu.begin(),
+            std::max_element(cpu.begin(), cpu.end()) - cpu.begin());
+  EXPECT_EQ(gpu_bd.n_active, cpu_bd.n_active);
+  EXPECT_EQ(gpu_bd.n_loaded, cpu_bd.n_loaded);
+  const size_t n = static_cast<size_t>(n_pos) * m.config().kv_dim();
+  for (int l = 0; l < m.config().n_layer; ++l) {
+    EXPECT_LT(rel_max_diff(gpu_kv.k(l), cpu_kv.k(l), n), 2e-4) << "K of layer " << l;
+    EXPECT_LT(rel_max_diff(gpu_kv.v(l), cpu_kv.v(l), n), 2e-4) << "V of layer " << l;
+  }
+}
+
 TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
   test::TinyModelOptions o;
   o.context_length = 1024;
   const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", o));
-  const int KV = m->config().kv_dim();
   for (KvDtype dtype : {KvDtype::F16, KvDtype::BF16, KvDtype::F32}) {
     EncodeOptions eo;
     eo.dtype = dtype;
@@ -61,18 +79,8 @@ TEST(CudaSelective, MatchesCpuForEveryOfflinePolicy) {
         const std::vector<float> cpu = selective_prefill(*m, req, so, cpu_kv, ws, &cpu_bd);
         so.device = dev.get();
         const std::vector<float> gpu = selective_prefill(*m, req, so, gpu_kv, ws, &gpu_bd);
-        ASSERT_EQ(cpu.size(), gpu.size());
-        EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
-        EXPECT_EQ(std::max_element(gpu.begin(), gpu.end()) - gpu.begin(),
-                  std::max_element(cpu.begin(), cpu.end()) - cpu.begin());
-        EXPECT_EQ(gpu_bd.n_active, cpu_bd.n_active);
-        EXPECT_EQ(gpu_bd.n_loaded, cpu_bd.n_loaded);
         EXPECT_EQ(gpu_kv.n_pos, n_total);
-        for (int l = 0; l < m->config().n_layer; ++l) {
-          const size_t n = static_cast<size_t>(n_total) * KV;
-          EXPECT_LT(rel_max_diff(gpu_kv.k(l), cpu_kv.k(l), n), 2e-4) << "K of layer " << l;
-          EXPECT_LT(rel_max_diff(gpu_kv.v(l), cpu_kv.v(l), n), 2e-4) << "V of layer " << l;
-        }
+        expect_same_prefill(*m, cpu, gpu, cpu_bd, gpu_bd, cpu_kv, gpu_kv, n_total);
       }
     }
   }
@@ -125,7 +133,6 @@ TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
   const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
-  const int KV = m->config().kv_dim();
   const ChunkKV a = encode_chunk(*m, test::random_byte_tokens(40, 8), EncodeOptions{});
   const ChunkKV b = encode_chunk(*m, test::random_byte_tokens(30, 11), EncodeOptions{});
   const InMemoryChunk ca(a), cb(b);
@@ -157,21 +164,11 @@ TEST(CudaSelective, TokenStagePoliciesMatchTheCpu) {
       // Prefix caching gets the host cache back regardless (uses_host_cache); lfonly when asked.
       so.device_kv_to_host = !kind->uses_host_cache();
       const std::vector<float> gpu = selective_prefill(*m, *req, so, gpu_kv, ws, &gpu_bd);
-      ASSERT_EQ(cpu.size(), gpu.size());
-      EXPECT_LT(rel_max_diff(gpu.data(), cpu.data(), cpu.size()), 2e-4) << "logits";
-      EXPECT_EQ(std::max_element(gpu.begin(), gpu.end()) - gpu.begin(),
-                std::max_element(cpu.begin(), cpu.end()) - cpu.begin());
-      EXPECT_EQ(gpu_bd.n_active, cpu_bd.n_active);
-      EXPECT_EQ(gpu_bd.n_loaded, cpu_bd.n_loaded);
       if (kind->uses_prefix_cache() && req == &second) {
         EXPECT_EQ(gpu_bd.n_loaded, 43);  // the prefix and chunk a
       }
       ASSERT_EQ(gpu_kv.n_pos, cpu_kv.n_pos);
-      for (int l = 0; l < m->config().n_layer; ++l) {
-        const size_t n = static_cast<size_t>(cpu_kv.n_pos) * KV;
-        EXPECT_LT(rel_max_diff(gpu_kv.k(l), cpu_kv.k(l), n), 2e-4) << "K of layer " << l;
-        EXPECT_LT(rel_max_diff(gpu_kv.v(l), cpu_kv.v(l), n), 2e-4) << "V of layer " << l;
-      }
+      expect_same_prefill(*m, cpu, gpu, cpu_bd, gpu_bd, cpu_kv, gpu_kv, cpu_kv.n_pos);
     }
   }
   EXPECT_GE(n_token_stage, 2);  // prefix and lfonly
