@@ -317,12 +317,11 @@ void Engine::start_prefill(Generation& g) {
     sel.device_kv_to_host = false;  // decoding continues on the GPU, from its own cache
     ans.device = on_gpu ? "cuda" : "cpu";
     // On the GPU the cache lives on the device; the host one is only needed on the CPU, and for
-    // a policy that works on it (the token stage: prefix caching's rows, remembered after).
+    // a policy that works on it (uses_host_cache: prefix caching's rows, remembered after).
     KVCache& kv = g.kv_;
     kv = on_gpu && !sel.policy.kind->uses_host_cache()
              ? KVCache()
              : model_->make_cache(n_total + gen.max_tokens + 1);
-    g.on_gpu_ = on_gpu;
     const bool sliced =
         opt_.prefill_chunk > 0 && gen.max_tokens > 0 && SlicedPrefill::supports(sel);
     Workspace ws;
@@ -449,7 +448,7 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       finish(g);
       continue;
     }
-    if (g.on_gpu_) {  // one batched step over every GPU sequence, below
+    if (g.gpu_slot_) {  // one batched step over every GPU sequence, below
       gfeed.push_back(&g);
       gids.push_back(id);
       continue;

@@ -172,8 +172,8 @@ class Generation {
   Timer ttft_;    // since the request arrived
   Timer decode_;  // since the first token was sampled
   bool first_ = true;
-  bool on_gpu_ = false;
-  std::shared_ptr<const int> gpu_slot_;  // the GPU sequence slot it holds (on_gpu_)
+  // The GPU sequence slot it holds, from its prefill to its end; null when it runs on the CPU.
+  std::shared_ptr<const int> gpu_slot_;
   int next_pos_ = 0;  // position of the next token fed
   bool done_ = false;
   std::exception_ptr error_;
