@@ -696,8 +696,11 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
   // the tile sizes. Against the double-precision reference on the rounded input (qgemm_input):
   // |y - ref| <= kRelTol * sum_e (|d u| + |o|) |x_used| (float rounding; a layout mistake is of
   // the order of the magnitude). The input's rounding is checked as in qgemv's test. kAvx2
-  // (maddubs for the types whose quants stay below 128) and kAvx2Wide equal kNative bit for bit.
+  // (maddubs for the types whose quants stay below 128) and kAvx2Wide equal kNative bit for bit,
+  // and so does kNative with all five strips in one block (with 512-bit VNNI: two pairs of strips
+  // in pair_tile and the partial strip alone), whatever blocking the thread count gave first.
   const int rows = 37, cols = 512;
+  const QgemmBlocking one_block{5, qgemm_tile_rows()};
   for (GgmlType t : kAllTypes) {
     if (!qgemm_supported(t)) continue;
     const auto packed = random_blocks(t, rows, cols, 91);
@@ -711,6 +714,9 @@ TEST(QGemm, MatchesReferenceOnRandomBlocksForEveryType) {
       qgemm(ws, 1, x.data(), n, y_wide.data(), rows, QgemmPath::kAvx2Wide);
       ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " cols=" << cols << " n=" << n;
       ASSERT_EQ(y_wide, y) << ggml_type_name(t) << " n=" << n;
+      std::vector<float> y_block((size_t)n * rows);
+      qgemm(ws, 1, x.data(), n, y_block.data(), rows, QgemmPath::kNative, &one_block);
+      ASSERT_EQ(y_block, y_avx2) << ggml_type_name(t) << " n=" << n << ", one block";
       std::vector<float> x_used(cols), yu(rows);
       std::vector<uint8_t> u(cols);
       std::vector<float> d(cols / 16), o(cols / 16);

@@ -23,6 +23,12 @@
 #else
 #define CT_QGEMM_VNNI 0
 #endif
+// With 512-bit VNNI two strips run as one: each register holds a group of both (pair_tile).
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define CT_QGEMM_PAIR 1
+#else
+#define CT_QGEMM_PAIR 0
+#endif
 
 namespace ct::cpu {
 using simd::half;
@@ -457,6 +463,96 @@ void strip_rows_with(const Strip& st, int K, const Input& in, int c, int end, fl
   }
 }
 
+#if CT_QGEMM_PAIR
+// The 512-bit form of tile for two strips a and b of the same group: every register holds a's 8
+// rows in its low half and b's in its high half, so one dpbusd covers 16 weight rows and each
+// input broadcast and float step serves both strips. Per lane it runs tile's operations in
+// tile's order (the integer sums are exact, the float steps the same), so the results are the
+// bits tile gives for each strip alone.
+template <int NR, int G>
+void pair_tile(const Strip& a, const Strip& b, int K, const int8_t* __restrict q,
+               const float* __restrict dx, const float* __restrict sx, float* ya, float* yb,
+               int ldy, int lanes_a, int lanes_b) {
+  constexpr int V = G / 4;
+  const uint8_t *wqa = a.wq.data(), *wqb = b.wq.data();
+  const float *wda = a.wd.data(), *wdb = b.wd.data(), *woa = a.wo.data(), *wob = b.wo.data();
+  const auto both = [](const float* lo, const float* hi) {
+    return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xff, _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(lo))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(hi)), 1));
+  };
+  __m512 acc[NR];
+  for (int c = 0; c < NR; ++c) acc[c] = _mm512_setzero_ps();
+  for (int i = 0; i < K / G; ++i) {
+    // Register by register of the group, every input row's sum: NR independent dpbusd chains.
+    __m512i s[NR];
+    for (int c = 0; c < NR; ++c) s[c] = _mm512_setzero_si512();
+    for (int v = 0; v < V; ++v) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wqa + 32 * v));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wqb + 32 * v));
+      const __m512i w = _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(lo), hi, 1);
+      for (int c = 0; c < NR; ++c) {
+        int32_t qv;
+        std::memcpy(&qv, q + 4 * (v * NR + c), 4);
+        s[c] = _mm512_dpbusd_epi32(s[c], w, _mm512_set1_epi32(qv));
+      }
+    }
+    const __m512 vd = both(wda, wdb), vo = both(woa, wob);
+    for (int c = 0; c < NR; ++c) {
+      const __m512 t = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, s[c]), vd);
+      acc[c] = _mm512_fmadd_ps(t, _mm512_set1_ps(dx[c]), acc[c]);
+      acc[c] = _mm512_fmadd_ps(vo, _mm512_set1_ps(sx[c]), acc[c]);
+    }
+    wqa += 32 * V;
+    wqb += 32 * V;
+    wda += kStrip;
+    wdb += kStrip;
+    woa += kStrip;
+    wob += kStrip;
+    q += 4 * V * NR;
+    sx += NR;
+    if (G == 32 || (i & 1)) dx += NR;
+  }
+  for (int c = 0; c < NR; ++c) {
+    alignas(64) float tmp[2 * kStrip];
+    _mm512_store_ps(tmp, acc[c]);
+    std::memcpy(ya + (size_t)c * ldy, tmp, sizeof(float) * lanes_a);
+    std::memcpy(yb + (size_t)c * ldy, tmp + kStrip, sizeof(float) * lanes_b);
+  }
+}
+
+template <int NR>
+void pair_tile_at(const Strip& a, const Strip& b, int K, const Input& in, int c0, float* ya,
+                  float* yb, int ldy, int lanes_a, int lanes_b) {
+  const int8_t* q = in.q.data() + (size_t)c0 * K;
+  const float* dx = in.dx.data() + (size_t)c0 * (K / 32);
+  ya += (size_t)c0 * ldy;
+  yb += (size_t)c0 * ldy;
+  if (a.group == 32) {
+    pair_tile<NR, 32>(a, b, K, q, dx, in.sx32.data() + (size_t)c0 * (K / 32), ya, yb, ldy, lanes_a, lanes_b);
+  } else {
+    pair_tile<NR, 16>(a, b, K, q, dx, in.sx.data() + (size_t)c0 * (K / 16), ya, yb, ldy, lanes_a, lanes_b);
+  }
+}
+
+// strip_rows for two strips of the same group at once (pair_tile).
+void pair_rows(const Strip& a, const Strip& b, int K, const Input& in, int c, int end, float* ya,
+               float* yb, int ldy, int lanes_a, int lanes_b) {
+  for (; c + kMaxTile <= end; c += kMaxTile) {
+    pair_tile_at<kMaxTile>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b);
+  }
+  switch (end - c) {
+    case 7: pair_tile_at<7>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 6: pair_tile_at<6>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 5: pair_tile_at<5>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 4: pair_tile_at<4>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 3: pair_tile_at<3>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 2: pair_tile_at<2>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    case 1: pair_tile_at<1>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
+    default: break;
+  }
+}
+#endif
+
 // The strip's multiply: VNNI where the path has it, else maddubs for a narrow strip (with its
 // int16 fold) unless the path asks for the wide form.
 void strip_rows(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
@@ -556,6 +652,8 @@ QgemmBlocking qgemm_blocking(int cols, int total_strips) {
   // Aim at 4 blocks per thread, so that a small matrix still spreads over every core.
   const int per = 4 * omp_get_max_threads();
   b.strips = std::max(1, std::min(b.strips, (total_strips + per - 1) / per));
+  // With 512-bit VNNI strips run in pairs (pair_tile): an even count leaves none alone.
+  if (CT_QGEMM_PAIR && b.strips > 1) b.strips &= ~1;
   return b;
 }
 
@@ -625,6 +723,15 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
       for (int j = 0; j < s1 - s0; ++j) {
         const int m = mat[j], lanes = std::min(kStrip, ws[m]->rows - r0[j]);
         float* ys = y + offset[m] + r0[j];
+#if CT_QGEMM_PAIR
+        if (vnni && j + 1 < s1 - s0 && strips[j + 1].group == strips[j].group) {
+          const int m1 = mat[j + 1], lanes1 = std::min(kStrip, ws[m1]->rows - r0[j + 1]);
+          pair_rows(strips[j], strips[j + 1], K, input, c, end, ys, y + offset[m1] + r0[j + 1], ldy,
+                    lanes, lanes1);
+          ++j;
+          continue;
+        }
+#endif
         strip_rows(strips[j], K, input, c, end, ys, ldy, lanes, vnni, wide);
       }
     }
