@@ -476,9 +476,12 @@ void pair_tile(const Strip& a, const Strip& b, int K, const int8_t* __restrict q
   constexpr int V = G / 4;
   const uint8_t *wqa = a.wq.data(), *wqb = b.wq.data();
   const float *wda = a.wd.data(), *wdb = b.wd.data(), *woa = a.wo.data(), *wob = b.wo.data();
+  // The masked (maskz) forms with all lanes kept: GCC 12's unmasked inserts and conversion pass
+  // an undefined vector that -Wmaybe-uninitialized reports.
   const auto both = [](const float* lo, const float* hi) {
-    return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xff, _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(lo))),
-                                               _mm256_castps_pd(_mm256_loadu_ps(hi)), 1));
+    const __m512d l = _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(lo)));
+    const __m256d h = _mm256_castps_pd(_mm256_loadu_ps(hi));
+    return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xff, l, h, 1));
   };
   __m512 acc[NR];
   for (int c = 0; c < NR; ++c) acc[c] = _mm512_setzero_ps();
@@ -528,9 +531,11 @@ void pair_tile_at(const Strip& a, const Strip& b, int K, const Input& in, int c0
   ya += (size_t)c0 * ldy;
   yb += (size_t)c0 * ldy;
   if (a.group == 32) {
-    pair_tile<NR, 32>(a, b, K, q, dx, in.sx32.data() + (size_t)c0 * (K / 32), ya, yb, ldy, lanes_a, lanes_b);
+    const float* sx = in.sx32.data() + (size_t)c0 * (K / 32);
+    pair_tile<NR, 32>(a, b, K, q, dx, sx, ya, yb, ldy, lanes_a, lanes_b);
   } else {
-    pair_tile<NR, 16>(a, b, K, q, dx, in.sx.data() + (size_t)c0 * (K / 16), ya, yb, ldy, lanes_a, lanes_b);
+    const float* sx = in.sx.data() + (size_t)c0 * (K / 16);
+    pair_tile<NR, 16>(a, b, K, q, dx, sx, ya, yb, ldy, lanes_a, lanes_b);
   }
 }
 
@@ -726,8 +731,8 @@ void qgemm(const QMatrix* const* ws, int n_mats, const float* x, int n, float* y
 #if CT_QGEMM_PAIR
         if (vnni && j + 1 < s1 - s0 && strips[j + 1].group == strips[j].group) {
           const int m1 = mat[j + 1], lanes1 = std::min(kStrip, ws[m1]->rows - r0[j + 1]);
-          pair_rows(strips[j], strips[j + 1], K, input, c, end, ys, y + offset[m1] + r0[j + 1], ldy,
-                    lanes, lanes1);
+          float* ys1 = y + offset[m1] + r0[j + 1];
+          pair_rows(strips[j], strips[j + 1], K, input, c, end, ys, ys1, ldy, lanes, lanes1);
           ++j;
           continue;
         }
