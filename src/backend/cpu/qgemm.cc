@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cpu/qgemv_q8.h"
@@ -443,24 +444,34 @@ void tile_at(const Strip& st, int K, const Input& in, int c0, float* y, int ldy,
   }
 }
 
-// The input rows [c, end) of one strip; c is a multiple of kMaxTile, and so is end unless it is n
-// (tiles are laid out from row 0: encode_row).
+// Walks the input rows [c, end) in tiles: f(std::integral_constant<int, NR>{}, c0) for each tile's
+// first row c0 and row count NR (kMaxTile, then the rest). c is a multiple of kMaxTile, and so
+// is end unless it is n (tiles are laid out from row 0: encode_row).
+template <class Tile>
+inline void for_each_tile(int c, int end, Tile&& f) {
+  using std::integral_constant;
+  for (; c + kMaxTile <= end; c += kMaxTile) f(integral_constant<int, kMaxTile>{}, c);
+  switch (end - c) {
+#if defined(__AVX512VL__)
+    case 7: f(integral_constant<int, 7>{}, c); break;
+    case 6: f(integral_constant<int, 6>{}, c); break;
+    case 5: f(integral_constant<int, 5>{}, c); break;
+    case 4: f(integral_constant<int, 4>{}, c); break;
+#endif
+    case 3: f(integral_constant<int, 3>{}, c); break;
+    case 2: f(integral_constant<int, 2>{}, c); break;
+    case 1: f(integral_constant<int, 1>{}, c); break;
+    default: break;
+  }
+}
+
+// The input rows [c, end) of one strip.
 template <Dot kDot, int F = 1>
 void strip_rows_with(const Strip& st, int K, const Input& in, int c, int end, float* y, int ldy,
                      int lanes) {
-  for (; c + kMaxTile <= end; c += kMaxTile) tile_at<kDot, F, kMaxTile>(st, K, in, c, y, ldy, lanes);
-  switch (end - c) {
-#if defined(__AVX512VL__)
-    case 7: tile_at<kDot, F, 7>(st, K, in, c, y, ldy, lanes); break;
-    case 6: tile_at<kDot, F, 6>(st, K, in, c, y, ldy, lanes); break;
-    case 5: tile_at<kDot, F, 5>(st, K, in, c, y, ldy, lanes); break;
-    case 4: tile_at<kDot, F, 4>(st, K, in, c, y, ldy, lanes); break;
-#endif
-    case 3: tile_at<kDot, F, 3>(st, K, in, c, y, ldy, lanes); break;
-    case 2: tile_at<kDot, F, 2>(st, K, in, c, y, ldy, lanes); break;
-    case 1: tile_at<kDot, F, 1>(st, K, in, c, y, ldy, lanes); break;
-    default: break;
-  }
+  for_each_tile(c, end, [&](auto nr, int c0) {
+    tile_at<kDot, F, decltype(nr)::value>(st, K, in, c0, y, ldy, lanes);
+  });
 }
 
 #if CT_QGEMM_PAIR
@@ -542,19 +553,9 @@ void pair_tile_at(const Strip& a, const Strip& b, int K, const Input& in, int c0
 // strip_rows for two strips of the same group at once (pair_tile).
 void pair_rows(const Strip& a, const Strip& b, int K, const Input& in, int c, int end, float* ya,
                float* yb, int ldy, int lanes_a, int lanes_b) {
-  for (; c + kMaxTile <= end; c += kMaxTile) {
-    pair_tile_at<kMaxTile>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b);
-  }
-  switch (end - c) {
-    case 7: pair_tile_at<7>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 6: pair_tile_at<6>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 5: pair_tile_at<5>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 4: pair_tile_at<4>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 3: pair_tile_at<3>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 2: pair_tile_at<2>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    case 1: pair_tile_at<1>(a, b, K, in, c, ya, yb, ldy, lanes_a, lanes_b); break;
-    default: break;
-  }
+  for_each_tile(c, end, [&](auto nr, int c0) {
+    pair_tile_at<decltype(nr)::value>(a, b, K, in, c0, ya, yb, ldy, lanes_a, lanes_b);
+  });
 }
 #endif
 

@@ -43,10 +43,10 @@ constexpr int kQKK = (int)kGgmlQK_K;
 // Software prefetch of the weights: before a row's product, the bytes that lie kPrefetchAhead
 // past its start, one row's worth (rows of a matrix are contiguous), are requested into L1. One
 // core's hardware prefetchers leave decode, which streams every weight once per token, well below
-// the memory's rate: this took Qwen2.5-1.5B decode on one Xeon core from 7.4 to 10.0 tokens/s, and
-// SmolLM2 and Qwen2.5-0.5B up by a third too (docs/PERFORMANCE.md, "Prefetching the weights").
-// 1 and 4 KiB measured slightly slower than 2 KiB there. Prefetches do not change results. Only
-// bytes of the matrix are named (its last rows prefetch less).
+// the memory's rate: this took one-thread decode on a Xeon up by 26-36% on the three registry
+// models (docs/PERFORMANCE.md, "Prefetching the weights"), where 1 and 4 KiB ahead measured
+// slightly slower than 2 KiB. Prefetches do not change results. Only bytes of the matrix are
+// named (its last rows prefetch less).
 constexpr size_t kPrefetchAhead = 2048;
 
 inline void prefetch_ahead(const QMatrix& w, int r) {
