@@ -9,7 +9,9 @@
 // the offset 32 (Q6_K) with the input's 16-element sums in integers, and convert once per
 // super-block. Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
 // registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory, or
-// (32-element types, kMinLaneRows rows or more) in the lane form, eight rows per register.
+// (32-element types, kMinLaneRows rows or more) in the lane form, eight rows per register. With
+// AVX-512 (BW, VNNI) the K-quants' integer sums take two sub-blocks per 512-bit register, and their
+// tiles are 8 rows (the halves add up exactly to the 256-bit sums, so the bits do not change).
 #include "backend/cpu/qgemv_q8.h"
 
 #include <immintrin.h>
@@ -32,6 +34,12 @@
 #else
 #define CT_Q8_VNNI 0
 #endif
+// 512-bit integer sums for the K-quants' VNNI kernels: two sub-blocks per register.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define CT_Q8_ZMM 1
+#else
+#define CT_Q8_ZMM 0
+#endif
 
 // The kernels' building blocks must inline into their loops: GCC's heuristics left a group
 // (several hundred instructions once unrolled) out of line for some types, which passes the
@@ -45,7 +53,9 @@ using simd::q5_high_bits;
 namespace {
 
 // Rows per kernel call: the accumulators of a tile stay in registers. 8 rows (AVX-512VL has 32
-// vector registers) measured slower than 4 on Q4_K: 188 vs 141 us per row (bench/qgemv_bench.cc).
+// vector registers) measured slower than 4 on Q4_K with 256-bit sums: 188 vs 141 us per row
+// (bench/qgemv_bench.cc); with the 512-bit sums (CT_Q8_ZMM) 8 rows measure faster, so the
+// K-quants (kWideTile) run tiles of 2 * kTile there.
 constexpr int kTile = 4;
 
 inline __m256i load256(const void* p) {
@@ -121,6 +131,21 @@ inline __m128i k_scales_mins(const uint8_t* s) {
 // A shuffle_epi8 control that copies int16 lane j of each 128-bit half to every lane of it.
 inline __m256i pair_index(int j) { return _mm256_set1_epi16((short)(0x0101 * 2 * j + 0x0100)); }
 
+#if CT_Q8_ZMM
+// 256-bit halves in and out of a 512-bit register. The masked (maskz) forms with every lane kept:
+// GCC 12's unmasked ones pass an undefined vector that -Wmaybe-uninitialized reports.
+inline __m512i zjoin(__m256i lo, __m256i hi) {
+  return _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(lo), hi, 1);
+}
+inline __m512i zdup(__m256i v) { return _mm512_maskz_broadcast_i64x4(0xff, v); }
+// The sum of the two halves' int32 lanes.
+inline __m256i zfold(__m512i z) {
+  return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xff, z, 0),
+                          _mm512_maskz_extracti64x4_epi64(0xff, z, 1));
+}
+inline __m512i zload(const void* p) { return _mm512_loadu_si512(p); }
+#endif
+
 // Runs K's kernel over n rows: tiles of kLanes rows in K's lane form where K has one and the
 // caller built the tiles (at least kMinLaneRows rows in the tile), the others in tiles of kTile
 // (remainder 1-3). Each row's arithmetic is the same in every form.
@@ -134,6 +159,11 @@ void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n,
         K::template run_lanes<kVnni>(row, lanes[i / kLanes], std::min(kLanes, n - i), cols,
                                      y + i * ys, ys);
       }
+    }
+  }
+  if constexpr (kVnni && K::kWideTile) {
+    for (; i + 2 * kTile <= n; i += 2 * kTile) {
+      K::template run<kVnni, 2 * kTile>(row, act + i, cols, y + i * ys, ys);
     }
   }
   for (; i + kTile <= n; i += kTile) {
@@ -262,6 +292,7 @@ struct KBlocks32 {
   static constexpr int kOffsetShift = kT == Type32::kQ4_0 ? 3 : kT == Type32::kQ5_0 ? 4 : 0;
   static constexpr bool kSigned = kT == Type32::kQ8_0;  // int8 quants: the sign trick
   static constexpr bool kMin = kT == Type32::kQ4_1;     // the d q + m form
+  static constexpr bool kWideTile = false;
   // The lane form multiplies a broadcast weight group with eight rows' bytes: with AVX2's maddubs
   // its pair sums must fit int16, which Q8_0's w + 128 (up to 255) would not.
   template <bool kVnni>
@@ -323,27 +354,56 @@ struct KBlocks32 {
   struct LaneSums {
     __m256 lo[4], hi[4];
   };
-  // One block's terms in the lane form (eight rows, one per lane) into lane j of the sums. The
-  // weight quants go through a stack buffer, so that each 4-byte group is broadcast by a load
-  // (the asm makes the compiler store and reload them instead of broadcasting with shuffles,
-  // which all queue on one port).
+  // One block's terms in the lane form (eight rows, one per lane) into lane j of the sums. Each
+  // 4-byte group of weight quants is broadcast by a load (broadcasts from a register are
+  // shuffles, which all queue on one port): Q4_0, Q4_1 and Q8_0 load it from the block and mask
+  // or bias it, which measured 11-25% faster at 8 rows than the stack buffer Q5_0 still goes
+  // through (its fifth bits would cost more than the buffer's store and reloads).
   template <bool kVnni>
   CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const Lanes32& t, int b, int j,
                                        LaneSums& p) {
-    alignas(32) uint8_t wq[32];
-    __m256i u = quants(blk);
-    if constexpr (kSigned) u = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));  // w + 128
-    _mm256_store_si256(reinterpret_cast<__m256i*>(wq), u);
-    asm("" : "+m"(wq));
     const int8_t* xq = t.q + (size_t)b * 32 * kLanes;
     // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
     __m256i c[4];
-    for (int g = 0; g < 8; ++g) {
-      int32_t w4;
-      std::memcpy(&w4, wq + 4 * g, 4);
-      const int k = g >> 1;
-      const __m256i acc = g & 1 ? c[k] : _mm256_setzero_si256();
-      c[k] = dot_u8s8<kVnni>(acc, _mm256_set1_epi32(w4), load256(xq + 32 * g));
+    if constexpr (kT == Type32::kQ4_0 || kT == Type32::kQ4_1) {
+      // Nibbles: group g < 4 is the low halves of bytes 4g..4g+3, group 4 + g their high halves,
+      // each broadcast straight from the block.
+      const uint8_t* qs = blk + (kT == Type32::kQ4_0 ? 2 : 4);
+      const __m256i mask = _mm256_set1_epi8(0x0f);
+      for (int g = 0; g < 4; ++g) {
+        int32_t w4;
+        std::memcpy(&w4, qs + 4 * g, 4);
+        const __m256i raw = _mm256_set1_epi32(w4);
+        const int k = g >> 1;
+        c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), _mm256_and_si256(raw, mask),
+                               load256(xq + 32 * g));
+        c[k + 2] = dot_u8s8<kVnni>(g & 1 ? c[k + 2] : _mm256_setzero_si256(),
+                                   _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask),
+                                   load256(xq + 32 * (g + 4)));
+      }
+    } else if constexpr (kT == Type32::kQ8_0) {
+      // Bytes: each group broadcast straight from the block, then w + 128.
+      const __m256i bias = _mm256_set1_epi8((char)0x80);
+      for (int g = 0; g < 8; ++g) {
+        int32_t w4;
+        std::memcpy(&w4, blk + 2 + 4 * g, 4);
+        const int k = g >> 1;
+        c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(),
+                               _mm256_xor_si256(_mm256_set1_epi32(w4), bias), load256(xq + 32 * g));
+      }
+    } else {
+      // Q5_0: the quants through a stack buffer (the asm makes the compiler store and reload
+      // them instead of broadcasting with shuffles).
+      alignas(32) uint8_t wq[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), quants(blk));
+      asm("" : "+m"(wq));
+      for (int g = 0; g < 8; ++g) {
+        int32_t w4;
+        std::memcpy(&w4, wq + 4 * g, 4);
+        const int k = g >> 1;
+        const __m256i acc = g & 1 ? c[k] : _mm256_setzero_si256();
+        c[k] = dot_u8s8<kVnni>(acc, _mm256_set1_epi32(w4), load256(xq + 32 * g));
+      }
     }
     __m256i lo = _mm256_add_epi32(c[0], c[1]), hi = _mm256_add_epi32(c[2], c[3]);
     constexpr int kShift = kSigned ? 7 : kOffsetShift;
@@ -370,6 +430,8 @@ struct KBlocks32 {
     const int nb = cols / 32, full = nb / 4 * 4;
     for (int b = 0; b < full; b += 4) {
       const uint8_t* blk = row + (size_t)b * kBytes;
+      // Unrolled, so that the sums stay in registers (a rolled loop indexes them in memory).
+#pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, t, b + j, j, p);
     }
     const int shift = nb >= 4 ? nb - 4 : 0;  // lane of a last-group block: b - shift
@@ -390,6 +452,7 @@ template <bool kFive>
 struct KQ45K {
   template <bool kVnni>
   static constexpr bool kHasLanes = false;
+  static constexpr bool kWideTile = CT_Q8_ZMM;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     constexpr size_t kBytes = kFive ? 176 : 144;
@@ -408,6 +471,12 @@ struct KQ45K {
       const __m256i mv = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
           sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
       __m256i isum[N];
+#if CT_Q8_ZMM
+      if constexpr (kVnni) {
+        zmm_sums<N>(qs, qh, scales16, a, 256 * b, isum);
+      } else
+#endif
+      {
       for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
         const __m256i raw = load256(qs + 32 * c);
@@ -429,6 +498,7 @@ struct KQ45K {
           }
         }
       }
+      }
       const __m256 vd = _mm256_set1_ps(half(blk)), vmin = _mm256_set1_ps(half(blk + 2));
       for (int r = 0; r < N; ++r) {
         const __m256 dx = _mm256_broadcast_ss(a[r].dk + b);
@@ -439,6 +509,40 @@ struct KQ45K {
     }
     for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
   }
+#if CT_Q8_ZMM
+  // The integer sums of one super-block (input elements from `at` on) in 512-bit registers:
+  // sub-blocks 2c and 2c + 1 (chunk c's low and high nibbles, adjacent in the input) side by
+  // side, each half accumulating what the 256-bit loop puts in the same lanes, so the halves'
+  // exact sum is that loop's isum.
+  template <int N>
+  CT_Q8_INLINE static void zmm_sums(const uint8_t* qs, __m256i qh, __m256i scales16, const Act* a,
+                                    size_t at, __m256i* isum) {
+    const __m512i mask = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1);
+    const __m512i nib_shift = zjoin(_mm256_setzero_si256(), _mm256_set1_epi16(4));
+    const __m512i sc = zdup(scales16);
+    const __m512i qh2 = zdup(qh);
+    __m512i z[N];
+    for (int r = 0; r < N; ++r) z[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i raw = zdup(load256(qs + 32 * c));
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, nib_shift), mask);
+      if constexpr (kFive) {
+        const __m512i bit = zjoin(_mm256_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)));
+        q = _mm512_or_si512(
+            q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh2, bit), one), 4));
+      }
+      const __m512i scv = _mm512_shuffle_epi8(
+          sc, zjoin(pair_index(2 * c), pair_index(2 * c + 1)));
+      for (int r = 0; r < N; ++r) {
+        const __m512i p = _mm512_maddubs_epi16(q, zload(a[r].qk + at + 64 * c));
+        z[r] = _mm512_dpwssd_epi32(z[r], p, scv);
+      }
+    }
+    for (int r = 0; r < N; ++r) {
+      isum[r] = zfold(z[r]);
+    }
+  }
+#endif
 };
 
 // Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, d. Element 128h + 32k + l (k < 4, l < 32):
@@ -448,6 +552,7 @@ struct KQ45K {
 struct KQ6K {
   template <bool kVnni>
   static constexpr bool kHasLanes = false;
+  static constexpr bool kWideTile = CT_Q8_ZMM;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
@@ -465,6 +570,12 @@ struct KQ6K {
           _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
               sc8, _mm_setr_epi8(8, 9, 10, 11, 12, 13, 14, 15, 9, 10, 11, 12, 13, 14, 15, 15)))};
       __m256i isum[N];
+#if CT_Q8_ZMM
+      if constexpr (kVnni) {
+        zmm_sums<N>(blk, pairs16, a, 256 * b, isum);
+      } else
+#endif
+      {
       for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
       for (int h = 0; h < 2; ++h) {
         const __m256i ql0 = load256(blk + 64 * h), ql1 = load256(blk + 64 * h + 32);
@@ -486,6 +597,7 @@ struct KQ6K {
           }
         }
       }
+      }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
       const __m256 vd = _mm256_set1_ps(half(blk + 208));
       for (int r = 0; r < N; ++r) {
@@ -498,6 +610,39 @@ struct KQ6K {
     }
     for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
   }
+#if CT_Q8_ZMM
+  // The integer sums of one super-block in 512-bit registers, as KQ45K::zmm_sums: k = 2j and
+  // 2j + 1 side by side (their ql bytes and their input elements are adjacent).
+  template <int N>
+  CT_Q8_INLINE static void zmm_sums(const uint8_t* blk, const __m256i* pairs16, const Act* a,
+                                    size_t at, __m256i* isum) {
+    const __m512i mask4 = _mm512_set1_epi8(0x0f), mask2 = _mm512_set1_epi8(3);
+    __m512i z[N];
+    for (int r = 0; r < N; ++r) z[r] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = zload(blk + 64 * h);
+      const __m512i qh = zdup(load256(blk + 128 + 32 * h));
+      const __m512i lo[2] = {_mm512_and_si512(ql, mask4),
+                             _mm512_and_si512(_mm512_srli_epi16(ql, 4), mask4)};
+      const __m512i pairs = zdup(pairs16[h]);
+      for (int j = 0; j < 2; ++j) {
+        const __m512i shift = zjoin(_mm256_set1_epi16((short)(4 * j)), _mm256_set1_epi16((short)(4 * j + 2)));
+        const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), mask2);
+        const __m512i q = _mm512_or_si512(lo[j], _mm512_slli_epi16(hb, 4));
+        const __m512i scv = _mm512_shuffle_epi8(
+            pairs, zjoin(pair_index(4 * j), pair_index(4 * j + 2)));
+        for (int r = 0; r < N; ++r) {
+          const __m512i p =
+              _mm512_maddubs_epi16(q, zload(a[r].qk + at + 128 * h + 64 * j));
+          z[r] = _mm512_dpwssd_epi32(z[r], p, scv);
+        }
+      }
+    }
+    for (int r = 0; r < N; ++r) {
+      isum[r] = zfold(z[r]);
+    }
+  }
+#endif
 };
 
 struct Entry {
