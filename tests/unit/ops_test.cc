@@ -631,20 +631,24 @@ std::vector<uint8_t> random_blocks(GgmlType t, int rows, int cols, uint32_t seed
   return packed;
 }
 
-TEST(QGemv, LaneFormEqualsOneRowFormOnEveryQuantPattern) {
-  // Random blocks reach every quant (Q8_0's -128 included) and the inputs their +-127 ends
-  // (one element per 32 is the block's largest): 8 and 13 rows (the lane form for the
-  // 32-element types, a full tile and one of 5 that falls back) against each row alone, under
-  // both paths.
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0}) {
-    const int rows = 37, cols = 320;
+TEST(QGemv, MultiRowFormsEqualOneRowFormOnEveryQuantPattern) {
+  // Random blocks reach every quant (Q8_0's -128 included; every K-quant scale, min and high-bit
+  // pattern) and the inputs their +-127 ends (one element per 32 is the block's largest): 8, 13
+  // and 16 rows against each row alone, under both paths, and the two paths' batches against
+  // each other. The 32-element types run the lane form (a full tile, and one of 5 that falls
+  // back); the K-quants run tiles of 8 rows (512-bit sums where the build has AVX-512 VNNI) and
+  // of 4.
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0,
+                     GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const int rows = 37, cols = ggml_block_elems(t) == 32 ? 320 : 512;
     auto packed = random_blocks(t, rows, cols, 93);
     const size_t rb = ggml_row_bytes(t, cols);
     const QMatrix w{t, packed.data(), rows, cols, rb};
     const QMatrix* ws[1] = {&w};
-    for (int n : {8, 13}) {
+    for (int n : {8, 13, 16}) {
       auto x = randn((size_t)n * cols, 94 + n);
       for (int i = 0; i < n; ++i) x[(size_t)i * cols + 7] = i % 2 ? 40.0f : -40.0f;
+      std::vector<float> y_native;
       for (QgemvPath path : {QgemvPath::kNative, QgemvPath::kAvx2}) {
         std::vector<float> y((size_t)n * rows);
         qgemv_batch(ws, 1, x.data(), n, y.data(), rows, path);
@@ -655,6 +659,11 @@ TEST(QGemv, LaneFormEqualsOneRowFormOnEveryQuantPattern) {
             ASSERT_EQ(y[(size_t)i * rows + r], one[r])
                 << ggml_type_name(t) << " n=" << n << " row " << i << " out " << r;
           }
+        }
+        if (path == QgemvPath::kNative) {
+          y_native = y;
+        } else {
+          ASSERT_EQ(y, y_native) << ggml_type_name(t) << " n=" << n << ": AVX2 against native";
         }
       }
     }

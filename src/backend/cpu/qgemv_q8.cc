@@ -7,11 +7,12 @@
 // lane form (Lanes32), with the same float steps per row. K-quants (Q4_K, Q5_K, Q6_K) multiply each
 // sub-block's int16 pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or
 // the offset 32 (Q6_K) with the input's 16-element sums in integers, and convert once per
-// super-block. Kernels are templates over the number of input rows N <= 4 (the accumulators stay in
-// registers); more rows run in tiles of 4, re-reading the weight row from L1, not memory, or
+// super-block. Kernels are templates over the number of input rows N (the accumulators stay in
+// registers): more rows run in tiles of 4, re-reading the weight row from L1, not memory, or
 // (32-element types, kMinLaneRows rows or more) in the lane form, eight rows per register. With
-// AVX-512 (BW, VNNI) the K-quants' integer sums take two sub-blocks per 512-bit register, and their
-// tiles are 8 rows (the halves add up exactly to the 256-bit sums, so the bits do not change).
+// AVX-512 (BW, VNNI) the K-quants' integer sums take two sub-blocks per 512-bit register, and
+// their tiles are 8 rows, then 4 (the halves add up exactly to the 256-bit sums, so the bits do
+// not change).
 #include "backend/cpu/qgemv_q8.h"
 
 #include <immintrin.h>
@@ -147,8 +148,9 @@ inline __m512i zload(const void* p) { return _mm512_loadu_si512(p); }
 #endif
 
 // Runs K's kernel over n rows: tiles of kLanes rows in K's lane form where K has one and the
-// caller built the tiles (at least kMinLaneRows rows in the tile), the others in tiles of kTile
-// (remainder 1-3). Each row's arithmetic is the same in every form.
+// caller built the tiles (at least kMinLaneRows rows in the tile), the others in tiles of
+// 2 * kTile (K::kWideTile, VNNI kernel only), then of kTile, then the remainder of 1-3. Each
+// row's arithmetic is the same in every form.
 template <class K, bool kVnni>
 void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n, int cols, float* y,
                 size_t ys) {
@@ -477,27 +479,28 @@ struct KQ45K {
       } else
 #endif
       {
-      for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
-      for (int c = 0; c < 4; ++c) {
-        const __m256i raw = load256(qs + 32 * c);
-        const __m256i nib[2] = {_mm256_and_si256(raw, mask),
-                                _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask)};
-        for (int hi = 0; hi < 2; ++hi) {
-          const int s = 2 * c + hi;
-          __m256i q = nib[hi];
-          if constexpr (kFive) {
-            // Bit s of each qh byte moved to bit 4; masked to one bit, 16-bit shifts cannot carry.
-            q = _mm256_or_si256(
-                q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
-          }
-          const __m256i scv = _mm256_shuffle_epi8(scales16, pair_index(s));
-          for (int r = 0; r < N; ++r) {
-            // Pair sums <= 2 * 31 * 127: no saturation.
-            const __m256i p = _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 32 * s));
-            isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+        for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+          const __m256i raw = load256(qs + 32 * c);
+          const __m256i nib[2] = {_mm256_and_si256(raw, mask),
+                                  _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask)};
+          for (int hi = 0; hi < 2; ++hi) {
+            const int s = 2 * c + hi;
+            __m256i q = nib[hi];
+            if constexpr (kFive) {
+              // Bit s of each qh byte moved to bit 4; masked to one bit, 16-bit shifts cannot
+              // carry.
+              q = _mm256_or_si256(
+                  q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, s), one), 4));
+            }
+            const __m256i scv = _mm256_shuffle_epi8(scales16, pair_index(s));
+            for (int r = 0; r < N; ++r) {
+              // Pair sums <= 2 * 31 * 127: no saturation.
+              const __m256i p = _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 32 * s));
+              isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+            }
           }
         }
-      }
       }
       const __m256 vd = _mm256_set1_ps(half(blk)), vmin = _mm256_set1_ps(half(blk + 2));
       for (int r = 0; r < N; ++r) {
@@ -527,7 +530,8 @@ struct KQ45K {
       const __m512i raw = zdup(load256(qs + 32 * c));
       __m512i q = _mm512_and_si512(_mm512_srlv_epi16(raw, nib_shift), mask);
       if constexpr (kFive) {
-        const __m512i bit = zjoin(_mm256_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)));
+        const __m512i bit =
+            zjoin(_mm256_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)));
         q = _mm512_or_si512(
             q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh2, bit), one), 4));
       }
@@ -576,27 +580,27 @@ struct KQ6K {
       } else
 #endif
       {
-      for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
-      for (int h = 0; h < 2; ++h) {
-        const __m256i ql0 = load256(blk + 64 * h), ql1 = load256(blk + 64 * h + 32);
-        const __m256i qh = load256(blk + 128 + 32 * h);
-        const __m256i lo[4] = {_mm256_and_si256(ql0, mask4), _mm256_and_si256(ql1, mask4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask4),
-                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask4)};
-        for (int k = 0; k < 4; ++k) {
-          const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), mask2);
-          const __m256i q = _mm256_or_si256(lo[k], _mm256_slli_epi16(hb, 4));
-          // int16 lanes 0-7 hold elements 0..15 (scale 8h + 2k), lanes 8-15 elements 16..31
-          // (scale 8h + 2k + 1): lane 2k of each half of pairs16[h].
-          const __m256i scv = _mm256_shuffle_epi8(pairs16[h], pair_index(2 * k));
-          for (int r = 0; r < N; ++r) {
-            // Pair sums <= 2 * 63 * 127: no saturation.
-            const __m256i p =
-                _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 128 * h + 32 * k));
-            isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+        for (int r = 0; r < N; ++r) isum[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+          const __m256i ql0 = load256(blk + 64 * h), ql1 = load256(blk + 64 * h + 32);
+          const __m256i qh = load256(blk + 128 + 32 * h);
+          const __m256i lo[4] = {_mm256_and_si256(ql0, mask4), _mm256_and_si256(ql1, mask4),
+                                 _mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask4),
+                                 _mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask4)};
+          for (int k = 0; k < 4; ++k) {
+            const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), mask2);
+            const __m256i q = _mm256_or_si256(lo[k], _mm256_slli_epi16(hb, 4));
+            // int16 lanes 0-7 hold elements 0..15 (scale 8h + 2k), lanes 8-15 elements 16..31
+            // (scale 8h + 2k + 1): lane 2k of each half of pairs16[h].
+            const __m256i scv = _mm256_shuffle_epi8(pairs16[h], pair_index(2 * k));
+            for (int r = 0; r < N; ++r) {
+              // Pair sums <= 2 * 63 * 127: no saturation.
+              const __m256i p =
+                  _mm256_maddubs_epi16(q, load256(a[r].qk + 256 * b + 128 * h + 32 * k));
+              isum[r] = dot_s16<kVnni>(isum[r], p, scv);
+            }
           }
         }
-      }
       }
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
       const __m256 vd = _mm256_set1_ps(half(blk + 208));
@@ -626,7 +630,8 @@ struct KQ6K {
                              _mm512_and_si512(_mm512_srli_epi16(ql, 4), mask4)};
       const __m512i pairs = zdup(pairs16[h]);
       for (int j = 0; j < 2; ++j) {
-        const __m512i shift = zjoin(_mm256_set1_epi16((short)(4 * j)), _mm256_set1_epi16((short)(4 * j + 2)));
+        const __m512i shift =
+            zjoin(_mm256_set1_epi16((short)(4 * j)), _mm256_set1_epi16((short)(4 * j + 2)));
         const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), mask2);
         const __m512i q = _mm512_or_si512(lo[j], _mm512_slli_epi16(hb, 4));
         const __m512i scv = _mm512_shuffle_epi8(
