@@ -356,6 +356,23 @@ struct KBlocks32 {
   struct LaneSums {
     __m256 lo[4], hi[4];
   };
+  // Group g (elements 4g..4g+3) of a block's weight quants, broadcast to every lane, as the
+  // unsigned operand of dot_u8s8: nibbles masked from the block (group g < 4: the low halves of
+  // bytes 4g..4g+3, 4 + g their high halves), Q8_0's bytes plus 128, Q5_0's from the buffer wq.
+  CT_Q8_INLINE static __m256i lane_group(const uint8_t* blk, const uint8_t* wq, int g) {
+    int32_t w4;
+    if constexpr (kT == Type32::kQ4_0 || kT == Type32::kQ4_1) {
+      std::memcpy(&w4, blk + (kT == Type32::kQ4_0 ? 2 : 4) + 4 * (g & 3), 4);
+      const __m256i raw = _mm256_set1_epi32(w4);
+      return _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+    } else if constexpr (kT == Type32::kQ8_0) {
+      std::memcpy(&w4, blk + 2 + 4 * g, 4);
+      return _mm256_xor_si256(_mm256_set1_epi32(w4), _mm256_set1_epi8((char)0x80));
+    } else {
+      std::memcpy(&w4, wq + 4 * g, 4);
+      return _mm256_set1_epi32(w4);
+    }
+  }
   // One block's terms in the lane form (eight rows, one per lane) into lane j of the sums. Each
   // 4-byte group of weight quants is broadcast by a load (broadcasts from a register are
   // shuffles, which all queue on one port): Q4_0, Q4_1 and Q8_0 load it from the block and mask
@@ -365,47 +382,20 @@ struct KBlocks32 {
   CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const Lanes32& t, int b, int j,
                                        LaneSums& p) {
     const int8_t* xq = t.q + (size_t)b * 32 * kLanes;
-    // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
-    __m256i c[4];
-    if constexpr (kT == Type32::kQ4_0 || kT == Type32::kQ4_1) {
-      // Nibbles: group g < 4 is the low halves of bytes 4g..4g+3, group 4 + g their high halves,
-      // each broadcast straight from the block.
-      const uint8_t* qs = blk + (kT == Type32::kQ4_0 ? 2 : 4);
-      const __m256i mask = _mm256_set1_epi8(0x0f);
-      for (int g = 0; g < 4; ++g) {
-        int32_t w4;
-        std::memcpy(&w4, qs + 4 * g, 4);
-        const __m256i raw = _mm256_set1_epi32(w4);
-        const int k = g >> 1;
-        c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), _mm256_and_si256(raw, mask),
-                               load256(xq + 32 * g));
-        c[k + 2] = dot_u8s8<kVnni>(g & 1 ? c[k + 2] : _mm256_setzero_si256(),
-                                   _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask),
-                                   load256(xq + 32 * (g + 4)));
-      }
-    } else if constexpr (kT == Type32::kQ8_0) {
-      // Bytes: each group broadcast straight from the block, then w + 128.
-      const __m256i bias = _mm256_set1_epi8((char)0x80);
-      for (int g = 0; g < 8; ++g) {
-        int32_t w4;
-        std::memcpy(&w4, blk + 2 + 4 * g, 4);
-        const int k = g >> 1;
-        c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(),
-                               _mm256_xor_si256(_mm256_set1_epi32(w4), bias), load256(xq + 32 * g));
-      }
-    } else {
-      // Q5_0: the quants through a stack buffer (the asm makes the compiler store and reload
-      // them instead of broadcasting with shuffles).
-      alignas(32) uint8_t wq[32];
+    // Q5_0's quants go through a stack buffer (the asm makes the compiler store and reload them
+    // instead of broadcasting with shuffles); the others are read from the block.
+    alignas(32) uint8_t wq[32];
+    if constexpr (kT == Type32::kQ5_0) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(wq), quants(blk));
       asm("" : "+m"(wq));
-      for (int g = 0; g < 8; ++g) {
-        int32_t w4;
-        std::memcpy(&w4, wq + 4 * g, 4);
-        const int k = g >> 1;
-        const __m256i acc = g & 1 ? c[k] : _mm256_setzero_si256();
-        c[k] = dot_u8s8<kVnni>(acc, _mm256_set1_epi32(w4), load256(xq + 32 * g));
-      }
+    }
+    // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
+    __m256i c[4];
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const int k = g >> 1;
+      c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group(blk, wq, g),
+                             load256(xq + 32 * g));
     }
     __m256i lo = _mm256_add_epi32(c[0], c[1]), hi = _mm256_add_epi32(c[2], c[3]);
     constexpr int kShift = kSigned ? 7 : kOffsetShift;
