@@ -172,8 +172,15 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
     m.rope().apply_ref(q, n, QKV, c.n_head, pos);
     m.rope().apply_ref(k, n, QKV, c.n_head_kv, pos);
   } else {
-    m.rope().apply(q, n, QKV, c.n_head, pos);
-    m.rope().apply(k, n, QKV, c.n_head_kv, pos);
+    const Rope& rope = m.rope();
+    if (ws.rope_id != rope.id() || ws.rope_pos.size() != (size_t)n ||
+        !std::equal(pos, pos + n, ws.rope_pos.begin())) {
+      rope.angle_table(pos, n, ws.rope_cos, ws.rope_sin);
+      ws.rope_pos.assign(pos, pos + n);
+      ws.rope_id = rope.id();
+    }
+    rope.apply_table(q, n, QKV, c.n_head, ws.rope_cos.data(), ws.rope_sin.data());
+    rope.apply_table(k, n, QKV, c.n_head_kv, ws.rope_cos.data(), ws.rope_sin.data());
   }
   thread_local std::vector<cpu::AttnArgs> attn_args;
   attn_args.assign(n_seqs, cpu::AttnArgs{});
@@ -210,14 +217,13 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
 
   rms(x, w.ffn_norm.data(), ws.xn.data(), n, E, c.rms_eps);
   project_seqs({&w.w_gate, &w.w_up}, ws.xn.data(), ws.gu.data(), nullptr, ws, seqs, n_seqs);
-  for (int i = 0; i < n; ++i) {
-    float* g = ws.gu.data() + (size_t)i * 2 * F;
-    std::memcpy(ws.h.data() + (size_t)i * F, g, F * sizeof(float));
-    if (ref) {
-      cpu::silu_mul_ref(ws.h.data() + (size_t)i * F, g + F, F);
-    } else {
-      cpu::silu_mul(ws.h.data() + (size_t)i * F, g + F, F);
+  if (ref) {
+    for (int i = 0; i < n; ++i) {
+      const float* g = ws.gu.data() + (size_t)i * 2 * F;
+      cpu::silu_mul_ref(g, g + F, ws.h.data() + (size_t)i * F, F);
     }
+  } else {
+    cpu::silu_mul_rows(ws.gu.data(), n, F, ws.h.data());
   }
   project_seqs({&w.w_down}, ws.h.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
@@ -275,8 +281,8 @@ void decode_logits(const Model& m, const float* x, int n, float* out, Workspace&
   }
 }
 
-std::vector<float> decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, int n,
-                                Workspace& ws) {
+void decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, int n, Workspace& ws,
+                  std::vector<float>& logits) {
   CT_THROW_IF_NOT(n > 0, "decode step needs at least one sequence");
   const int E = m.config().n_embd;
   std::vector<float> x((size_t)n * E);
@@ -294,9 +300,8 @@ std::vector<float> decode_batch(const Model& m, const int32_t* tokens, KVCache* 
     forward_batch(m, l, x.data(), pos.data(), n, seqs.data(), n, ws);
   }
   for (int i = 0; i < n; ++i) kvs[i]->n_pos = pos[i] + 1;
-  std::vector<float> out((size_t)n * m.config().n_vocab);
-  decode_logits(m, x.data(), n, out.data(), ws);
-  return out;
+  logits.resize((size_t)n * m.config().n_vocab);
+  decode_logits(m, x.data(), n, logits.data(), ws);
 }
 
 std::vector<float> prefill(const Model& m, const int32_t* tokens, int n, int pos0, KVCache& kv,

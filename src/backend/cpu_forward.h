@@ -30,6 +30,11 @@ struct Workspace {
   // the current multi-row product, dequantised from the file encoding. One layer matrix at a
   // time, so its size is that of the largest one (gate and up stacked), not the model's.
   std::vector<float> wbuf;
+  // RoPE angles of the rows' positions (Rope::angle_table), kept from the layer that computed
+  // them: every layer of a forward rotates the same positions. Valid for rope_id and rope_pos.
+  uint64_t rope_id = 0;
+  std::vector<int32_t> rope_pos;
+  std::vector<float> rope_cos, rope_sin;
   bool use_reference = false;  // run the plain-loop reference operators (tests only)
   // Kernels of single-row (decode) products; kF32 skips the 8-bit rounding of the input (tests).
   cpu::QgemvPath decode_path = cpu::QgemvPath::kNative;
@@ -74,10 +79,11 @@ void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, K
 void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n_rows,
                    const BatchSeq* seqs, int n_seqs, Workspace& ws, const LayerTap* tap = nullptr);
 // One decode step of n sequences: tokens[i] is fed at position kvs[i]->n_pos of its cache
-// (which grows by one). Returns the next-token logits, F32 [n][n_vocab]. Each sequence's
-// logits equal prefill(m, &tokens[i], 1, kvs[i]->n_pos, ...) alone, bit for bit.
-std::vector<float> decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, int n,
-                                Workspace& ws);
+// (which grows by one). Writes the next-token logits into logits, F32 [n][n_vocab] (resized;
+// a caller that keeps the vector between steps allocates nothing). Each sequence's logits equal
+// prefill(m, &tokens[i], 1, kvs[i]->n_pos, ...) alone, bit for bit.
+void decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, int n, Workspace& ws,
+                  std::vector<float>& logits);
 // logits[n][n_vocab] from final hidden rows x[n][n_embd] (output norm + head).
 void logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 // The same for decode rows: every row through the quantised head kernel (see forward_batch).

@@ -505,10 +505,9 @@ void Engine::decode_step(const std::vector<Generation*>& feed, const std::vector
   const int V = model_->config().n_vocab;
   std::vector<KVCache*> kvs;
   for (Generation* g : feed) kvs.push_back(&g->kv_);
-  const std::vector<float> logits =
-      cpu::decode_batch(*model_, ids.data(), kvs.data(), (int)feed.size(), decode_ws_);
+  cpu::decode_batch(*model_, ids.data(), kvs.data(), (int)feed.size(), decode_ws_, decode_logits_);
   for (size_t i = 0; i < feed.size(); ++i) {
-    feed[i]->logits_.assign(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    feed[i]->logits_.assign(decode_logits_.begin() + i * V, decode_logits_.begin() + (i + 1) * V);
     ++feed[i]->next_pos_;
   }
 }

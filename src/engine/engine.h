@@ -305,6 +305,7 @@ class Engine {
   std::shared_ptr<const int> acquire_gpu_slot();
   void gpu_decode_step(const std::vector<Generation*>& feed, const std::vector<int32_t>& ids);
   Workspace decode_ws_;                                            // advance()'s batch
+  std::vector<float> decode_logits_;                               // its logits, kept between steps
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
 };
 

@@ -1,12 +1,39 @@
 // Sampling implementation: candidates sorted by logit, cut by top-k then top-p, then drawn.
 #include "model/sampler.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 
 namespace ct {
 
 int32_t argmax(const float* logits, int n) {
+  // The plain loop's answer (argmax_ref): the first index of the largest value; a NaN never
+  // wins, except at index 0, where nothing compares greater and 0 stays. One vector pass finds
+  // the largest value (max_ps returns its second operand, the running maximum, against a NaN),
+  // a second its first index; a batched decode step runs this once per sequence.
+  if (n <= 1 || std::isnan(logits[0])) return 0;
+  __m256 m = _mm256_set1_ps(logits[0]);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(logits + i), m);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  float mx = _mm_cvtss_f32(h);
+  for (; i < n; ++i) mx = logits[i] > mx ? logits[i] : mx;
+  const __m256 target = _mm256_set1_ps(mx);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(logits + i), target, _CMP_EQ_OQ));
+    if (hit != 0) return i + __builtin_ctz((unsigned)hit);
+  }
+  for (; i < n; ++i) {
+    if (logits[i] == mx) return i;
+  }
+  return 0;  // not reached: mx is one of the values
+}
+
+int32_t argmax_ref(const float* logits, int n) {
   int32_t best = 0;
   for (int i = 1; i < n; ++i) {
     if (logits[i] > logits[best]) best = i;

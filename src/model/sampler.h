@@ -25,6 +25,9 @@ class Sampler {
   std::vector<std::pair<float, int32_t>> cand_;
 };
 
+// The first index of the largest logit (a NaN is never the largest, unless at index 0), by
+// vector passes; argmax_ref is the plain loop the tests hold it to.
 int32_t argmax(const float* logits, int n);
+int32_t argmax_ref(const float* logits, int n);
 
 }  // namespace ct

@@ -75,7 +75,8 @@ TEST_F(BatchingTest, DecodeBatchEqualsEachSequenceAloneBitForBit) {
   for (int step = 0; step < 6; ++step) {
     std::vector<KVCache*> kvs;
     for (auto& kv : batch) kvs.push_back(&kv);
-    const std::vector<float> got = cpu::decode_batch(*m, next.data(), kvs.data(), n, bws);
+    std::vector<float> got;
+    cpu::decode_batch(*m, next.data(), kvs.data(), n, bws, got);
     ASSERT_EQ(got.size(), (size_t)n * V);
     for (int i = 0; i < n; ++i) {
       const std::vector<float> want = cpu::prefill(*m, &next[i], 1, solo[i].n_pos, solo[i], ws);

@@ -262,6 +262,26 @@ TEST(SamplerTest, TopKOneIsGreedyAndTopPKeepsTheNucleus) {
   }
 }
 
+// The vector argmax against the plain loop: ties (values from a small set), NaN anywhere (index
+// 0 included), signed zeros and infinities, every length up to past two vectors and a vocabulary.
+TEST(SamplerTest, ArgmaxEqualsThePlainLoop) {
+  std::mt19937 rng(11);
+  const float pool[] = {-1.0f, 0.0f, -0.0f, 2.5f, 2.5f, -INFINITY, INFINITY, NAN, 7.0f, -7.0f};
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int n = trial < 3000 ? 1 + trial % 40 : 1 + (int)(rng() % 49152);
+    std::vector<float> v(n);
+    const int spread = 1 + trial % 10;  // how many of the pool's values appear
+    for (float& x : v) x = pool[rng() % spread];
+    if (trial % 7 == 0) {
+      std::normal_distribution<float> g;
+      for (float& x : v) x = g(rng);
+    }
+    if (trial % 5 == 0) v[rng() % n] = NAN;
+    if (trial % 11 == 0) v[0] = NAN;
+    ASSERT_EQ(argmax(v.data(), n), argmax_ref(v.data(), n)) << "trial " << trial << " n " << n;
+  }
+}
+
 TEST(ModelLoadErrors, NameTheFileTensorAndExpectation) {
   // A tensor of a type the engine cannot convert.
   {

@@ -74,9 +74,26 @@ TEST(Ops, RmsNormMatchesReference) {
 TEST(Ops, SiluMulMatchesReference) {
   auto g = randn(1000, 6, 4.0f), u = randn(1000, 7);
   auto gr = g;
-  silu_mul(g.data(), u.data(), g.size());
-  silu_mul_ref(gr.data(), u.data(), gr.size());
-  EXPECT_LT(max_abs_diff(g, gr), 1e-5f);
+  std::vector<float> out(g.size());
+  silu_mul(g.data(), u.data(), out.data(), g.size());
+  silu_mul_ref(gr.data(), u.data(), gr.data(), gr.size());
+  EXPECT_LT(max_abs_diff(out, gr), 1e-5f);
+  // The row form: the same bits as the one-row kernel, row by row, serial or parallel.
+  for (int n : {1, 3, 9}) {
+    const int F = 1000 / 2;
+    std::vector<float> gu(g.begin(), g.begin() + 2 * F), stacked, rows((size_t)n * F);
+    for (int i = 0; i < n; ++i) stacked.insert(stacked.end(), gu.begin(), gu.end());
+    for (int i = 0; i < n; ++i) std::rotate(stacked.begin() + (size_t)i * 2 * F,
+                                            stacked.begin() + (size_t)i * 2 * F + i,
+                                            stacked.begin() + (size_t)(i + 1) * 2 * F);
+    silu_mul_rows(stacked.data(), n, F, rows.data());
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> one(F);
+      const float* r = stacked.data() + (size_t)i * 2 * F;
+      silu_mul(r, r + F, one.data(), F);
+      for (int j = 0; j < F; ++j) ASSERT_EQ(rows[(size_t)i * F + j], one[j]) << n << " " << i;
+    }
+  }
 }
 
 TEST(Ops, Exp256IsAccurate) {

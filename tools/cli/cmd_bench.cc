@@ -116,9 +116,10 @@ void run_bench(const BenchArgs& a) {
     }
     std::vector<KVCache*> ptrs;
     for (auto& kv : kvs) ptrs.push_back(&kv);
+    std::vector<float> l;
     Timer tm;
     for (int i = 0; i < a.decode_tokens; ++i) {
-      const auto l = cpu::decode_batch(*model, ids.data(), ptrs.data(), b, ws);
+      cpu::decode_batch(*model, ids.data(), ptrs.data(), b, ws, l);
       for (int s = 0; s < b; ++s) ids[s] = argmax(l.data() + (size_t)s * c.n_vocab, c.n_vocab);
     }
     const double tps = (double)b * a.decode_tokens / tm.seconds();

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -81,6 +82,8 @@ Rope::Rope(int head_dim, int n_rot, float theta, RopeStyle style, float freq_sca
     const double ff = freq_factors_.empty() ? 1.0 : freq_factors_[i];
     inv_freq_[i] = (float)(freq_scale * std::pow((double)theta, -2.0 * i / n_rot) / ff);
   }
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1);
 }
 
 namespace {
@@ -108,21 +111,20 @@ inline void rope_head(float* h, const float* cs, const float* sn, int half, int 
 }  // namespace
 
 void Rope::apply(float* x, int n, int stride, int n_heads, const int32_t* pos) const {
+  std::vector<float> cos, sin;
+  angle_table(pos, n, cos, sin);
+  apply_table(x, n, stride, n_heads, cos.data(), sin.data());
+}
+
+void Rope::apply_table(float* x, int n, int stride, int n_heads, const float* cos,
+                       const float* sin) const {
   const int half = n_rot_ / 2;
-#pragma omp parallel if (n > 16)
-  {
-    std::vector<float> cs(half), sn(half);
-#pragma omp for
-    for (int r = 0; r < n; ++r) {
-      for (int i = 0; i < half; ++i) {
-        const double ang = (double)pos[r] * inv_freq_[i];
-        cs[i] = (float)std::cos(ang);
-        sn[i] = (float)std::sin(ang);
-      }
-      float* row = x + (size_t)r * stride;
-      for (int h = 0; h < n_heads; ++h) {
-        rope_head(row + (size_t)h * head_dim_, cs.data(), sn.data(), half, head_dim_, style_);
-      }
+#pragma omp parallel for if (n > 16)
+  for (int r = 0; r < n; ++r) {
+    float* row = x + (size_t)r * stride;
+    for (int h = 0; h < n_heads; ++h) {
+      rope_head(row + (size_t)h * head_dim_, cos + (size_t)r * half, sin + (size_t)r * half, half,
+                head_dim_, style_);
     }
   }
 }
@@ -132,11 +134,14 @@ void Rope::angle_table(const int32_t* pos, int n, std::vector<float>& cos,
   const int half = n_rot_ / 2;
   cos.resize((size_t)n * half);
   sin.resize((size_t)n * half);
+  float* cs = cos.data();
+  float* sn = sin.data();
+#pragma omp parallel for if (n > 16)
   for (int r = 0; r < n; ++r) {
     for (int i = 0; i < half; ++i) {
-      const double ang = (double)pos[r] * inv_freq_[i];  // the angles apply() computes
-      cos[(size_t)r * half + i] = (float)std::cos(ang);
-      sin[(size_t)r * half + i] = (float)std::sin(ang);
+      const double ang = (double)pos[r] * inv_freq_[i];
+      cs[(size_t)r * half + i] = (float)std::cos(ang);
+      sn[(size_t)r * half + i] = (float)std::sin(ang);
     }
   }
 }
@@ -176,22 +181,31 @@ void Rope::apply_ref(float* x, int n, int stride, int n_heads, const int32_t* po
   }
 }
 
-void silu_mul(float* gate, const float* up, size_t n) {
+void silu_mul(const float* gate, const float* up, float* out, size_t n) {
   size_t i = 0;
   const __m256 one = _mm256_set1_ps(1.0f);
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_loadu_ps(gate + i);
     const __m256 e = exp256_ps(_mm256_sub_ps(_mm256_setzero_ps(), g));
     const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
   }
-  for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void silu_mul_ref(float* gate, const float* up, size_t n) {
+void silu_mul_ref(const float* gate, const float* up, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const double g = gate[i];
-    gate[i] = (float)(g / (1.0 + std::exp(-g)) * up[i]);
+    out[i] = (float)(g / (1.0 + std::exp(-g)) * up[i]);
+  }
+}
+
+void silu_mul_rows(const float* gu, int n, int n_ff, float* h) {
+  // About 8,000 exponentials (a few microseconds) cover a fork and join.
+#pragma omp parallel for schedule(static) if (n > 1 && (int64_t)n * n_ff >= 8192)
+  for (int i = 0; i < n; ++i) {
+    const float* g = gu + (size_t)i * 2 * n_ff;
+    silu_mul(g, g + n_ff, h + (size_t)i * n_ff, n_ff);
   }
 }
 

@@ -44,7 +44,14 @@ class Rope {
   // the table is computed once per request rather than once per layer.
   void apply_at_positions(float* base, int stride, int n_heads, const int32_t* pos, int n,
                           const float* cos, const float* sin) const;
+  // Rotates rows x[n] (row stride `stride`) in place by the angles of table row r, the table
+  // from angle_table() of their positions: every layer of a forward rotates the same positions,
+  // so a forward computes the table once (apply() is angle_table() then this).
+  void apply_table(float* x, int n, int stride, int n_heads, const float* cos,
+                   const float* sin) const;
   int head_dim() const { return head_dim_; }
+  // Tells Rope objects apart (copies share it): a table cached for one is not used for another.
+  uint64_t id() const { return id_; }
 
  private:
   int head_dim_ = 0, n_rot_ = 0;
@@ -53,11 +60,15 @@ class Rope {
   float freq_scale_ = 1.0f;
   std::vector<float> freq_factors_;  // F32 [n_rot/2] or empty
   std::vector<float> inv_freq_;      // F32 [n_rot/2]
+  uint64_t id_ = 0;
 };
 
-// gate[i] = silu(gate[i]) * up[i]
-void silu_mul(float* gate, const float* up, size_t n);
-void silu_mul_ref(float* gate, const float* up, size_t n);
+// out[i] = silu(gate[i]) * up[i] (out may be gate).
+void silu_mul(const float* gate, const float* up, float* out, size_t n);
+void silu_mul_ref(const float* gate, const float* up, float* out, size_t n);
+// The same on n rows of gate and up stacked (gu[n][2 * n_ff], gate first) into h[n][n_ff]; the
+// rows in parallel once they outweigh a fork (each element's result does not depend on it).
+void silu_mul_rows(const float* gu, int n, int n_ff, float* h);
 
 // Causal grouped-query attention of n_q query rows against a KV cache indexed by global position.
 // Query row i sits at position q_pos[i] (strictly increasing) and attends to cache rows

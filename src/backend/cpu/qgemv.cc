@@ -534,8 +534,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
   // One parallel region over the rows of all the matrices: one fork/join instead of n, and each
   // weight row is read from memory once for all the input rows.
   const int total = offset[n_mats];
-#pragma omp parallel for schedule(static) if (total >= 64)
-  for (int t = 0; t < total; ++t) {
+  auto one_row = [&](int t) {
     int m = 0;
     while (t >= offset[m + 1]) ++m;
     const int r = t - offset[m];
@@ -549,7 +548,9 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
         y[i * y_stride] = dot[m](row, x + (size_t)i * cols, sums[i], cols);
       }
     }
-  }
+  };
+#pragma omp parallel for schedule(static) if (total >= 64)
+  for (int t = 0; t < total; ++t) one_row(t);
 }
 
 }  // namespace
