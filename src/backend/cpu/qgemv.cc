@@ -474,50 +474,57 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
   }
   if (any_s32) in.s32.resize(n_el / kQK);
   if (any_s16) in.s16f.resize(n_el / 16);
-  for (int i = 0; i < n_rows; ++i) {
+  // The inputs of row i, in 8-bit form and the sums the float kernels need. `in` is this
+  // thread's: the team reaches it through this reference (inside the region the name would be
+  // each thread's own).
+  Inputs& inr = in;
+  auto prepare_row = [&](int i) {
     const float* xi = x + (size_t)i * cols;
     const size_t e = (size_t)i * cols;
-    q8::Act& a = in.act[i];
+    q8::Act& a = inr.act[i];
     if (formats & q8::kBlocks32) {
-      q8::quantise_blocks32(xi, cols, &in.q32[e], &in.d32[e / 32], &in.sx32[e / 32],
-                            &in.h16[e / 16]);
-      a.q32 = &in.q32[e];
-      a.h16 = &in.h16[e / 16];
-      a.d32 = &in.d32[e / 32];
-      a.sx32 = &in.sx32[e / 32];
+      q8::quantise_blocks32(xi, cols, &inr.q32[e], &inr.d32[e / 32], &inr.sx32[e / 32],
+                            &inr.h16[e / 16]);
+      a.q32 = &inr.q32[e];
+      a.h16 = &inr.h16[e / 16];
+      a.d32 = &inr.d32[e / 32];
+      a.sx32 = &inr.sx32[e / 32];
     }
     if (formats & q8::kBlocks256) {
-      q8::quantise_blocks256(xi, cols, &in.qk[e], &in.dk[e / 256], &in.s16[e / 16]);
-      a.qk = &in.qk[e];
-      a.dk = &in.dk[e / 256];
-      a.s16 = &in.s16[e / 16];
+      q8::quantise_blocks256(xi, cols, &inr.qk[e], &inr.dk[e / 256], &inr.s16[e / 16]);
+      a.qk = &inr.qk[e];
+      a.dk = &inr.dk[e / 256];
+      a.s16 = &inr.s16[e / 16];
     }
     if (any_s32) {
-      float* s32 = &in.s32[e / kQK];
+      float* s32 = &inr.s32[e / kQK];
       for (int b = 0; b < cols / kQK; ++b) {
         float s = 0;
         for (int j = 0; j < kQK; ++j) s += xi[b * kQK + j];
         s32[b] = s;
       }
-      in.sums[i].s32 = s32;
+      inr.sums[i].s32 = s32;
     }
     if (any_s16) {
-      float* s16 = &in.s16f[e / 16];
+      float* s16 = &inr.s16f[e / 16];
       for (int b = 0; b < cols / 16; ++b) {
         float s = 0;
         for (int j = 0; j < 16; ++j) s += xi[b * 16 + j];
         s16[b] = s;
       }
-      in.sums[i].s16 = s16;
+      inr.sums[i].s16 = s16;
     }
-  }
+  };
   const q8::Act* act = in.act.data();
   const XSums* sums = in.sums.data();
-  // The 32-element types' lane form: the rows again, eight to a tile, interleaved.
+  // The 32-element types' lane form: the rows again, eight to a tile, interleaved; part p of
+  // tile t holds blocks [p nb / kParts, (p + 1) nb / kParts).
   const q8::Lanes32* lanes = nullptr;
+  const int tiles = any_lanes ? (n_rows + q8::kLanes - 1) / q8::kLanes : 0;
+  const int nb = cols / 32;
+  constexpr int kParts = 4;
+  const size_t per_tile = (size_t)nb * q8::kLanes;
   if (any_lanes) {
-    const int tiles = (n_rows + q8::kLanes - 1) / q8::kLanes;
-    const size_t per_tile = (size_t)cols / 32 * q8::kLanes;
     in.lq.resize(tiles * per_tile * 32);
     in.ld.resize(tiles * per_tile);
     in.lh16.resize(tiles * per_tile * 2);
@@ -525,14 +532,17 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     in.lanes.resize(tiles);
     for (int t = 0; t < tiles; ++t) {
       const size_t o = t * per_tile;
-      q8::interleave_blocks32(act + t * q8::kLanes, std::min(q8::kLanes, n_rows - t * q8::kLanes),
-                              cols, &in.lq[o * 32], &in.ld[o], &in.lh16[o * 2], &in.lsx[o]);
       in.lanes[t] = q8::Lanes32{&in.lq[o * 32], &in.ld[o], &in.lh16[o * 2], &in.lsx[o]};
     }
     lanes = in.lanes.data();
   }
-  // One parallel region over the rows of all the matrices: one fork/join instead of n, and each
-  // weight row is read from memory once for all the input rows.
+  auto interleave_part = [&](int u) {
+    const int t = u / kParts, p = u % kParts;
+    const size_t o = t * per_tile;
+    q8::interleave_blocks32(act + t * q8::kLanes, std::min(q8::kLanes, n_rows - t * q8::kLanes),
+                            p * nb / kParts, (p + 1) * nb / kParts, &inr.lq[o * 32], &inr.ld[o],
+                            &inr.lh16[o * 2], &inr.lsx[o]);
+  };
   const int total = offset[n_mats];
   auto one_row = [&](int t) {
     int m = 0;
@@ -549,8 +559,27 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
       }
     }
   };
-#pragma omp parallel for schedule(static) if (total >= 64)
-  for (int t = 0; t < total; ++t) one_row(t);
+  // One parallel region over the rows of all the matrices: one fork/join instead of n, and each
+  // weight row is read from memory once for all the input rows. With several input rows (a
+  // batched decode step) the team also prepares them, row by row and then the tiles in parts,
+  // instead of the calling thread alone while the others wait.
+  const bool team = total >= 64;
+  const bool team_prepares = team && n_rows > 1;
+  if (!team_prepares) {
+    for (int i = 0; i < n_rows; ++i) prepare_row(i);
+    for (int u = 0; u < tiles * kParts; ++u) interleave_part(u);
+  }
+#pragma omp parallel if (team)
+  {
+    if (team_prepares) {
+#pragma omp for schedule(static)
+      for (int i = 0; i < n_rows; ++i) prepare_row(i);
+#pragma omp for schedule(static)
+      for (int u = 0; u < tiles * kParts; ++u) interleave_part(u);
+    }
+#pragma omp for schedule(static)
+    for (int t = 0; t < total; ++t) one_row(t);
+  }
 }
 
 }  // namespace

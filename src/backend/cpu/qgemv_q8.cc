@@ -719,16 +719,17 @@ void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx,
   });
 }
 
-void interleave_blocks32(const Act* act, int n, int cols, int8_t* q, float* d, int32_t* h16,
+void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h16,
                          float* sx) {
-  const int nb = cols / 32;
-  std::memset(q, 0, (size_t)cols * kLanes);
-  std::fill(d, d + (size_t)nb * kLanes, 0.0f);
-  std::fill(h16, h16 + (size_t)nb * 2 * kLanes, 0);
-  std::fill(sx, sx + (size_t)nb * kLanes, 0.0f);
+  if (n < kLanes) {
+    std::memset(q + (size_t)b0 * 32 * kLanes, 0, (size_t)(b1 - b0) * 32 * kLanes);
+    std::fill(d + (size_t)b0 * kLanes, d + (size_t)b1 * kLanes, 0.0f);
+    std::fill(h16 + (size_t)b0 * 2 * kLanes, h16 + (size_t)b1 * 2 * kLanes, 0);
+    std::fill(sx + (size_t)b0 * kLanes, sx + (size_t)b1 * kLanes, 0.0f);
+  }
   for (int i = 0; i < n; ++i) {
     const Act& a = act[i];
-    for (int b = 0; b < nb; ++b) {
+    for (int b = b0; b < b1; ++b) {
       for (int g = 0; g < 8; ++g) {
         std::memcpy(q + (((size_t)b * 8 + g) * kLanes + i) * 4, a.q32 + 32 * b + 4 * g, 4);
       }

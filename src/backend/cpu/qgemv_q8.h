@@ -58,9 +58,9 @@ struct Lanes32 {
   const int32_t* h16 = nullptr;
   const float* sx = nullptr;
 };
-// Fills a tile from n <= kLanes rows' Act (kBlocks32 fields); q [cols * kLanes], d and sx
-// [cols / 32 * kLanes], h16 [cols / 16 * kLanes].
-void interleave_blocks32(const Act* act, int n, int cols, int8_t* q, float* d, int32_t* h16,
+// Fills blocks [b0, b1) of a tile from n <= kLanes rows' Act (kBlocks32 fields; lanes of missing
+// rows 0); the tile's q [cols * kLanes], d and sx [cols / 32 * kLanes], h16 [cols / 16 * kLanes].
+void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h16,
                          float* sx);
 
 // y[i * y_stride] = dot of one packed row (cols elements) with act[i], for i < n (any n >= 1).
