@@ -78,8 +78,9 @@ TEST(Ops, SiluMulMatchesReference) {
   silu_mul(g.data(), u.data(), out.data(), g.size());
   silu_mul_ref(gr.data(), u.data(), gr.data(), gr.size());
   EXPECT_LT(max_abs_diff(out, gr), 1e-5f);
-  // The row form: the same bits as the one-row kernel, row by row, serial or parallel.
-  for (int n : {1, 3, 9}) {
+  // The row form: the same bits as the one-row kernel, row by row, serial (decode rows) or
+  // parallel (more than 16 rows).
+  for (int n : {1, 3, 9, 20}) {
     const int F = 1000 / 2;
     std::vector<float> gu(g.begin(), g.begin() + 2 * F), stacked, rows((size_t)n * F);
     for (int i = 0; i < n; ++i) stacked.insert(stacked.end(), gu.begin(), gu.end());
