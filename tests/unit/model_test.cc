@@ -91,6 +91,33 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   for (int j = 0; j < V; ++j) ASSERT_NEAR(tail[j], batch[(size_t)39 * V + j], 1e-4f);
 }
 
+// A workspace keeps the RoPE angles of its last forward's positions (Workspace::rope_*). Used
+// with one model and then with another whose only difference is the rope base, at the same
+// positions, it must give the second model's own logits, as a fresh workspace does.
+TEST(ModelTest, WorkspaceRopeTableFollowsTheModel) {
+  test::TinyModelOptions a;
+  test::TinyModelOptions b = a;
+  b.rope_theta = 500000.0f;
+  const std::string pa = tmp_path("rope_a.gguf"), pb = tmp_path("rope_b.gguf");
+  test::write_tiny_model(pa, a);
+  test::write_tiny_model(pb, b);
+  auto ma = Model::load(pa), mb = Model::load(pb);
+  const auto t = test::random_byte_tokens(12, 3);
+  const int n = (int)t.size();
+  Workspace shared, fresh_b, fresh_a;
+  auto run = [&](const Model& m, Workspace& ws) {
+    KVCache kv = m.make_cache(n);
+    return cpu::prefill(m, t.data(), n, 0, kv, ws, true);
+  };
+  const auto first = run(*ma, shared);
+  const auto got = run(*mb, shared);
+  EXPECT_EQ(got, run(*mb, fresh_b));
+  EXPECT_EQ(first, run(*ma, fresh_a));
+  EXPECT_NE(first, got);  // the base matters, so the check above is not empty
+  // And back: the table follows again.
+  EXPECT_EQ(run(*ma, shared), first);
+}
+
 TEST(ModelTest, PackedDecodePathMatchesBatchedPrefill) {
   // Single-row steps of a quantised model read the packed GGUF blocks (cpu::qgemv); they must
   // agree with the batched F32 path on the same dequantised weights: within 1e-3 with F32 inputs

@@ -588,16 +588,18 @@ TEST(QGemv, ManyEqualsSeparateCallsBitForBit) {
   for (int m = 0; m < 3; ++m) EXPECT_EQ(many[m], sep[m]) << ggml_type_name(types[m]);
 }
 
-TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
-  // A decode step over several sequences: every type, two stacked matrices, row counts up to
-  // kMaxBatchRows, each output row equal to qgemv_many on that input row alone. The 32-element
-  // types also at 544 columns (17 blocks: four full groups of four and a last block alone).
-  for (GgmlType t : kAllTypes)
-  for (int cols : ggml_block_elems(t) == 32 ? std::vector<int>{512, 544} : std::vector<int>{512}) {
+// A decode step over several sequences: two stacked matrices of types t0 and t1 (76 weight rows:
+// the OpenMP team quantises the inputs and builds the lane tiles inside the product's region),
+// row counts up to kMaxBatchRows, each output row equal to qgemv_many on that input row alone,
+// and the AVX2 path's bits equal to the native one's.
+void check_batch_rows(GgmlType t0, GgmlType t1, int cols) {
+  {
+    const GgmlType types[2] = {t0, t1};
     const int rows[2] = {67, 9};
     std::vector<std::vector<uint8_t>> packed(2);
     QMatrix w[2];
     for (int m = 0; m < 2; ++m) {
+      const GgmlType t = types[m];
       const auto wf = randn((size_t)rows[m] * cols, 70 + m, 0.5f);
       const size_t rb = ggml_row_bytes(t, cols);
       packed[m].resize(rb * rows[m]);
@@ -614,22 +616,46 @@ TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
       qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
       // The AVX2 path (the only one on an AVX2-only machine) gives the same bits.
       qgemv_batch(ws, 2, x.data(), n, y_avx2.data(), stride, QgemvPath::kAvx2);
-      ASSERT_EQ(y_avx2, y) << ggml_type_name(t) << " cols=" << cols << " n=" << n;
+      ASSERT_EQ(y_avx2, y) << " n=" << n;
       for (int i = 0; i < n; ++i) {
         std::vector<float> a(rows[0]), b(rows[1]);
         float* ys[2] = {a.data(), b.data()};
         qgemv_many(ws, ys, 2, x.data() + (size_t)i * cols);
         for (int r = 0; r < rows[0]; ++r) {
-          ASSERT_EQ(y[(size_t)i * stride + r], a[r]) << ggml_type_name(t) << " n=" << n;
+          ASSERT_EQ(y[(size_t)i * stride + r], a[r]) << " n=" << n;
         }
         for (int r = 0; r < rows[1]; ++r) {
-          ASSERT_EQ(y[(size_t)i * stride + rows[0] + r], b[r]) << ggml_type_name(t) << " n=" << n;
+          ASSERT_EQ(y[(size_t)i * stride + rows[0] + r], b[r]) << " n=" << n;
         }
         for (int r = rows[0] + rows[1]; r < stride; ++r) {
           ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
         }
       }
     }
+  }
+}
+
+TEST(QGemv, BatchRowsEqualSingleRowCallsBitForBit) {
+  // Every type; the 32-element types also at 544 columns (17 blocks: four full groups of four and
+  // a last block alone) and at 64 (2 blocks: fewer than the lane tiles' four build parts).
+  for (GgmlType t : kAllTypes) {
+    const bool b32 = ggml_block_elems(t) == 32;
+    for (int cols : b32 ? std::vector<int>{512, 544, 64} : std::vector<int>{512}) {
+      SCOPED_TRACE(std::string(ggml_type_name(t)) + " cols=" + std::to_string(cols));
+      check_batch_rows(t, t, cols);
+      if (HasFatalFailure()) return;
+    }
+  }
+  // Stacks of different input formats in one call: 32- and 256-element 8-bit kernels, and a
+  // kernel on float inputs with their sums (Q2_K, Q5_1).
+  const GgmlType pairs[][2] = {{GgmlType::Q4_1, GgmlType::Q4_K},
+                               {GgmlType::Q8_0, GgmlType::Q6_K},
+                               {GgmlType::Q5_0, GgmlType::Q2_K},
+                               {GgmlType::Q5_1, GgmlType::Q4_0}};
+  for (const auto& p : pairs) {
+    SCOPED_TRACE(std::string(ggml_type_name(p[0])) + "+" + ggml_type_name(p[1]));
+    check_batch_rows(p[0], p[1], 512);
+    if (HasFatalFailure()) return;
   }
 }
 

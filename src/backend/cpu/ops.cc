@@ -119,6 +119,8 @@ void Rope::apply(float* x, int n, int stride, int n_heads, const int32_t* pos) c
 void Rope::apply_table(float* x, int n, int stride, int n_heads, const float* cos,
                        const float* sin) const {
   const int half = n_rot_ / 2;
+  // A prefill's rows in parallel, as before the table (apply_at_positions stays serial: it runs
+  // beside the loader thread, which keeps the other core busy).
 #pragma omp parallel for if (n > 16)
   for (int r = 0; r < n; ++r) {
     float* row = x + (size_t)r * stride;
@@ -201,9 +203,10 @@ void silu_mul_ref(const float* gate, const float* up, float* out, size_t n) {
 }
 
 void silu_mul_rows(const float* gu, int n, int n_ff, float* h) {
-  // Prefill rows in parallel. A decode step's few rows (<= 16) stay on the calling thread: the
-  // gate and up halves were computed on different cores, so any split moves half the data across
-  // and the fork measured no faster on SmolLM2 and 3% slower on Qwen2.5-1.5B (8 rows, 2 threads).
+  // More than 16 rows (a prefill's) in parallel; up to 16 (a decode step of that many sequences,
+  // a short slice) on the calling thread: the gate and up halves were computed on different
+  // cores, so any split moves half the data across, and at 8 rows on 2 threads the fork measured
+  // no faster on SmolLM2 and 3% slower on Qwen2.5-1.5B.
 #pragma omp parallel for schedule(static) if (n > 16)
   for (int i = 0; i < n; ++i) {
     const float* g = gu + (size_t)i * 2 * n_ff;

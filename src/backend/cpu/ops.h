@@ -66,8 +66,8 @@ class Rope {
 // out[i] = silu(gate[i]) * up[i] (out may be gate).
 void silu_mul(const float* gate, const float* up, float* out, size_t n);
 void silu_mul_ref(const float* gate, const float* up, float* out, size_t n);
-// The same on n rows of gate and up stacked (gu[n][2 * n_ff], gate first) into h[n][n_ff]; the
-// rows of a prefill in parallel (each element's result does not depend on it).
+// The same on n rows of gate and up stacked (gu[n][2 * n_ff], gate first) into h[n][n_ff]; more
+// than 16 rows in parallel (each element's result does not depend on it).
 void silu_mul_rows(const float* gu, int n, int n_ff, float* h);
 
 // Causal grouped-query attention of n_q query rows against a KV cache indexed by global position.

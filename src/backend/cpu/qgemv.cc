@@ -415,7 +415,8 @@ bool qgemv_uses_8bit_input(GgmlType t) { return q8::format_of(t) != q8::kNone; }
 namespace {
 
 // The input rows of one product in every form its kernels read (the calling thread's buffers,
-// reused across calls; the OpenMP team only reads them).
+// reused across calls and sized before the parallel region; with several input rows the team
+// fills them, each row and tile part by one thread, then reads them).
 struct Inputs {
   std::vector<int8_t> q32, qk, lq;
   std::vector<float> d32, sx32, dk, s32, s16f, ld, lsx;
