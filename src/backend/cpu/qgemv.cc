@@ -578,7 +578,8 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
 #pragma omp for schedule(static)
       for (int u = 0; u < tiles * kParts; ++u) interleave_part(u);
     }
-#pragma omp for schedule(static)
+    // nowait: the region's end is the one barrier (a combined `parallel for` has just that one).
+#pragma omp for schedule(static) nowait
     for (int t = 0; t < total; ++t) one_row(t);
   }
 }
