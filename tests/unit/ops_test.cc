@@ -593,43 +593,41 @@ TEST(QGemv, ManyEqualsSeparateCallsBitForBit) {
 // row counts up to kMaxBatchRows, each output row equal to qgemv_many on that input row alone,
 // and the AVX2 path's bits equal to the native one's.
 void check_batch_rows(GgmlType t0, GgmlType t1, int cols) {
-  {
-    const GgmlType types[2] = {t0, t1};
-    const int rows[2] = {67, 9};
-    std::vector<std::vector<uint8_t>> packed(2);
-    QMatrix w[2];
-    for (int m = 0; m < 2; ++m) {
-      const GgmlType t = types[m];
-      const auto wf = randn((size_t)rows[m] * cols, 70 + m, 0.5f);
-      const size_t rb = ggml_row_bytes(t, cols);
-      packed[m].resize(rb * rows[m]);
-      for (int r = 0; r < rows[m]; ++r) {
-        ggml_from_f32(t, wf.data() + (size_t)r * cols, packed[m].data() + r * rb, cols);
-      }
-      w[m] = QMatrix{t, packed[m].data(), rows[m], cols, rb};
+  const GgmlType types[2] = {t0, t1};
+  const int rows[2] = {67, 9};
+  std::vector<std::vector<uint8_t>> packed(2);
+  QMatrix w[2];
+  for (int m = 0; m < 2; ++m) {
+    const GgmlType t = types[m];
+    const auto wf = randn((size_t)rows[m] * cols, 70 + m, 0.5f);
+    const size_t rb = ggml_row_bytes(t, cols);
+    packed[m].resize(rb * rows[m]);
+    for (int r = 0; r < rows[m]; ++r) {
+      ggml_from_f32(t, wf.data() + (size_t)r * cols, packed[m].data() + r * rb, cols);
     }
-    const QMatrix* ws[2] = {&w[0], &w[1]};
-    for (int n : {1, 2, 3, 4, 5, 7, 8, 13, kMaxBatchRows}) {
-      const auto x = randn((size_t)n * cols, 80 + n);
-      const int stride = rows[0] + rows[1] + 3;  // padded rows stay untouched
-      std::vector<float> y((size_t)n * stride, -7.0f), y_avx2((size_t)n * stride, -7.0f);
-      qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
-      // The AVX2 path (the only one on an AVX2-only machine) gives the same bits.
-      qgemv_batch(ws, 2, x.data(), n, y_avx2.data(), stride, QgemvPath::kAvx2);
-      ASSERT_EQ(y_avx2, y) << " n=" << n;
-      for (int i = 0; i < n; ++i) {
-        std::vector<float> a(rows[0]), b(rows[1]);
-        float* ys[2] = {a.data(), b.data()};
-        qgemv_many(ws, ys, 2, x.data() + (size_t)i * cols);
-        for (int r = 0; r < rows[0]; ++r) {
-          ASSERT_EQ(y[(size_t)i * stride + r], a[r]) << " n=" << n;
-        }
-        for (int r = 0; r < rows[1]; ++r) {
-          ASSERT_EQ(y[(size_t)i * stride + rows[0] + r], b[r]) << " n=" << n;
-        }
-        for (int r = rows[0] + rows[1]; r < stride; ++r) {
-          ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
-        }
+    w[m] = QMatrix{t, packed[m].data(), rows[m], cols, rb};
+  }
+  const QMatrix* ws[2] = {&w[0], &w[1]};
+  for (int n : {1, 2, 3, 4, 5, 7, 8, 13, kMaxBatchRows}) {
+    const auto x = randn((size_t)n * cols, 80 + n);
+    const int stride = rows[0] + rows[1] + 3;  // padded rows stay untouched
+    std::vector<float> y((size_t)n * stride, -7.0f), y_avx2((size_t)n * stride, -7.0f);
+    qgemv_batch(ws, 2, x.data(), n, y.data(), stride);
+    // The AVX2 path (the only one on an AVX2-only machine) gives the same bits.
+    qgemv_batch(ws, 2, x.data(), n, y_avx2.data(), stride, QgemvPath::kAvx2);
+    ASSERT_EQ(y_avx2, y) << " n=" << n;
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> a(rows[0]), b(rows[1]);
+      float* ys[2] = {a.data(), b.data()};
+      qgemv_many(ws, ys, 2, x.data() + (size_t)i * cols);
+      for (int r = 0; r < rows[0]; ++r) {
+        ASSERT_EQ(y[(size_t)i * stride + r], a[r]) << " n=" << n;
+      }
+      for (int r = 0; r < rows[1]; ++r) {
+        ASSERT_EQ(y[(size_t)i * stride + rows[0] + r], b[r]) << " n=" << n;
+      }
+      for (int r = rows[0] + rows[1]; r < stride; ++r) {
+        ASSERT_EQ(y[(size_t)i * stride + r], -7.0f);
       }
     }
   }
