@@ -9,11 +9,16 @@ commit's build against this one, two threads):
 
     python3 bench/batch_ab.py /tmp/old/cachetune build/cachetune \\
         --model smollm2-135m qwen2.5-coder-0.5b --rounds 3 --out bench/results/xeon-2t/batch_ab
+
+One binary under two settings is an A/B too: give it twice with --a-args / --b-args, e.g.
+`build/cachetune build/cachetune --a-args="--cache-type f32" --b-args="--cache-type f16"`.
+--context sets the tokens each sequence decodes after (`cachetune bench --decode-context`).
 """
 import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 
@@ -38,10 +43,12 @@ def cpu_detail():
                                  "amx_int8") if f in flags]}
 
 
-def run_once(binary, model, batches, decode_tokens, out_json):
-    subprocess.run([binary, "bench", "--model", model, "--prompt-lengths", "64", "--repeats", "1",
-                    "--decode-tokens", str(decode_tokens), "--batch", *map(str, batches),
-                    "--json", out_json], check=True, capture_output=True, text=True)
+def run_once(binary, extra, model, batches, context, decode_tokens, out_json):
+    ctx = ["--decode-context", str(context)] if context != 128 else []  # older builds lack it
+    subprocess.run([binary, "bench", "--model", model, "--prompt-lengths", "64", *ctx,
+                    "--repeats", "1", "--decode-tokens", str(decode_tokens),
+                    "--batch", *map(str, batches), "--json", out_json, *extra],
+                   check=True, capture_output=True, text=True)
     with open(out_json) as f:
         rows = json.load(f)["batched_decode"]
     return {r["sequences"]: (r["tok_per_s"], r["vs_one"]) for r in rows}
@@ -55,6 +62,10 @@ def main():
     ap.add_argument("--model", nargs="+", default=["smollm2-135m"])
     ap.add_argument("--batch", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     ap.add_argument("--decode-tokens", type=int, default=24)
+    ap.add_argument("--context", type=int, default=128,
+                    help="tokens each sequence decodes after (default 128, the bench's own)")
+    ap.add_argument("--a-args", default="", help="extra `cachetune bench` arguments for A")
+    ap.add_argument("--b-args", default="", help="extra `cachetune bench` arguments for B")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True, help="directory for each run's JSON and summary.json")
     a = ap.parse_args()
@@ -63,13 +74,16 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     summary = {"cpu": cpu_name(), "cpu_detail": cpu_detail(), "machine": platform.machine(),
                "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "(all cores)"),
-               "a": a.a, "b": a.b, "rounds": a.rounds, "models": {}}
+               "a": a.a, "b": a.b, "a_args": a.a_args, "b_args": a.b_args,
+               "context": a.context, "decode_tokens": a.decode_tokens,
+               "rounds": a.rounds, "models": {}}
     for model in a.model:
         runs = {"a": [], "b": []}
         for r in range(a.rounds):
-            for tag, binary in (("a", a.a), ("b", a.b)):
+            for tag, binary, extra in (("a", a.a, a.a_args), ("b", a.b, a.b_args)):
                 path = os.path.join(a.out, f"{model}_{tag}{r}.json")
-                runs[tag].append(run_once(binary, model, a.batch, a.decode_tokens, path))
+                runs[tag].append(run_once(binary, shlex.split(extra), model, a.batch,
+                                          a.context, a.decode_tokens, path))
         table = {}
         print(f"{model} ({summary['cpu']}, {a.rounds} rounds, medians)")
         print("  seq   A tok/s  A vs 1   B tok/s  B vs 1   B/A tok/s")

@@ -9,13 +9,14 @@ The CPU engine keeps the weights in their file encoding, memory-mapped, and allo
             n_prompt * 4 * (3 * n_embd + q_dim + 2 * kv_dim + q_dim + 3 * n_ff)
             (x, its norm and the projection out; Q/K/V; attention out; gate|up and their product)
   logits    n_vocab * 4 per row whose logits are taken (one for generate)
-  kv        F32 keys and values: (n_prompt + max_tokens + 1) * n_layer * 2 * kv_dim * 4
+  kv        keys and values: (n_prompt + max_tokens + 1) * n_layer * 2 * kv_dim * b, where b is
+            2 for the default F16 cache (--cache-type f16) and 4 for --cache-type f32
 and a fixed runtime of tens of MiB (code, OpenBLAS/OpenMP buffers, tokenizer tables).
 
 Usage:
-  python3 tools/memory_formula.py NAME|PATH [--prompt N] [--max-tokens M]
+  python3 tools/memory_formula.py NAME|PATH [--prompt N] [--max-tokens M] [--cache-type T]
   python3 tools/memory_formula.py --hparams n_layer,n_embd,n_ff,n_head,n_head_kv,head_dim,n_vocab \
-      --file-bytes B [--prompt N] [--max-tokens M]
+      --file-bytes B [--prompt N] [--max-tokens M] [--cache-type T]
 NAME is a registry name (tools/models.tsv). Prints each term in MiB and the total.
 """
 import argparse
@@ -46,7 +47,10 @@ def hparams_from_gguf(path):
             "head_dim": head_dim, "n_vocab": len(r.fields["tokenizer.ggml.tokens"].data)}
 
 
-def terms(h, file_bytes, n_prompt, max_tokens):
+KV_BYTES = {"f16": 2, "f32": 4}  # bytes of one cached key or value element, by --cache-type
+
+
+def terms(h, file_bytes, n_prompt, max_tokens, cache_type="f16"):
     q_dim, kv_dim = h["n_head"] * h["head_dim"], h["n_head_kv"] * h["head_dim"]
     return [
         ("weights (mapped file)", file_bytes),
@@ -54,7 +58,8 @@ def terms(h, file_bytes, n_prompt, max_tokens):
         ("rows (prompt activations)",
          n_prompt * 4 * (3 * h["n_embd"] + 2 * q_dim + 2 * kv_dim + 3 * h["n_ff"])),
         ("logits", h["n_vocab"] * 4),
-        ("kv (F32)", (n_prompt + max_tokens + 1) * h["n_layer"] * 2 * kv_dim * 4),
+        (f"kv ({cache_type.upper()})",
+         (n_prompt + max_tokens + 1) * h["n_layer"] * 2 * kv_dim * KV_BYTES[cache_type]),
         ("runtime", RUNTIME),
     ]
 
@@ -66,6 +71,8 @@ def main():
     ap.add_argument("--file-bytes", type=int)
     ap.add_argument("--prompt", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--cache-type", choices=sorted(KV_BYTES), default="f16",
+                    help="the live K/V cache's type, as `cachetune generate --cache-type`")
     args = ap.parse_args()
     if args.hparams:
         keys = ["n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"]
@@ -85,8 +92,9 @@ def main():
                                                os.path.expanduser("~/.cache/cachetune/models")),
                                 reg[path]["file"])
         h, file_bytes, label = hparams_from_gguf(path), os.path.getsize(path), path
-    ts = terms(h, file_bytes, args.prompt, args.max_tokens)
-    print(f"{label}: {h}, prompt {args.prompt}, max_tokens {args.max_tokens}")
+    ts = terms(h, file_bytes, args.prompt, args.max_tokens, args.cache_type)
+    print(f"{label}: {h}, prompt {args.prompt}, max_tokens {args.max_tokens}, "
+          f"cache {args.cache_type}")
     for name, b in ts:
         print(f"  {name:28s} {b / MIB:10.1f} MiB")
     total = sum(b for _, b in ts)

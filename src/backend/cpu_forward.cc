@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
+#include <numeric>
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu/qgemv.h"
@@ -186,19 +187,18 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
   attn_args.assign(n_seqs, cpu::AttnArgs{});
   for (int s = 0, row0 = 0; s < n_seqs; row0 += seqs[s].n, ++s) {
     const int ns = seqs[s].n;
-    float* kc = seqs[s].kv->k(l);
-    float* vc = seqs[s].kv->v(l);
+    KVCache& kv = *seqs[s].kv;
     for (int i = row0; i < row0 + ns; ++i) {
-      std::memcpy(kc + (size_t)pos[i] * KV, k + (size_t)i * QKV, KV * sizeof(float));
-      std::memcpy(vc + (size_t)pos[i] * KV, v + (size_t)i * QKV, KV * sizeof(float));
+      kv.store_row(l, pos[i], k + (size_t)i * QKV, v + (size_t)i * QKV);
     }
     cpu::AttnArgs& a = attn_args[s];
     a.q = q + (size_t)row0 * QKV;
     a.q_stride = QKV;
     a.q_pos = pos + row0;
     a.n_q = ns;
-    a.k = kc;
-    a.v = vc;
+    a.k = kv.k_data(l);
+    a.v = kv.v_data(l);
+    a.kv_dtype = kv.dtype();
     a.n_head = c.n_head;
     a.n_kv_head = c.n_head_kv;
     a.head_dim = c.head_dim;
@@ -302,6 +302,30 @@ void decode_batch(const Model& m, const int32_t* tokens, KVCache* const* kvs, in
   for (int i = 0; i < n; ++i) kvs[i]->n_pos = pos[i] + 1;
   logits.resize((size_t)n * m.config().n_vocab);
   decode_logits(m, x.data(), n, logits.data(), ws);
+}
+
+void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
+                        const float* cos, const float* sin, std::vector<float>& scratch) {
+  const int KV = kv.kv_dim(), n_head_kv = m.config().n_head_kv;
+  if (kv.dtype() == KvDtype::F32) {
+    m.rope().apply_at_positions(kv.k(l), KV, n_head_kv, pos, n, cos, sin);
+    return;
+  }
+  scratch.resize((size_t)n * KV);
+  char* base = static_cast<char*>(kv.k_data(l));
+  for (int i = 0; i < n; ++i) {
+    kv_unpack(kv.dtype(), base + kv.row_bytes() * pos[i], scratch.data() + (size_t)i * KV, KV);
+  }
+  // The F32 path's rotation (serial, the same angles) on the gathered rows 0..n-1.
+  thread_local std::vector<int32_t> rows;
+  if ((int)rows.size() < n) {
+    rows.resize(n);
+    std::iota(rows.begin(), rows.end(), 0);
+  }
+  m.rope().apply_at_positions(scratch.data(), KV, n_head_kv, rows.data(), n, cos, sin);
+  for (int i = 0; i < n; ++i) {
+    kv_pack(kv.dtype(), scratch.data() + (size_t)i * KV, base + kv.row_bytes() * pos[i], KV);
+  }
 }
 
 std::vector<float> prefill(const Model& m, const int32_t* tokens, int n, int pos0, KVCache& kv,

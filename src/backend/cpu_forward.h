@@ -89,6 +89,12 @@ void logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 // The same for decode rows: every row through the quantised head kernel (see forward_batch).
 void decode_logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 
+// Deferred RoPE of reused keys placed in kv: rotates layer l's K rows at positions pos[n] to
+// those positions, with angle_table(pos, n) in cos/sin. An F16 cache's rows are rotated in F32
+// (in scratch) as an F32 cache's are, and rounded once when they go back.
+void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
+                        const float* cos, const float* sin, std::vector<float>& scratch);
+
 // Plain prefill of tokens at positions [pos0, pos0+n) on top of kv (which must hold
 // [0, pos0)); all layers, all rows. Returns the last row's logits, or all rows' when all_rows.
 // progress, when set, is called after each layer with (layers done, n_layer).

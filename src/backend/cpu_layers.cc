@@ -1,9 +1,10 @@
 // The CPU LayerBackend (backend.h): cpu::forward_batch on host KVCaches, one sequence per pass or
-// several (begin_batch), and the contract's defaults for backends of one sequence. The reused rows are
-// read from their sources into a staging buffer, the placed ones unpacked to F32 at their global
-// positions and rotated there (deferred RoPE). With overlap, a loader thread works ahead of the
-// layer loop and hands layers over through per-layer ready flags (the CPU counterpart of the
-// paper's transfer stream and per-layer events); without, layer l is loaded on the calling thread.
+// several (begin_batch), and the contract's defaults for backends of one sequence. The reused rows
+// are read from their sources into a staging buffer, the placed ones put in the cache's type at
+// their global positions and rotated there (deferred RoPE). With overlap, a loader thread works
+// ahead of the layer loop and hands layers over through per-layer ready flags (the CPU
+// counterpart of the paper's transfer stream and per-layer events); without, layer l is loaded on
+// the calling thread.
 #include <omp.h>
 
 #include <algorithm>
@@ -121,8 +122,6 @@ class LayerLoader {
   void load(int l, bool do_rope) {
     Timer t;
     const int KV = kv_.kv_dim();
-    float* kc = kv_.k(l);
-    float* vc = kv_.v(l);
     size_t r = 0;
     for (size_t s = 0; s < rows_.segments.size(); ++s) {
       const ReusedRows::Segment& seg = rows_.segments[s];
@@ -137,8 +136,8 @@ class LayerLoader {
       for (int j = 0; j < seg.n_rows; ++j, ++r) {
         const int32_t g = rows_.pos[r];
         if (g < 0) continue;
-        kv_unpack(seg.dtype, stage_k_.data() + row_bytes * j, kc + (size_t)g * KV, KV);
-        kv_unpack(seg.dtype, stage_v_.data() + row_bytes * j, vc + (size_t)g * KV, KV);
+        kv_.place_row(l, g, seg.dtype, stage_k_.data() + row_bytes * j,
+                      stage_v_.data() + row_bytes * j);
       }
     }
     if (do_rope && !rows_.rotated) rope(l);
@@ -150,8 +149,8 @@ class LayerLoader {
     if (rope_cos_.empty() && !pos_.empty()) {
       m_.rope().angle_table(pos_.data(), (int)pos_.size(), rope_cos_, rope_sin_);
     }
-    m_.rope().apply_at_positions(kv_.k(l), kv_.kv_dim(), m_.config().n_head_kv, pos_.data(),
-                                 (int)pos_.size(), rope_cos_.data(), rope_sin_.data());
+    cpu::rotate_placed_keys(m_, kv_, l, pos_.data(), (int)pos_.size(), rope_cos_.data(),
+                            rope_sin_.data(), rope_rows_);
   }
 
   const Model& m_;
@@ -168,6 +167,7 @@ class LayerLoader {
   std::vector<uint8_t> stage_k_, stage_v_;  // reusable staging buffers (loader thread only)
   std::vector<int32_t> pos_;  // global positions of the placed rows (same in every layer)
   std::vector<float> rope_cos_, rope_sin_;  // F32 [n_placed][n_rot/2]: their RoPE angles, once
+  std::vector<float> rope_rows_;  // an F16 cache's placed keys in F32 while they are rotated
   std::mutex mu_;
   std::condition_variable cv_;
   std::exception_ptr error_;

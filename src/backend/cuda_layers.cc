@@ -110,7 +110,19 @@ class CudaLayers final : public LayerBackend {
                       "host KV cache of {} positions cannot take the GPU's {} positions",
                       kv_->n_ctx(), n_pos_);
       Timer t;
-      for (int l = 0; l < m_.config().n_layer; ++l) dec_.read_kv(l, n_pos_, kv_->k(l), kv_->v(l));
+      // The device keeps F32 rows; a host cache of another type takes them through F32.
+      std::vector<float> k, v;
+      for (int l = 0; l < m_.config().n_layer; ++l) {
+        if (kv_->dtype() == KvDtype::F32) {
+          dec_.read_kv(l, n_pos_, kv_->k(l), kv_->v(l));
+          continue;
+        }
+        k.resize((size_t)n_pos_ * kv_->kv_dim());
+        v.resize(k.size());
+        dec_.read_kv(l, n_pos_, k.data(), v.data());
+        kv_pack(kv_->dtype(), k.data(), kv_->k_data(l), k.size());
+        kv_pack(kv_->dtype(), v.data(), kv_->v_data(l), v.size());
+      }
       times_.kv_to_host_ms += t.ms();
     }
     return logits;

@@ -140,7 +140,7 @@ CalibrationWorkload::CalibrationWorkload(Engine& eng,
                       c->meta().id.substr(0, 12), c->meta().n_tok, t, eng.options().tiers[0].kind);
     }
   }
-  kv_ = eng.model().make_cache(max_total);
+  kv_ = eng.model().make_cache(max_total, eng.options().kv_type);
 }
 
 CalibrationWorkload::~CalibrationWorkload() = default;
@@ -253,6 +253,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
       const int KV = c.kv_dim();
       std::vector<uint8_t> stage_k, stage_v;
       std::vector<float> cs, sn;  // RoPE angle tables of the loaded positions
+      std::vector<float> rot;     // an F16 cache's keys while they are rotated
       auto time_load = [&](const LoadCase& lc) {
         Timer t;
         for (int l : layers) {
@@ -270,15 +271,14 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
             if (device_) continue;  // the device unpacks and rotates
             for (int j = lc.begin[b]; j < meta.n_tok; ++j, ++n) {
               const size_t src = row_bytes * (j - lc.begin[b]);
-              kv_unpack(meta.dtype, stage_k.data() + src, kv_.k(l) + (size_t)lc.pos[n] * KV, KV);
-              kv_unpack(meta.dtype, stage_v.data() + src, kv_.v(l) + (size_t)lc.pos[n] * KV, KV);
+              kv_.place_row(l, lc.pos[n], meta.dtype, stage_k.data() + src, stage_v.data() + src);
             }
           }
           if (device_) continue;
           // As the loader does: the angle table once per request, reused by every layer.
           if (l == layers.front()) m.rope().angle_table(lc.pos.data(), (int)lc.pos.size(), cs, sn);
-          m.rope().apply_at_positions(kv_.k(l), KV, c.n_head_kv, lc.pos.data(),
-                                      (int)lc.pos.size(), cs.data(), sn.data());
+          cpu::rotate_placed_keys(m, kv_, l, lc.pos.data(), (int)lc.pos.size(), cs.data(),
+                                  sn.data(), rot);
         }
         return t.seconds() / (double)layers.size();
       };

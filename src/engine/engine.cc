@@ -202,8 +202,8 @@ Answer Engine::answer_from(const RagPromptTokens& p, const SelectiveOptions& sel
   return g->take_answer();
 }
 
-size_t Generation::kv_bytes_for(const ModelConfig& c, int n_prompt, int max_tokens) {
-  return (size_t)2 * c.n_layer * (size_t)(n_prompt + max_tokens + 1) * c.kv_dim() * sizeof(float);
+size_t Generation::kv_bytes_for(const ModelConfig& c, KvDtype t, int n_prompt, int max_tokens) {
+  return KVCache::bytes_for(c.n_layer, n_prompt + max_tokens + 1, c.kv_dim(), t);
 }
 
 std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
@@ -321,7 +321,7 @@ void Engine::start_prefill(Generation& g) {
     KVCache& kv = g.kv_;
     kv = on_gpu && !sel.policy.kind->uses_host_cache()
              ? KVCache()
-             : model_->make_cache(n_total + gen.max_tokens + 1);
+             : model_->make_cache(n_total + gen.max_tokens + 1, opt_.kv_type);
     const bool sliced =
         opt_.prefill_chunk > 0 && gen.max_tokens > 0 && SlicedPrefill::supports(sel);
     Workspace ws;

@@ -64,6 +64,11 @@ struct EngineOptions {
   // selection (CacheBlend's layer-0 pass over every row, ProphetKV's reuse pass) runs whole in
   // the step where a request's last chunk is there.
   int prefill_chunk = 0;
+  // Element type of the live KV caches of requests on the CPU (`--kv-type`): F16 (llama.cpp's
+  // default cache type) halves the bytes a request holds against --kv-budget and that each
+  // decode step's attention reads; F32 keeps every computed key and value unrounded. Chunk
+  // records have their own type (EncodeOptions::dtype).
+  KvDtype kv_type = KvDtype::F16;
 };
 
 
@@ -145,8 +150,9 @@ class Generation {
   std::exception_ptr error() const { return error_; }
   // Host bytes of this request's K/V cache (0 when it lives on the GPU, or once done).
   size_t kv_bytes() const { return kv_.bytes(); }
-  // Host bytes of the K/V cache a request of n_prompt tokens and max_tokens new tokens holds.
-  static size_t kv_bytes_for(const ModelConfig& c, int n_prompt, int max_tokens);
+  // Host bytes of the K/V cache (elements of t) a request of n_prompt tokens and max_tokens new
+  // tokens holds.
+  static size_t kv_bytes_for(const ModelConfig& c, KvDtype t, int n_prompt, int max_tokens);
 
  private:
   friend class Engine;

@@ -59,8 +59,8 @@ Answer Scheduler::answer(const RagPromptTokens& prompt, const SelectiveOptions& 
   job->sel = sel;
   job->gen = gen;
   job->opt = opt;
-  job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), prompt.n_tokens(),
-                                          std::max(0, gen.max_tokens));
+  job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
+                                          prompt.n_tokens(), std::max(0, gen.max_tokens));
   std::unique_lock<std::mutex> lk(mu_);
   refuse_if_full(job->kv_cost, prompt.n_tokens(), gen.max_tokens);
   CT_THROW_IF_NOT(!stopping_, "server shutting down");
@@ -90,7 +90,8 @@ void Scheduler::refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) con
 
 void Scheduler::check_admission(int n_prompt, int max_tokens) const {
   std::lock_guard<std::mutex> lk(mu_);
-  refuse_if_full(Generation::kv_bytes_for(engine_.model().config(), n_prompt, std::max(0, max_tokens)),
+  refuse_if_full(Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
+                                          n_prompt, std::max(0, max_tokens)),
                  n_prompt, max_tokens);
 }
 

@@ -1,30 +1,78 @@
 // The working KV cache of one sequence: post-RoPE keys and values per layer, indexed by global
 // position. Selective recomputation fills rows from two sources (recomputed and reused) per layer.
+// Elements are F32 or F16 (like llama.cpp's default cache type: half the bytes for attention to
+// read and for a request to hold); a row is packed once when it is written and attention reads
+// the stored type directly.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
+#include "core/kv_dtype.h"
 
 namespace ct {
 
 class KVCache {
  public:
   KVCache() = default;
-  KVCache(int n_layer, int n_ctx, int kv_dim) { reset(n_layer, n_ctx, kv_dim); }
-  void reset(int n_layer, int n_ctx, int kv_dim) {
+  KVCache(int n_layer, int n_ctx, int kv_dim, KvDtype dtype = KvDtype::F32) {
+    reset(n_layer, n_ctx, kv_dim, dtype);
+  }
+  void reset(int n_layer, int n_ctx, int kv_dim, KvDtype dtype = KvDtype::F32) {
+    CT_THROW_IF_NOT(dtype == KvDtype::F32 || dtype == KvDtype::F16,
+                    "KV cache type '{}' is not supported, expected f32 or f16",
+                    kv_dtype_name(dtype));
     n_layer_ = n_layer;
     n_ctx_ = n_ctx;
     kv_dim_ = kv_dim;
-    k_.assign((size_t)n_layer * n_ctx * kv_dim, 0.0f);
-    v_.assign((size_t)n_layer * n_ctx * kv_dim, 0.0f);
+    dtype_ = dtype;
+    const size_t floats = bytes_for(n_layer, n_ctx, kv_dim, dtype) / 2 / sizeof(float);
+    k_.assign(floats, 0.0f);
+    v_.assign(floats, 0.0f);
     n_pos = 0;
   }
-  // F32 [n_ctx][kv_dim] for layer l
-  float* k(int l) { return k_.data() + (size_t)l * n_ctx_ * kv_dim_; }
-  float* v(int l) { return v_.data() + (size_t)l * n_ctx_ * kv_dim_; }
-  const float* k(int l) const { return k_.data() + (size_t)l * n_ctx_ * kv_dim_; }
-  const float* v(int l) const { return v_.data() + (size_t)l * n_ctx_ * kv_dim_; }
+  // Bytes a cache of these dimensions holds (K and V; an F16 block rounded up to whole floats).
+  static size_t bytes_for(int n_layer, int n_ctx, int kv_dim, KvDtype dtype) {
+    const size_t block = (size_t)n_layer * n_ctx * kv_dim * kv_dtype_size(dtype);
+    return 2 * ((block + 3) / 4 * 4);
+  }
+  KvDtype dtype() const { return dtype_; }
+  // Bytes of one row (kv_dim elements) and of one layer ([n_ctx] rows).
+  size_t row_bytes() const { return (size_t)kv_dim_ * kv_dtype_size(dtype_); }
+  size_t layer_bytes() const { return row_bytes() * n_ctx_; }
+  // Layer l's [n_ctx][kv_dim] block in the cache's type.
+  void* k_data(int l) { return reinterpret_cast<char*>(k_.data()) + layer_bytes() * l; }
+  void* v_data(int l) { return reinterpret_cast<char*>(v_.data()) + layer_bytes() * l; }
+  const void* k_data(int l) const {
+    return reinterpret_cast<const char*>(k_.data()) + layer_bytes() * l;
+  }
+  const void* v_data(int l) const {
+    return reinterpret_cast<const char*>(v_.data()) + layer_bytes() * l;
+  }
+  // Row pos of layer l (K, V) as n floats <-> the cache's type.
+  void store_row(int l, int pos, const float* k, const float* v) {
+    kv_pack(dtype_, k, static_cast<char*>(k_data(l)) + row_bytes() * pos, kv_dim_);
+    kv_pack(dtype_, v, static_cast<char*>(v_data(l)) + row_bytes() * pos, kv_dim_);
+  }
+  void load_rows(int l, int pos0, int n, float* k, float* v) const {
+    if (k) {
+      kv_unpack(dtype_, static_cast<const char*>(k_data(l)) + row_bytes() * pos0, k,
+                (size_t)n * kv_dim_);
+    }
+    if (v) {
+      kv_unpack(dtype_, static_cast<const char*>(v_data(l)) + row_bytes() * pos0, v,
+                (size_t)n * kv_dim_);
+    }
+  }
+  // Row pos of layer l from a row stored as src_t (a chunk record's, another cache's): copied
+  // when the types match, else converted through F32.
+  void place_row(int l, int pos, KvDtype src_t, const void* k, const void* v);
+  // F32 views, for caches made F32 (the reference paths and tools working on F32 rows).
+  float* k(int l) { return static_cast<float*>(k_data(checked_f32(l))); }
+  float* v(int l) { return static_cast<float*>(v_data(checked_f32(l))); }
+  const float* k(int l) const { return static_cast<const float*>(k_data(checked_f32(l))); }
+  const float* v(int l) const { return static_cast<const float*>(v_data(checked_f32(l))); }
   int n_layer() const { return n_layer_; }
   int n_ctx() const { return n_ctx_; }
   int kv_dim() const { return kv_dim_; }
@@ -33,8 +81,14 @@ class KVCache {
   int n_pos = 0;  // positions [0, n_pos) hold valid K/V in every layer
 
  private:
+  int checked_f32(int l) const {
+    CT_ASSERT(dtype_ == KvDtype::F32, "F32 view of a {} KV cache", kv_dtype_name(dtype_));
+    return l;
+  }
   int n_layer_ = 0, n_ctx_ = 0, kv_dim_ = 0;
-  std::vector<float> k_, v_;  // F32 [n_layer][n_ctx][kv_dim]
+  KvDtype dtype_ = KvDtype::F32;
+  // [n_layer][n_ctx][kv_dim] elements of dtype_ (F16: two to a float of storage)
+  std::vector<float> k_, v_;
 };
 
 }  // namespace ct

@@ -58,7 +58,9 @@ class Model {
   // x[n][n_embd] = embedding rows of tokens[n], dequantised from the file encoding.
   void embed(const int32_t* tokens, int n, float* x) const;
 
-  KVCache make_cache(int n_ctx) const { return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim()); }
+  KVCache make_cache(int n_ctx, KvDtype dtype = KvDtype::F32) const {
+    return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim(), dtype);
+  }
   const cpu::Rope& rope() const { return rope_; }
 
   // The weights, for other backends (src/backend/gpu_decoder.h). The F32 copies cost the

@@ -52,10 +52,11 @@ std::pair<int, int> PrefixCache::longest_match(const std::vector<int32_t>& token
 
 void PrefixCache::copy_rows(int entry, int n, KVCache& kv) const {
   const KVCache& src = entries_[entry].kv;
-  const size_t bytes = (size_t)n * kv.kv_dim() * sizeof(float);
   for (int l = 0; l < kv.n_layer(); ++l) {
-    std::memcpy(kv.k(l), src.k(l), bytes);
-    std::memcpy(kv.v(l), src.v(l), bytes);
+    for (int j = 0; j < n; ++j) {
+      kv.place_row(l, j, src.dtype(), static_cast<const char*>(src.k_data(l)) + src.row_bytes() * j,
+                   static_cast<const char*>(src.v_data(l)) + src.row_bytes() * j);
+    }
   }
 }
 
@@ -64,11 +65,11 @@ void PrefixCache::remember(const std::vector<int32_t>& tokens, const KVCache& kv
   Entry e;
   e.tokens = tokens;
   const int n = (int)tokens.size();
-  e.kv.reset(kv.n_layer(), n, kv.kv_dim());
-  const size_t bytes = (size_t)n * kv.kv_dim() * sizeof(float);
+  e.kv.reset(kv.n_layer(), n, kv.kv_dim(), kv.dtype());
+  const size_t bytes = (size_t)n * kv.row_bytes();
   for (int l = 0; l < kv.n_layer(); ++l) {
-    std::memcpy(e.kv.k(l), kv.k(l), bytes);
-    std::memcpy(e.kv.v(l), kv.v(l), bytes);
+    std::memcpy(e.kv.k_data(l), kv.k_data(l), bytes);
+    std::memcpy(e.kv.v_data(l), kv.v_data(l), bytes);
   }
   e.kv.n_pos = n;
   if ((int)entries_.size() >= capacity_) entries_.erase(entries_.begin());
@@ -244,8 +245,8 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
 }
 
 // A token-stage policy's list on a device: the rows the policy placed in the host cache
-// ([0, n_reused): already rotated, F32) go into the device's cache as they are, the rest of the
-// list runs through every layer there, and the finished cache comes back to the host (to_host),
+// ([0, n_reused): already rotated, in the cache's type) go into the device's cache as they are,
+// the rest of the list runs through every layer there, and the finished cache comes back to the host (to_host),
 // where after_tokens reads it (the prefix cache remembers it). to_host may be null when the
 // policy reuses no rows and reads nothing after.
 std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const TokenPlan& tp,
@@ -261,14 +262,14 @@ std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const 
   be->begin(tp.tokens.data() + tp.n_reused, pos.data(), n);
   if (tp.n_reused > 0) {
     ReusedRows rows;
-    rows.segments.push_back({KvDtype::F32, tp.n_reused, "the reused prefix"});
+    rows.segments.push_back({to_host->dtype(), tp.n_reused, "the reused prefix"});
     rows.pos.resize(tp.n_reused);
     std::iota(rows.pos.begin(), rows.pos.end(), 0);
     rows.rotated = true;
-    const size_t bytes = (size_t)tp.n_reused * m.config().kv_dim() * sizeof(float);
+    const size_t bytes = (size_t)tp.n_reused * to_host->row_bytes();
     rows.read = [to_host, bytes](int l, int, void* k, void* v) {
-      std::memcpy(k, to_host->k(l), bytes);
-      std::memcpy(v, to_host->v(l), bytes);
+      std::memcpy(k, to_host->k_data(l), bytes);
+      std::memcpy(v, to_host->v_data(l), bytes);
     };
     be->set_reused(rows, 0);
   }

@@ -9,18 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_dtype.h"
+
 namespace ct {
-
-enum class KvDtype : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
-
-const char* kv_dtype_name(KvDtype t);
-size_t kv_dtype_size(KvDtype t);
-// Parses "f32" | "f16" | "bf16"; throws ct::Error naming the value otherwise.
-KvDtype parse_kv_dtype(const std::string& s);
-
-// Converts n floats to/from the storage dtype.
-void kv_pack(KvDtype t, const float* src, void* dst, size_t n);
-void kv_unpack(KvDtype t, const void* src, float* dst, size_t n);
 
 struct ChunkMeta {
   std::string id;                 // hex SHA-256 of (model fingerprint, tokens, encoding settings)

@@ -59,18 +59,21 @@ class BackendBatchTest : public ::testing::Test {
     return r;
   }
   static void expect_same_cache(const KVCache& a, const KVCache& b, int n_pos, const char* what) {
+    ASSERT_EQ(a.dtype(), b.dtype());
     for (int l = 0; l < a.n_layer(); ++l) {
-      const size_t bytes = (size_t)n_pos * a.kv_dim() * sizeof(float);
-      EXPECT_EQ(std::memcmp(a.k(l), b.k(l), bytes), 0) << what << ": K of layer " << l;
-      EXPECT_EQ(std::memcmp(a.v(l), b.v(l), bytes), 0) << what << ": V of layer " << l;
+      const size_t bytes = (size_t)n_pos * a.row_bytes();
+      EXPECT_EQ(std::memcmp(a.k_data(l), b.k_data(l), bytes), 0) << what << ": K of layer " << l;
+      EXPECT_EQ(std::memcmp(a.v_data(l), b.v_data(l), bytes), 0) << what << ": V of layer " << l;
     }
   }
+  void mixed_pass_gives_each_sequence_its_own(KvDtype t);
 
   std::unique_ptr<Model> m_;
   std::vector<std::vector<float>> chunk_k_, chunk_v_;
 };
 
-TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) {
+// Caches of type t throughout (the F32 chunk rows are converted as they are placed).
+void BackendBatchTest::mixed_pass_gives_each_sequence_its_own(KvDtype t) {
   const int V = m_->config().n_vocab;
   const int PA = 24, PB = 13, NC = 17, NS = 20, NQ = 8;  // prompts, prefill rows, chunk, active
   const std::vector<int32_t> a = test::random_byte_tokens(PA + 1, 1);
@@ -82,8 +85,8 @@ TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) 
 
   // Alone: two decode steps after their prompts, one prefill, one selective pass.
   Workspace ws;
-  KVCache ka = m_->make_cache(kCtx), kb = m_->make_cache(kCtx), kp = m_->make_cache(kCtx),
-          ks = m_->make_cache(kCtx);
+  KVCache ka = m_->make_cache(kCtx, t), kb = m_->make_cache(kCtx, t),
+          kp = m_->make_cache(kCtx, t), ks = m_->make_cache(kCtx, t);
   cpu::prefill(*m_, a.data(), PA, 0, ka, ws);
   cpu::prefill(*m_, b.data(), PB, 0, kb, ws);
   const std::vector<float> la = cpu::prefill(*m_, &a[PA], 1, PA, ka, ws);
@@ -102,8 +105,9 @@ TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) 
 
   // Together, in one pass per layer.
   Workspace ws2;
-  KVCache ka2 = m_->make_cache(kCtx), kb2 = m_->make_cache(kCtx), kp2 = m_->make_cache(kCtx),
-          ks2 = m_->make_cache(kCtx), unused = m_->make_cache(1);
+  KVCache ka2 = m_->make_cache(kCtx, t), kb2 = m_->make_cache(kCtx, t),
+          kp2 = m_->make_cache(kCtx, t), ks2 = m_->make_cache(kCtx, t),
+          unused = m_->make_cache(1, t);
   cpu::prefill(*m_, a.data(), PA, 0, ka2, ws2);
   cpu::prefill(*m_, b.data(), PB, 0, kb2, ws2);
   std::vector<int32_t> toks = {a[PA], b[PB]}, pos = {PA, PB};
@@ -132,6 +136,75 @@ TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) 
   expect_same_cache(kb, kb2, PB + 1, names[1]);
   expect_same_cache(kp, kp2, NC, names[2]);
   expect_same_cache(ks, ks2, NS + NQ, names[3]);
+}
+
+TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGives) {
+  mixed_pass_gives_each_sequence_its_own(KvDtype::F32);
+}
+
+TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGivesOnF16Caches) {
+  mixed_pass_gives_each_sequence_its_own(KvDtype::F16);
+}
+
+// Reused rows from F16 records (the default record type) placed and rotated in an F16 cache are
+// the F32 cache's rows rounded once: the record converts exactly, both rotate in F32 alike. Layer
+// 0's recomputed rows are too (the layers above see attention over rounded rows).
+TEST_F(BackendBatchTest, F16CacheHoldsTheF32CachesReusedRowsRoundedOnce) {
+  const int NS = 20, NQ = 8, KV = m_->config().kv_dim();
+  const std::vector<int32_t> s = test::random_byte_tokens(NS + NQ, 4);
+  encode_chunk({s.begin(), s.begin() + NS});
+  std::vector<std::vector<uint16_t>> k16, v16;
+  for (int l = 0; l < m_->config().n_layer; ++l) {
+    k16.emplace_back(chunk_k_[l].size());
+    v16.emplace_back(chunk_v_[l].size());
+    kv_pack(KvDtype::F16, chunk_k_[l].data(), k16.back().data(), chunk_k_[l].size());
+    kv_pack(KvDtype::F16, chunk_v_[l].data(), v16.back().data(), chunk_v_[l].size());
+  }
+  ReusedRows rows;
+  rows.segments.push_back({KvDtype::F16, NS, "chunk"});
+  rows.pos.resize(NS);
+  std::iota(rows.pos.begin(), rows.pos.end(), 0);
+  rows.read = [&](int l, int, void* k, void* v) {
+    std::memcpy(k, k16[l].data(), k16[l].size() * 2);
+    std::memcpy(v, v16[l].data(), v16[l].size() * 2);
+  };
+  std::vector<int32_t> qpos(NQ);
+  std::iota(qpos.begin(), qpos.end(), NS);
+  // Loaded on the calling thread, and by the loader thread with RoPE on the compute thread.
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "loader thread" : "no loader thread");
+    KVCache c32 = m_->make_cache(kCtx, KvDtype::F32), c16 = m_->make_cache(kCtx, KvDtype::F16);
+    for (KVCache* kv : {&c32, &c16}) {
+      Workspace ws;
+      PipelineOptions opt;
+      opt.overlap = overlap;
+      opt.rope_in_loader = !overlap;
+      const auto be = make_cpu_layers(*m_, *kv, ws, opt);
+      be->begin(s.data() + NS, qpos.data(), NQ);
+      be->set_reused(rows, 0);
+      for (int l = 0; l < m_->config().n_layer; ++l) be->layer(l, nullptr);
+      be->finish();
+    }
+    std::vector<uint16_t> want_k(KV), want_v(KV);
+    for (int l = 0; l < m_->config().n_layer; ++l) {
+      for (int p = 0; p < (l == 0 ? NS + NQ : NS); ++p) {
+        kv_pack(KvDtype::F16, c32.k(l) + (size_t)p * KV, want_k.data(), KV);
+        kv_pack(KvDtype::F16, c32.v(l) + (size_t)p * KV, want_v.data(), KV);
+        const char* k = static_cast<const char*>(c16.k_data(l)) + c16.row_bytes() * p;
+        const char* v = static_cast<const char*>(c16.v_data(l)) + c16.row_bytes() * p;
+        ASSERT_EQ(std::memcmp(k, want_k.data(), KV * 2), 0) << "K of layer " << l << " row " << p;
+        ASSERT_EQ(std::memcmp(v, want_v.data(), KV * 2), 0) << "V of layer " << l << " row " << p;
+      }
+    }
+    // The reused keys were rotated (row NS-1 is not its stored, position-0 form); values not.
+    const size_t last = (size_t)(NS - 1) * KV;
+    EXPECT_NE(std::memcmp(static_cast<const char*>(c16.k_data(1)) + c16.row_bytes() * (NS - 1),
+                          &k16[1][last], KV * 2),
+              0);
+    EXPECT_EQ(std::memcmp(static_cast<const char*>(c16.v_data(1)) + c16.row_bytes() * (NS - 1),
+                          &v16[1][last], KV * 2),
+              0);
+  }
 }
 
 TEST_F(BackendBatchTest, ASequenceCountThePassCannotTakeIsRefused) {

@@ -206,6 +206,7 @@ TEST_F(BatchingTest, KvBudgetBoundsTheBatchAndRefusesWhatCanNeverFit) {
   for (const Req& r : rs) {
     ps.push_back(build_rag_prompt(tok, r.docs, r.question));
     largest = std::max(largest, Generation::kv_bytes_for(eng.model().config(),
+                                                         eng.options().kv_type,
                                                          ps.back().n_tokens(), 12));
   }
   SchedulerOptions so;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "backend/cpu_forward.h"
+#include "core/fp16.h"
 #include "engine/generate.h"
 #include "model/gguf.h"
 #include "support/chunk_fixtures.h"
@@ -89,6 +90,77 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   cpu::prefill(*m, t.data(), 17, 0, kv2, ws);
   const auto tail = cpu::prefill(*m, t.data() + 17, 23, 17, kv2, ws);
   for (int j = 0; j < V; ++j) ASSERT_NEAR(tail[j], batch[(size_t)39 * V + j], 1e-4f);
+}
+
+// On F16 caches decoding one token at a time (the one-row attention kernel reading half
+// precision) equals a batched prefill (tiles converted for SGEMM) over the same F16 rows, and
+// both stay near the F32 cache's logits.
+TEST(ModelTest, F16CacheDecodeMatchesItsPrefillAndStaysNearF32) {
+  const std::string path = tmp_path("incr16.gguf");
+  test::write_tiny_model(path, {});
+  auto m = Model::load(path);
+  const auto t = test::random_byte_tokens(40, 2);
+  const int n = (int)t.size(), V = m->config().n_vocab;
+  Workspace ws;
+  KVCache all16 = m->make_cache(n, KvDtype::F16), all32 = m->make_cache(n, KvDtype::F32);
+  const auto batch16 = cpu::prefill(*m, t.data(), n, 0, all16, ws, true);
+  const auto batch32 = cpu::prefill(*m, t.data(), n, 0, all32, ws, true);
+  EXPECT_EQ(all16.bytes() * 2, all32.bytes());
+  KVCache kv = m->make_cache(n, KvDtype::F16);
+  float worst = 0, scale = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto step = cpu::prefill(*m, &t[i], 1, i, kv, ws);
+    for (int j = 0; j < V; ++j) {
+      ASSERT_NEAR(step[j], batch16[(size_t)i * V + j], 1e-4f) << "position " << i;
+      worst = std::max(worst, std::fabs(step[j] - batch32[(size_t)i * V + j]));
+      scale = std::max(scale, std::fabs(batch32[(size_t)i * V + j]));
+    }
+  }
+  EXPECT_GT(worst, 0.0f);  // the F16 cache was read: its rounding shows
+  EXPECT_LT(worst, 1e-2f * scale) << "largest logit " << scale;
+}
+
+// The cache's storage: rows round-trip through F16 as kv_pack rounds them, place_row converts
+// between record and cache types, a BF16 live cache is refused naming the type.
+TEST(KVCacheTest, F16RowsStoreLoadAndConvertOnPlacement) {
+  const int KV = 24;
+  KVCache c16(2, 5, KV, KvDtype::F16), c32(2, 5, KV, KvDtype::F32);
+  EXPECT_EQ(c16.row_bytes(), (size_t)KV * 2);
+  EXPECT_EQ(c16.bytes(), KVCache::bytes_for(2, 5, KV, KvDtype::F16));
+  EXPECT_EQ(c32.bytes(), (size_t)2 * 2 * 5 * KV * 4);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> k(KV), v(KV), k2(KV), v2(KV);
+  for (int i = 0; i < KV; ++i) {
+    k[i] = nd(rng);
+    v[i] = nd(rng);
+  }
+  c16.store_row(1, 3, k.data(), v.data());
+  c16.load_rows(1, 3, 1, k2.data(), v2.data());
+  for (int i = 0; i < KV; ++i) {
+    EXPECT_EQ(k2[i], fp16_to_f32(f32_to_fp16(k[i])));
+    EXPECT_EQ(v2[i], fp16_to_f32(f32_to_fp16(v[i])));
+  }
+  // Other rows and layers untouched.
+  c16.load_rows(0, 3, 1, k2.data(), nullptr);
+  for (float x : k2) EXPECT_EQ(x, 0.0f);
+  // F32 source into the F16 cache: packed; F16 source into the F32 cache: unpacked exactly.
+  c16.place_row(0, 4, KvDtype::F32, k.data(), v.data());
+  c16.load_rows(0, 4, 1, k2.data(), v2.data());
+  for (int i = 0; i < KV; ++i) EXPECT_EQ(k2[i], fp16_to_f32(f32_to_fp16(k[i])));
+  const char* row16 = static_cast<const char*>(c16.k_data(0)) + c16.row_bytes() * 4;
+  const char* vrow16 = static_cast<const char*>(c16.v_data(0)) + c16.row_bytes() * 4;
+  c32.place_row(1, 2, KvDtype::F16, row16, vrow16);
+  for (int i = 0; i < KV; ++i) {
+    EXPECT_EQ(c32.k(1)[2 * KV + i], k2[i]);
+    EXPECT_EQ(c32.v(1)[2 * KV + i], v2[i]);
+  }
+  try {
+    KVCache bad(1, 1, 8, KvDtype::BF16);
+    FAIL() << "a BF16 live cache was made";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'bf16'"), std::string::npos) << e.what();
+  }
 }
 
 // A workspace keeps the RoPE angles of its last forward's positions (Workspace::rope_*). Used

@@ -186,28 +186,49 @@ TEST_P(AttentionTest, TiledMatchesReference) {
   } else {
     for (int i = 0; i < c.n_q; ++i) pos[i] = c.n_ctx - c.n_q + i;
   }
-  std::vector<float> out(c.n_q * qd), outr(c.n_q * qd), pa(c.n_ctx, 0.f), par(c.n_ctx, 0.f);
-  AttnArgs a;
-  a.q = q.data();
-  a.q_pos = pos.data();
-  a.n_q = c.n_q;
-  a.k = k.data();
-  a.v = v.data();
-  a.n_head = c.n_head;
-  a.n_kv_head = c.n_kv;
-  a.head_dim = c.hd;
-  a.out = out.data();
-  a.probs_accum = pa.data();
-  a.probs_from_row = c.n_q - 2;
-  attention(a);
-  a.out = outr.data();
-  a.probs_accum = par.data();
-  attention_ref(a);
-  EXPECT_LT(max_abs_diff(out, outr), 2e-5f);
-  EXPECT_LT(max_abs_diff(pa, par), 1e-5f);
-  double total = 0;
-  for (float p : pa) total += p;
-  EXPECT_NEAR(total, std::min(2, c.n_q), 1e-4);  // each tapped row adds a distribution
+  // The live cache's two types: an F16 cache's rows are read as stored (tiles converted for
+  // SGEMM, the direct kernel converting as it loads, the reference element by element).
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  kv_pack(KvDtype::F16, k.data(), k16.data(), k.size());
+  kv_pack(KvDtype::F16, v.data(), v16.data(), v.size());
+  for (KvDtype t : {KvDtype::F32, KvDtype::F16}) {
+    SCOPED_TRACE(kv_dtype_name(t));
+    std::vector<float> out(c.n_q * qd), outr(c.n_q * qd), pa(c.n_ctx, 0.f), par(c.n_ctx, 0.f);
+    AttnArgs a;
+    a.q = q.data();
+    a.q_pos = pos.data();
+    a.n_q = c.n_q;
+    a.k = t == KvDtype::F32 ? (const void*)k.data() : k16.data();
+    a.v = t == KvDtype::F32 ? (const void*)v.data() : v16.data();
+    a.kv_dtype = t;
+    a.n_head = c.n_head;
+    a.n_kv_head = c.n_kv;
+    a.head_dim = c.hd;
+    a.out = out.data();
+    a.probs_accum = pa.data();
+    a.probs_from_row = c.n_q - 2;
+    attention(a);
+    a.out = outr.data();
+    a.probs_accum = par.data();
+    attention_ref(a);
+    EXPECT_LT(max_abs_diff(out, outr), 2e-5f);
+    EXPECT_LT(max_abs_diff(pa, par), 1e-5f);
+    double total = 0;
+    for (float p : pa) total += p;
+    EXPECT_NEAR(total, std::min(2, c.n_q), 1e-4);  // each tapped row adds a distribution
+    if (t == KvDtype::F16) {
+      // The rounding of K and V to half moves the result by about half's precision, no more.
+      std::vector<float> out32(c.n_q * qd);
+      a.k = k.data();
+      a.v = v.data();
+      a.kv_dtype = KvDtype::F32;
+      a.out = out32.data();
+      a.probs_accum = nullptr;
+      attention_ref(a);
+      EXPECT_LT(max_abs_diff(outr, out32), 5e-3f);
+      EXPECT_GT(max_abs_diff(outr, out32), 0.0f);  // the F16 rows were read, not the F32 ones
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
@@ -248,16 +269,54 @@ TEST(Attention, OneRowKernelMatchesTiledPathAndIsBatchIndependent) {
     a.out = out;
     return a;
   };
-  std::vector<float> tiled((size_t)32 * qd), alone((size_t)32 * qd), batched((size_t)32 * qd);
-  attention(args(0, 32, tiled.data()));
-  std::vector<AttnArgs> calls;
-  for (int i = 0; i < 32; ++i) {
-    attention(args(i, 1, alone.data() + (size_t)i * qd));
-    calls.push_back(args(i, 1, batched.data() + (size_t)i * qd));
+  std::vector<uint16_t> k16(k.size()), v16(v.size());
+  kv_pack(KvDtype::F16, k.data(), k16.data(), k.size());
+  kv_pack(KvDtype::F16, v.data(), v16.data(), v.size());
+  for (KvDtype t : {KvDtype::F32, KvDtype::F16}) {
+    SCOPED_TRACE(kv_dtype_name(t));
+    auto typed = [&](AttnArgs a) {
+      if (t == KvDtype::F16) {
+        a.k = k16.data();
+        a.v = v16.data();
+        a.kv_dtype = t;
+      }
+      return a;
+    };
+    std::vector<float> tiled((size_t)32 * qd), alone((size_t)32 * qd), batched((size_t)32 * qd);
+    attention(typed(args(0, 32, tiled.data())));
+    std::vector<AttnArgs> calls;
+    for (int i = 0; i < 32; ++i) {
+      attention(typed(args(i, 1, alone.data() + (size_t)i * qd)));
+      calls.push_back(typed(args(i, 1, batched.data() + (size_t)i * qd)));
+    }
+    attention(calls.data(), (int)calls.size());
+    EXPECT_LT(max_abs_diff(tiled, alone), 2e-5f);
+    EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)));
   }
-  attention(calls.data(), (int)calls.size());
-  EXPECT_LT(max_abs_diff(tiled, alone), 2e-5f);
-  EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size() * sizeof(float)));
+}
+
+// kv_pack's vector path (8 at a time) gives f32_to_fp16's bits on every value but NaN payloads:
+// normals, ties, subnormal results, overflow to infinity, signed zeros; and kv_unpack undoes it.
+TEST(KvPack, F16VectorPathEqualsScalarConversion) {
+  std::mt19937 rng(5);
+  std::vector<float> x;
+  for (float e : {1e-9f, 3e-8f, 6e-5f, 1e-3f, 1.0f, 300.0f, 65504.0f, 70000.0f}) {
+    std::uniform_real_distribution<float> u(-e, e);
+    for (int i = 0; i < 203; ++i) x.push_back(u(rng));
+  }
+  for (float f : {0.0f, -0.0f, 65519.99f, 65520.0f, -65520.0f, 1.0f + 1.0f / 2048,
+                  INFINITY, -INFINITY, 5.9604645e-8f, 2.9802322e-8f}) {
+    x.push_back(f);
+  }
+  std::vector<uint16_t> h(x.size());
+  kv_pack(KvDtype::F16, x.data(), h.data(), x.size());
+  std::vector<float> back(x.size());
+  kv_unpack(KvDtype::F16, h.data(), back.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(h[i], f32_to_fp16(x[i])) << "x[" << i << "] = " << x[i];
+    const float want = fp16_to_f32(h[i]);
+    ASSERT_EQ(std::memcmp(&back[i], &want, 4), 0) << "unpacking x[" << i << "]";
+  }
 }
 
 }  // namespace

@@ -138,7 +138,7 @@ TEST_F(ServerBatchingTest, LargerThanTheBudgetIs400AndAFullQueueIs503) {
     o.context_length = 512;
     const std::string p = test::write_tiny_model(dir_.path() + "/shape.gguf", o);
     auto m = Model::load(p);
-    so.kv_budget_bytes = Generation::kv_bytes_for(m->config(), 120, 20);
+    so.kv_budget_bytes = Generation::kv_bytes_for(m->config(), EngineOptions().kv_type, 120, 20);
   }
   start(so);
   auto big = post(body("Who kept the lighthouse?", kA, 300, false));

@@ -29,6 +29,8 @@ struct BenchArgs {
   // B, next to B = 1 measured in the same run. Empty: skipped.
   std::vector<int> batch_sizes;
   std::string json_out;
+  std::string cache_type = kv_dtype_name(EngineOptions().kv_type);  // the live K/V caches' type
+  int decode_context = 128;  // tokens prefilled before the decode steps (each sequence's)
 };
 
 // FLOPs of one prefill of n tokens: the projections and MLP of every layer, attention's two
@@ -57,7 +59,9 @@ void run_bench(const BenchArgs& a) {
   const std::string model_path = resolve_model(a.model);
   auto model = Model::load(model_path);
   const ModelConfig& c = model->config();
+  const KvDtype kv_type = parse_kv_dtype(a.cache_type);
   nlohmann::json out;
+  out["cache_type"] = a.cache_type;
   out["model"] = model_path;
   out["engine"] = "cachetune";
   std::mt19937 rng(7);
@@ -75,7 +79,7 @@ void run_bench(const BenchArgs& a) {
     for (auto& x : t) x = tok(rng);
     double best = 1e30;
     for (int r = 0; r < a.repeats; ++r) {
-      KVCache kv = model->make_cache(n);
+      KVCache kv = model->make_cache(n, kv_type);
       Timer tm;
       cpu::prefill(*model, t.data(), n, 0, kv, ws);
       best = std::min(best, tm.seconds());
@@ -86,11 +90,15 @@ void run_bench(const BenchArgs& a) {
     out["prefill"].push_back(
         {{"n_prompt", n}, {"seconds", best}, {"tok_per_s", n / best}, {"gflops", gf}});
   }
+  CT_THROW_IF_NOT(a.decode_context >= 1 && a.decode_context + a.decode_tokens < c.n_ctx_train,
+                  "--decode-context {} plus --decode-tokens {}: expected at least 1 and below the "
+                  "model's context of {}",
+                  a.decode_context, a.decode_tokens, c.n_ctx_train);
   {
-    const int n = 128;
+    const int n = a.decode_context;
     std::vector<int32_t> t(n);
     for (auto& x : t) x = tok(rng);
-    KVCache kv = model->make_cache(n + a.decode_tokens + 1);
+    KVCache kv = model->make_cache(n + a.decode_tokens + 1, kv_type);
     auto logits = cpu::prefill(*model, t.data(), n, 0, kv, ws);
     Timer tm;
     for (int i = 0; i < a.decode_tokens; ++i) {
@@ -104,13 +112,13 @@ void run_bench(const BenchArgs& a) {
   double one_seq = 0;
   for (int b : a.batch_sizes) {
     CT_THROW_IF_NOT(b >= 1, "--batch {}: expected sizes >= 1", b);
-    const int n = 128;
+    const int n = a.decode_context;
     std::vector<KVCache> kvs;
     std::vector<int32_t> ids(b);
     for (int s = 0; s < b; ++s) {
       std::vector<int32_t> t(n);
       for (auto& x : t) x = tok(rng);
-      kvs.push_back(model->make_cache(n + a.decode_tokens + 1));
+      kvs.push_back(model->make_cache(n + a.decode_tokens + 1, kv_type));
       const auto l = cpu::prefill(*model, t.data(), n, 0, kvs.back(), ws);
       ids[s] = argmax(l.data(), c.n_vocab);
     }
@@ -150,12 +158,16 @@ void register_bench(CLI::App& app) {
   c->add_option("--prompt-lengths", a->prompt_lengths, "Prompt lengths to time")
       ->capture_default_str();
   c->add_option("--decode-tokens", a->decode_tokens, "Tokens to decode")->capture_default_str();
+  c->add_option("--decode-context", a->decode_context,
+                "Tokens of context each sequence decodes after (its prefilled prompt)")
+      ->capture_default_str();
   c->add_option("--repeats", a->repeats, "Repeats per length (best is kept)")
       ->capture_default_str();
   c->add_option("--batch", a->batch_sizes,
                 "Also time batched decoding of this many sequences at once (e.g. --batch 1 8); "
                 "give 1 first for the ratios");
   c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
+  add_cache_type_option(c, &a->cache_type);
   c->callback([a] { run_bench(*a); });
 }
 

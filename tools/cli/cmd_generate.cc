@@ -150,7 +150,7 @@ void run_generate(const GenerateArgs& a) {
   CT_THROW_IF_NOT(n_ctx <= model->config().n_ctx_train,
                   "prompt of {} tokens plus {} new tokens exceeds the model's context of {}",
                   ids.size(), a.max_tokens, model->config().n_ctx_train);
-  KVCache kv = model->make_cache(n_ctx);
+  KVCache kv = model->make_cache(n_ctx, parse_kv_dtype(a.engine.cache_type));
   Workspace ws;
   Progress prog("prefill: layer");
   auto logits = cpu::prefill(*model, ids.data(), (int)ids.size(), 0, kv, ws, false,
@@ -202,7 +202,8 @@ void register_generate(CLI::App& app) {
                 "whole)")
       ->capture_default_str();
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
-  c->add_option("--kv-dtype", a->engine.dtype, "Stored K/V type: f16, bf16, f32");
+  c->add_option("--kv-dtype", a->engine.dtype, "Stored chunks' K/V type: f16, bf16, f32");
+  add_cache_type_option(c, &a->engine.cache_type);
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");
   add_rmin_option(c, &a->engine.r_min);
   a->engine.add_encoding(c);

@@ -120,9 +120,11 @@ void run_serve(ServeArgs a) {
   }
   const ModelConfig& mc = eng.model().config();
   std::fprintf(stderr,
-               "cachetune serve: KV budget %zu bytes (%zu bytes per token; %d requests run "
+               "cachetune serve: KV budget %zu bytes (%zu bytes per token, %s; %d requests run "
                "at once, %d may wait; prefill chunk %d rows)\n",
-               so.batching.kv_budget_bytes, (size_t)2 * mc.n_layer * mc.kv_dim() * sizeof(float),
+               so.batching.kv_budget_bytes,
+               (size_t)2 * mc.n_layer * mc.kv_dim() * kv_dtype_size(eng.options().kv_type),
+               kv_dtype_name(eng.options().kv_type),
                eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue,
                eng.options().prefill_chunk);
   srv.serve();

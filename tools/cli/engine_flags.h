@@ -49,6 +49,16 @@ inline CLI::Option* add_device_option(CLI::App* c, std::string* device) {
       ->capture_default_str();
 }
 
+// --cache-type: the element type of each request's live KV cache (EngineOptions::kv_type).
+inline CLI::Option* add_cache_type_option(CLI::App* c, std::string* type) {
+  return c
+      ->add_option("--cache-type", *type,
+                   "Element type of each sequence's live K/V cache: f16 (as llama.cpp's default: "
+                   "half the memory and attention reads) or f32 (every key and value unrounded)")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
+}
+
 inline CLI::Option* add_rmin_option(CLI::App* c, double* r_min) {
   return c->add_option("--rmin", *r_min,
                        "Quality floor r_min: the default --ratio; --ratio auto never goes below "
@@ -61,6 +71,7 @@ struct EngineFlags {
   std::string model;
   std::vector<std::string> tiers;  // specs, e.g. device:2G host:8G disk:DIR[:CAP][:bw=100M]
   std::string dtype = "f16";
+  std::string cache_type = kv_dtype_name(EngineOptions().kv_type);
   double alpha = 0.5;
   bool no_sink = false;
   std::string rank_device = "cpu";
@@ -93,7 +104,9 @@ struct EngineFlags {
         "--tiers", tiers,
         "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
         "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
-    c->add_option("--kv-dtype", dtype, "Stored K/V type: f16, bf16, f32")->capture_default_str();
+    c->add_option("--kv-dtype", dtype, "Stored chunks' K/V type: f16, bf16, f32")
+        ->capture_default_str();
+    add_cache_type_option(c, &cache_type);
     c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
         ->capture_default_str();
     add_encoding(c);
@@ -119,6 +132,7 @@ struct EngineFlags {
     o.r_min = std::isnan(r_min) ? model_r_min(o.model_path) : r_min;
     for (const auto& t : tiers) o.tiers.push_back(parse_tier_spec(t));
     o.encode.dtype = parse_kv_dtype(dtype);
+    o.kv_type = parse_kv_dtype(cache_type);
     o.encode.rank.alpha = alpha;
     o.encode.rank.mode = parse_rank_mode(rank);
     o.encode.probe.layers = probe_layers;

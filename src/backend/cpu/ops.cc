@@ -220,6 +220,26 @@ constexpr int kTileQ = 32;    // query rows per tile (times n_rep heads sharing 
 constexpr int kTileK = 256;   // keys per tile
 constexpr float kNegBig = -1e30f;
 
+// Row j of KV head g of a cache block (a.k or a.v) as hd floats: in place for an F32 cache, else
+// unpacked into tmp.
+const float* kv_row(const AttnArgs& a, const void* base, int j, int g, float* tmp) {
+  const size_t kvd = (size_t)a.n_kv_head * a.head_dim;
+  const size_t at = (size_t)j * kvd + (size_t)g * a.head_dim;
+  if (a.kv_dtype == KvDtype::F32) return static_cast<const float*>(base) + at;
+  kv_unpack(a.kv_dtype, static_cast<const char*>(base) + at * kv_dtype_size(a.kv_dtype), tmp,
+            a.head_dim);
+  return tmp;
+}
+
+// Rows [j0, j0 + n) of KV head g of a cache block as F32 [n][hd] in out (an F16 tile for SGEMM).
+void kv_tile(const AttnArgs& a, const void* base, int j0, int n, int g, float* out) {
+  for (int j = 0; j < n; ++j) {
+    float* o = out + (size_t)j * a.head_dim;
+    const float* r = kv_row(a, base, j0 + j, g, o);
+    if (r != o) std::memcpy(o, r, a.head_dim * sizeof(float));
+  }
+}
+
 // Adds the attention probabilities of the selected rows (averaged over heads) into probs_accum.
 // One parallel region (a barrier costs most on a loaded machine): first, per head, one SGEMM over
 // all visible keys and each row's softmax (the tapped rows are few: ProphetKV's query, a chunk's
@@ -228,7 +248,7 @@ constexpr float kNegBig = -1e30f;
 // the result does not depend on it.
 void accumulate_probs(const AttnArgs& a) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
-  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qd = a.n_head * hd;
   const int qs = a.q_stride ? a.q_stride : qd;
   const int r0 = std::max(0, a.probs_from_row), nr = a.n_q - r0;
   if (nr <= 0) return;
@@ -240,7 +260,7 @@ void accumulate_probs(const AttnArgs& a) {
   std::vector<float> s(head_cells * a.n_head), w((size_t)nr * a.n_head);
 #pragma omp parallel if (head_cells * a.n_head >= 65536)
   {
-    std::vector<float> qt((size_t)nr * hd);
+    std::vector<float> qt((size_t)nr * hd), kt(hd);
 #pragma omp for schedule(static)
     for (int h = 0; h < a.n_head; ++h) {
       const int g = h / n_rep;
@@ -254,7 +274,7 @@ void accumulate_probs(const AttnArgs& a) {
         float* row = sh + (size_t)i * n_keys;
         const int nv = a.q_pos[r0 + i] + 1;
         for (int j = 0; j < nv; ++j) {
-          row[j] = vec_dot(qt.data() + (size_t)i * hd, a.k + (size_t)j * kvd + (size_t)g * hd, hd);
+          row[j] = vec_dot(qt.data() + (size_t)i * hd, kv_row(a, a.k, j, g, kt.data()), hd);
         }
         float mx = row[0];
         for (int j = 1; j < nv; ++j) mx = std::max(mx, row[j]);
@@ -284,6 +304,7 @@ namespace {
 // The buffers of attention tasks, one set per thread, kept between calls.
 struct AttnScratch {
   std::vector<float> qt, st, ot, mt, lt;
+  std::vector<float> kt, vt;  // an F16 cache's key and value tiles as F32
 };
 
 // One task of attention(): query tile qb (kTileQ rows) of a's rows times the n_rep heads sharing KV
@@ -318,10 +339,26 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   std::fill(mt, mt + m, kNegBig);
   std::fill(lt, lt + m, 0.0f);
   const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
+  // An F32 cache is multiplied in place; an F16 one tile by tile from F32 copies.
+  const bool f32 = a.kv_dtype == KvDtype::F32;
+  if (!f32 && t.kt.size() < (size_t)kTileK * hd) {
+    t.kt.resize((size_t)kTileK * hd);
+    t.vt.resize((size_t)kTileK * hd);
+  }
   for (int k0 = 0; k0 < kend; k0 += kTileK) {
     const int nk = std::min(kTileK, kend - k0);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hd, 1.0f, qt, hd,
-                a.k + (size_t)k0 * kvd + (size_t)g * hd, kvd, 0.0f, st, kTileK);
+    const float *kt = t.kt.data(), *vt = t.vt.data();
+    int ld = hd;
+    if (f32) {
+      kt = static_cast<const float*>(a.k) + (size_t)k0 * kvd + (size_t)g * hd;
+      vt = static_cast<const float*>(a.v) + (size_t)k0 * kvd + (size_t)g * hd;
+      ld = kvd;
+    } else {
+      kv_tile(a, a.k, k0, nk, g, t.kt.data());
+      kv_tile(a, a.v, k0, nk, g, t.vt.data());
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, nk, hd, 1.0f, qt, hd, kt, ld, 0.0f, st,
+                kTileK);
     for (int row = 0; row < m; ++row) {
       float* s = st + (size_t)row * kTileK;
       const int lim = a.q_pos[r0 + row % nr] - k0 + 1;  // visible keys in this tile
@@ -339,8 +376,8 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
       mt[row] = mx;
       if (corr != 1.0f) vec_scale(ot + (size_t)row * hd, hd, corr);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, nk, 1.0f, st, kTileK,
-                a.v + (size_t)k0 * kvd + (size_t)g * hd, kvd, 1.0f, ot, hd);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hd, nk, 1.0f, st, kTileK, vt, ld, 1.0f,
+                ot, hd);
   }
   for (int hl = 0; hl < n_rep; ++hl) {
     const int h = g * n_rep + hl;
@@ -363,17 +400,23 @@ inline __m256 hsum8x8(const __m256* a) {
                        _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
+// Eight elements of a cache row as floats (an F16 element converts exactly).
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // out[h] = sum over the n keys of p[h][j] * v_j, for G heads at once, 16 elements of the head at
-// a time (2G accumulators), keys in ascending order; then times inv[h].
-template <int G>
-void value_sums(const float* p, int ld_p, const float* v, int kvd, int n, int hd, const float* inv,
+// a time (2G accumulators), keys in ascending order; then times inv[h]. T: the cache's element.
+template <int G, class T>
+void value_sums(const float* p, int ld_p, const T* v, int kvd, int n, int hd, const float* inv,
                 float* out, int ld_out) {
   for (int d = 0; d < hd; d += 16) {
     __m256 acc[G][2];
     for (int h = 0; h < G; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int j = 0; j < n; ++j) {
-      const float* vj = v + (size_t)j * kvd + d;
-      const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+      const T* vj = v + (size_t)j * kvd + d;
+      const __m256 v0 = load8(vj), v1 = load8(vj + 8);
       for (int h = 0; h < G; ++h) {
         const __m256 pj = _mm256_broadcast_ss(p + (size_t)h * ld_p + j);
         acc[h][0] = _mm256_fmadd_ps(pj, v0, acc[h][0]);
@@ -397,6 +440,8 @@ bool row_kernel_fits(const AttnArgs& a) { return a.head_dim % 16 == 0; }
 // then the value sums. At one row the two SGEMMs of attention_task cost mostly their fixed
 // overhead. Each score is one 8-lane accumulation over the head folded by a fixed tree, and each
 // output element adds the keys in ascending order, so the result depends on the row alone.
+// T: the cache's element (float, or uint16_t for F16, converted as it is loaded).
+template <class T>
 void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
@@ -409,20 +454,21 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   float *qt = t.qt.data(), *st = t.st.data(), *inv = t.lt.data();
   const float* q = a.q + (size_t)r * qs + (size_t)g * n_rep * hd;
   for (int i = 0; i < n_rep * hd; ++i) qt[i] = q[i] * scale;
-  const float* kg = a.k + (size_t)g * hd;
-  const float* vg = a.v + (size_t)g * hd;
+  const T* kg = static_cast<const T*>(a.k) + (size_t)g * hd;
+  const T* vg = static_cast<const T*>(a.v) + (size_t)g * hd;
+  constexpr int kRowBytes = sizeof(T);  // bytes of one element
   for (int j0 = 0; j0 < n; j0 += 8) {
-    const float* kj[8];
+    const T* kj[8];
     for (int u = 0; u < 8; ++u) kj[u] = kg + (size_t)std::min(j0 + u, n - 1) * kvd;
-    // The rows are kvd floats apart, so the hardware prefetchers see short runs: fetch the next
+    // The rows are kvd elements apart, so the hardware prefetchers see short runs: fetch the next
     // block's keys into L1 and this block's values into L2 for the value sums.
     for (int u = 0; u < 8 && j0 + 8 + u < n; ++u) {
       const char* kn = (const char*)(kg + (size_t)(j0 + 8 + u) * kvd);
-      for (int b = 0; b < hd * 4; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
+      for (int b = 0; b < hd * kRowBytes; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
     }
     for (int u = 0; u < 8 && j0 + u < n; ++u) {
       const char* vn = (const char*)(vg + (size_t)(j0 + u) * kvd);
-      for (int b = 0; b < hd * 4; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
+      for (int b = 0; b < hd * kRowBytes; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
     }
     for (int h = 0; h < n_rep; ++h) {
       const float* qh = qt + (size_t)h * hd;
@@ -430,7 +476,7 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
       for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
       for (int d = 0; d < hd; d += 8) {
         const __m256 qv = _mm256_loadu_ps(qh + d);
-        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj[u] + d), acc[u]);
+        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, load8(kj[u] + d), acc[u]);
       }
       _mm256_storeu_ps(st + (size_t)h * ld + j0, hsum8x8(acc));
     }
@@ -446,10 +492,10 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
     const float* p = st + (size_t)h0 * ld;
     float* o = out + (size_t)h0 * hd;
     switch (std::min(4, n_rep - h0)) {
-      case 4: value_sums<4>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      case 3: value_sums<3>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      case 2: value_sums<2>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      default: value_sums<1>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 4: value_sums<4, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 3: value_sums<3, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 2: value_sums<2, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      default: value_sums<1, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
     }
   }
 }
@@ -477,7 +523,11 @@ void attention(const AttnArgs* args, int n_args) {
       // A tile of one row (every decode task) by the direct kernel: the choice depends on the
       // row's own call, never on which other calls share the region.
       if (qb * kTileQ + 1 == a.n_q && row_kernel_fits(a)) {
-        attention_row(a, g, qb * kTileQ, scratch);
+        if (a.kv_dtype == KvDtype::F32) {
+          attention_row<float>(a, g, qb * kTileQ, scratch);
+        } else {
+          attention_row<uint16_t>(a, g, qb * kTileQ, scratch);
+        }
       } else {
         attention_task(a, g, qb, scratch);
       }
@@ -492,10 +542,11 @@ void attention(const AttnArgs& a) { attention(&a, 1); }
 
 void attention_ref(const AttnArgs& a) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
-  const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+  const int qd = a.n_head * hd;
   const int qs = a.q_stride ? a.q_stride : qd;
   const double scale = 1.0 / std::sqrt((double)hd);
   std::vector<double> s, o(hd);
+  std::vector<float> row(hd);
   for (int r = 0; r < a.n_q; ++r) {
     const int p = a.q_pos[r];
     s.resize(p + 1);
@@ -505,7 +556,7 @@ void attention_ref(const AttnArgs& a) {
       double mx = -1e300;
       for (int j = 0; j <= p; ++j) {
         double acc = 0;
-        const float* k = a.k + (size_t)j * kvd + (size_t)g * hd;
+        const float* k = kv_row(a, a.k, j, g, row.data());
         for (int d = 0; d < hd; ++d) acc += (double)q[d] * k[d];
         s[j] = acc * scale;
         mx = std::max(mx, s[j]);
@@ -514,7 +565,7 @@ void attention_ref(const AttnArgs& a) {
       for (int j = 0; j <= p; ++j) sum += (s[j] = std::exp(s[j] - mx));
       std::fill(o.begin(), o.end(), 0.0);
       for (int j = 0; j <= p; ++j) {
-        const float* v = a.v + (size_t)j * kvd + (size_t)g * hd;
+        const float* v = kv_row(a, a.v, j, g, row.data());
         for (int d = 0; d < hd; ++d) o[d] += s[j] / sum * v[d];
       }
       for (int d = 0; d < hd; ++d) a.out[(size_t)r * qd + (size_t)h * hd + d] = (float)o[d];

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/kv_dtype.h"
+
 namespace ct::cpu {
 
 // Y[m][n] = X[m][k] * W[n][k]^T (+ bias[n]). OpenBLAS SGEMM; W is the GGUF row layout. Rows of
@@ -78,8 +80,9 @@ struct AttnArgs {
   int q_stride = 0;              // floats between query rows; 0 means n_head*head_dim
   const int32_t* q_pos = nullptr;  // [n_q]
   int n_q = 0;
-  const float* k = nullptr;      // F32 [n_ctx][n_kv_head*head_dim], post-RoPE
-  const float* v = nullptr;      // F32 [n_ctx][n_kv_head*head_dim]
+  const void* k = nullptr;       // kv_dtype [n_ctx][n_kv_head*head_dim], post-RoPE
+  const void* v = nullptr;       // kv_dtype [n_ctx][n_kv_head*head_dim]
+  KvDtype kv_dtype = KvDtype::F32;  // F32 or F16 (the live cache's types)
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float* out = nullptr;          // F32 [n_q][n_head*head_dim]
   // Optional: for query rows >= probs_from_row, add each row's attention probabilities (averaged
