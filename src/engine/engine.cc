@@ -71,7 +71,7 @@ sched::CalibrationKey Engine::calibration_key(size_t tier, const std::string& ba
   // Read once per process: it parses /proc/cpuinfo, and auto mode asks on every request.
   static const std::string machine = sched::machine_identity();
   return {model_->fingerprint(), backend, calibration_tier_key(opt_.tiers[tier]), machine,
-          kv_dtype_name(opt_.encode.dtype)};
+          kv_dtype_name(opt_.encode.dtype), kv_dtype_name(opt_.kv_type)};
 }
 
 RatioChoice Engine::auto_ratio(size_t tier, const std::string& backend) const {

@@ -64,10 +64,11 @@ struct EngineOptions {
   // selection (CacheBlend's layer-0 pass over every row, ProphetKV's reuse pass) runs whole in
   // the step where a request's last chunk is there.
   int prefill_chunk = 0;
-  // Element type of the live KV caches of requests on the CPU (`--kv-type`): F16 (llama.cpp's
-  // default cache type) halves the bytes a request holds against --kv-budget and that each
-  // decode step's attention reads; F32 keeps every computed key and value unrounded. Chunk
-  // records have their own type (EncodeOptions::dtype).
+  // Element type of the live host KV caches (`--cache-type`: requests on the CPU, and a GPU
+  // request's host copy for prefix caching): F16 (llama.cpp's default cache type) halves the
+  // bytes a request holds against --kv-budget and that each decode step's attention reads; F32
+  // keeps every computed key and value unrounded. The GPU's own caches are F32. Chunk records
+  // have their own type (EncodeOptions::dtype).
   KvDtype kv_type = KvDtype::F16;
 };
 

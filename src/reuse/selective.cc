@@ -53,6 +53,11 @@ std::pair<int, int> PrefixCache::longest_match(const std::vector<int32_t>& token
 void PrefixCache::copy_rows(int entry, int n, KVCache& kv) const {
   const KVCache& src = entries_[entry].kv;
   for (int l = 0; l < kv.n_layer(); ++l) {
+    if (src.dtype() == kv.dtype()) {
+      std::memcpy(kv.k_data(l), src.k_data(l), (size_t)n * kv.row_bytes());
+      std::memcpy(kv.v_data(l), src.v_data(l), (size_t)n * kv.row_bytes());
+      continue;
+    }
     for (int j = 0; j < n; ++j) {
       kv.place_row(l, j, src.dtype(), static_cast<const char*>(src.k_data(l)) + src.row_bytes() * j,
                    static_cast<const char*>(src.v_data(l)) + src.row_bytes() * j);

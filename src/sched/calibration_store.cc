@@ -36,6 +36,7 @@ json entry_to_json(const CalibrationEntry& e) {
           {"tier", e.key.tier},
           {"machine", e.key.machine},
           {"kv_dtype", e.key.kv_dtype},
+          {"cache_type", e.key.cache_type},
           {"profile", {{"t_c", e.profile.t_c}, {"t_i", e.profile.t_i}, {"t_o", e.profile.t_o}}},
           {"analytic_r", e.analytic_r},
           {"chosen_r", e.chosen_r},
@@ -54,6 +55,8 @@ CalibrationEntry entry_from_json(const json& j) {
   // Entries written before the K/V type was part of the key read as "" and so match no engine:
   // they are recalibrated rather than applied to a dtype they were not measured with.
   e.key.kv_dtype = j.value("kv_dtype", std::string());
+  // Entries written before the live cache had a type were measured with F32 caches.
+  e.key.cache_type = j.value("cache_type", std::string("f32"));
   const json& profile = j.at("profile");
   e.profile.t_c = profile.at("t_c").get<double>();
   e.profile.t_i = profile.at("t_i").get<double>();

@@ -19,6 +19,7 @@ struct CalibrationKey {
   std::string tier;               // cache medium: "device", "host", "disk", ...
   std::string machine;            // machine_identity() of the calibrating host
   std::string kv_dtype;           // stored K/V type ("f16", ...): it sets the bytes loaded per row
+  std::string cache_type;         // live K/V cache type ("f16", "f32"): what a row is put into
 
   bool operator==(const CalibrationKey&) const = default;
 };

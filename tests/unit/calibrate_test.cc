@@ -253,6 +253,15 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     EXPECT_FALSE(eng.auto_ratio(0).calibrated);
     EXPECT_EQ(eng.calibration_key(0).kv_dtype, "f32");
   }
+  {
+    // Another live cache type: other attention and placement costs, another key.
+    EngineOptions o = options(model_a_);
+    o.kv_type = KvDtype::F32;
+    Engine eng(o);
+    EXPECT_FALSE(eng.auto_ratio(0).calibrated);
+    EXPECT_EQ(eng.calibration_key(0).cache_type, "f32");
+    EXPECT_EQ(Engine(options(model_a_)).calibration_key(0).cache_type, "f16");
+  }
 }
 
 TEST_F(CalibrateTest, AutoRatioFallsBackToRMinWithoutCalibration) {

@@ -299,14 +299,14 @@ TEST(Attention, OneRowKernelMatchesTiledPathAndIsBatchIndependent) {
 // normals, ties, subnormal results, overflow to infinity, signed zeros; and kv_unpack undoes it.
 TEST(KvPack, F16VectorPathEqualsScalarConversion) {
   std::mt19937 rng(5);
-  std::vector<float> x;
+  // The special values first, so that they take the vector path (the last n % 8 go scalar).
+  std::vector<float> x = {0.0f,       -0.0f,      65519.99f,     65520.0f,     -65520.0f,
+                          1.0f + 1.0f / 2048,     INFINITY,      -INFINITY,    5.9604645e-8f,
+                          2.9802322e-8f, 2.9802326e-8f, -8.940697e-8f, 6.1035156e-5f,
+                          6.1035152e-5f, 1.0f + 3.0f / 4096, 1.0f + 1.0f / 4096};
   for (float e : {1e-9f, 3e-8f, 6e-5f, 1e-3f, 1.0f, 300.0f, 65504.0f, 70000.0f}) {
     std::uniform_real_distribution<float> u(-e, e);
     for (int i = 0; i < 203; ++i) x.push_back(u(rng));
-  }
-  for (float f : {0.0f, -0.0f, 65519.99f, 65520.0f, -65520.0f, 1.0f + 1.0f / 2048,
-                  INFINITY, -INFINITY, 5.9604645e-8f, 2.9802322e-8f}) {
-    x.push_back(f);
   }
   std::vector<uint16_t> h(x.size());
   kv_pack(KvDtype::F16, x.data(), h.data(), x.size());

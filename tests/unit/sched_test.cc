@@ -425,7 +425,7 @@ class CalibrationStoreTest : public ::testing::Test {
 
   static CalibrationEntry sample_entry() {
     CalibrationEntry e;
-    e.key = {"sha256:abc123", "cpu", "disk", machine_identity(), "f16"};
+    e.key = {"sha256:abc123", "cpu", "disk", machine_identity(), "f16", "f16"};
     e.profile = {3e-5, 1.2e-5, 2e-4};
     e.analytic_r = 0.3125;
     e.chosen_r = 0.309;
@@ -488,6 +488,31 @@ TEST_F(CalibrationStoreTest, OtherFingerprintOrTierIsNotFound) {
   key = sample_entry().key;
   key.kv_dtype = "f32";  // four bytes a row element instead of two: another load cost
   EXPECT_EQ(loaded.find(key), nullptr);
+  key = sample_entry().key;
+  key.cache_type = "f32";  // the live cache's type: other attention and placement costs
+  EXPECT_EQ(loaded.find(key), nullptr);
+}
+
+TEST_F(CalibrationStoreTest, EntryWithoutCacheTypeWasMeasuredWithF32Caches) {
+  // A store written before the live cache had a type: its runs used F32 caches.
+  CalibrationStore store;
+  store.store(sample_entry());
+  store.save(path_);
+  std::ifstream in(path_);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string field = "\"cache_type\": \"f16\",";
+  const size_t at = text.find(field);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.erase(at, field.size());
+  std::ofstream(path_) << text;
+  const CalibrationStore loaded = CalibrationStore::load(path_);
+  ASSERT_EQ(loaded.entries().size(), 1u);
+  EXPECT_EQ(loaded.entries()[0].key.cache_type, "f32");
+  EXPECT_EQ(loaded.find(sample_entry().key), nullptr);
+  CalibrationKey f32 = sample_entry().key;
+  f32.cache_type = "f32";
+  EXPECT_NE(loaded.find(f32), nullptr);
 }
 
 TEST_F(CalibrationStoreTest, EntryWithoutKvDtypeMatchesNoEngineKey) {

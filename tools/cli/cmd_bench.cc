@@ -60,6 +60,10 @@ void run_bench(const BenchArgs& a) {
   auto model = Model::load(model_path);
   const ModelConfig& c = model->config();
   const KvDtype kv_type = parse_kv_dtype(a.cache_type);
+  CT_THROW_IF_NOT(a.decode_context >= 1 && a.decode_context + a.decode_tokens < c.n_ctx_train,
+                  "--decode-context {} plus --decode-tokens {}: expected at least 1 and below the "
+                  "model's context of {}",
+                  a.decode_context, a.decode_tokens, c.n_ctx_train);
   nlohmann::json out;
   out["cache_type"] = a.cache_type;
   out["model"] = model_path;
@@ -90,10 +94,6 @@ void run_bench(const BenchArgs& a) {
     out["prefill"].push_back(
         {{"n_prompt", n}, {"seconds", best}, {"tok_per_s", n / best}, {"gflops", gf}});
   }
-  CT_THROW_IF_NOT(a.decode_context >= 1 && a.decode_context + a.decode_tokens < c.n_ctx_train,
-                  "--decode-context {} plus --decode-tokens {}: expected at least 1 and below the "
-                  "model's context of {}",
-                  a.decode_context, a.decode_tokens, c.n_ctx_train);
   {
     const int n = a.decode_context;
     std::vector<int32_t> t(n);

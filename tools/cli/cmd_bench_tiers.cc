@@ -47,6 +47,7 @@ struct BenchTiersArgs {
   std::string hdd_bw = "100M";
   std::string redis;  // HOST:PORT of a running server; empty: start a local redis-server
   std::string kv_dtype = "f16";
+  std::string cache_type = kv_dtype_name(EngineOptions().kv_type);  // the live K/V caches' type
   std::string json_out;
   bool no_full = false;
 };
@@ -142,7 +143,8 @@ struct Prepared {
 
 class Runner {
  public:
-  Runner(const Model& m, double ratio) : m_(m), ratio_(ratio) {}
+  Runner(const Model& m, double ratio, KvDtype cache_type)
+      : m_(m), ratio_(ratio), cache_type_(cache_type) {}
 
   Sample run(const Prepared& p, const Policy* kind, const PipelineOptions& pipe,
              const store::DiskTier* disk) {
@@ -152,7 +154,7 @@ class Runner {
     sel.pipeline = pipe;
     // A fresh, zeroed cache per run (its pages are touched here, outside the timer), as a new
     // request gets; the workspace is kept warm across runs like a serving loop's.
-    KVCache kv = m_.make_cache(p.n_total + 1);
+    KVCache kv = m_.make_cache(p.n_total + 1, cache_type_);
     Sample s;
     const uint64_t b0 = disk ? disk->bytes_read() : 0;
     const double cpu0 = process_cpu_ms();
@@ -167,6 +169,7 @@ class Runner {
  private:
   const Model& m_;
   double ratio_;
+  KvDtype cache_type_;
   Workspace ws_;
 };
 
@@ -340,7 +343,7 @@ void run_bench_tiers(const BenchTiersArgs& a) {
   std::fprintf(stderr, "%zu requests, %zu distinct chunks (%.1f MiB of K/V) encoded in %.1f s\n",
                requests.size(), records.size(), kv_bytes / 1048576.0, enc.seconds());
 
-  Runner runner(m, a.ratio);
+  Runner runner(m, a.ratio, parse_kv_dtype(a.cache_type));
   nlohmann::json out;
   out["command"] = "bench-tiers";
   out["model"] = model_path;
@@ -349,6 +352,7 @@ void run_bench_tiers(const BenchTiersArgs& a) {
   out["ratio"] = a.ratio;
   out["repeats"] = a.repeats;
   out["kv_dtype"] = a.kv_dtype;
+  out["cache_type"] = a.cache_type;
   out["requests"] = nlohmann::json::array();
   out["load_average_start"] = load_average();
 
@@ -528,8 +532,9 @@ void register_bench_tiers(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--redis", a->redis,
                 "HOST:PORT of a running Redis server (default: start a local redis-server)");
-  c->add_option("--kv-dtype", a->kv_dtype, "Stored K/V type: f16, bf16, f32")
+  c->add_option("--kv-dtype", a->kv_dtype, "Stored chunks' K/V type: f16, bf16, f32")
       ->capture_default_str();
+  add_cache_type_option(c, &a->cache_type);
   c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   c->add_flag("--no-full", a->no_full, "Skip the full-prefill reference");
   c->callback([a] { run_bench_tiers(*a); });

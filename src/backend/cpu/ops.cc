@@ -508,6 +508,8 @@ void attention(const AttnArgs* args, int n_args) {
   std::vector<int> first(n_args + 1, 0);
   for (int c = 0; c < n_args; ++c) {
     const AttnArgs& a = args[c];
+    CT_ASSERT(a.kv_dtype == KvDtype::F32 || a.kv_dtype == KvDtype::F16,
+              "attention over a {} K/V cache", kv_dtype_name(a.kv_dtype));
     first[c + 1] = first[c] + (a.n_q + kTileQ - 1) / kTileQ * a.n_kv_head;
   }
   const int n_task = first[n_args];
