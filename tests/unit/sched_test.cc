@@ -433,6 +433,21 @@ class CalibrationStoreTest : public ::testing::Test {
     e.timestamp_unix = 1760000000;
     return e;
   }
+  // The sample entry saved, with `field` ("name": "value", as written) taken out of the file, as
+  // a store written before that field existed; then loaded.
+  CalibrationStore load_saved_without(const std::string& field) {
+    CalibrationStore store;
+    store.store(sample_entry());
+    store.save(path_);
+    std::ifstream in(path_);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const size_t at = text.find(field);
+    EXPECT_NE(at, std::string::npos) << text;
+    if (at != std::string::npos) text.erase(at, field.size());
+    std::ofstream(path_) << text;
+    return CalibrationStore::load(path_);
+  }
 
   std::filesystem::path dir_;
   std::string path_;
@@ -495,18 +510,7 @@ TEST_F(CalibrationStoreTest, OtherFingerprintOrTierIsNotFound) {
 
 TEST_F(CalibrationStoreTest, EntryWithoutCacheTypeWasMeasuredWithF32Caches) {
   // A store written before the live cache had a type: its runs used F32 caches.
-  CalibrationStore store;
-  store.store(sample_entry());
-  store.save(path_);
-  std::ifstream in(path_);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const std::string field = "\"cache_type\": \"f16\",";
-  const size_t at = text.find(field);
-  ASSERT_NE(at, std::string::npos) << text;
-  text.erase(at, field.size());
-  std::ofstream(path_) << text;
-  const CalibrationStore loaded = CalibrationStore::load(path_);
+  const CalibrationStore loaded = load_saved_without("\"cache_type\": \"f16\",");
   ASSERT_EQ(loaded.entries().size(), 1u);
   EXPECT_EQ(loaded.entries()[0].key.cache_type, "f32");
   EXPECT_EQ(loaded.find(sample_entry().key), nullptr);
@@ -517,18 +521,7 @@ TEST_F(CalibrationStoreTest, EntryWithoutCacheTypeWasMeasuredWithF32Caches) {
 
 TEST_F(CalibrationStoreTest, EntryWithoutKvDtypeMatchesNoEngineKey) {
   // A store written before the K/V type was part of the key: readable, but never applied.
-  CalibrationStore store;
-  store.store(sample_entry());
-  store.save(path_);
-  std::ifstream in(path_);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  in.close();
-  const std::string field = "\"kv_dtype\": \"f16\",";
-  const size_t at = text.find(field);
-  ASSERT_NE(at, std::string::npos) << text;
-  text.erase(at, field.size());
-  std::ofstream(path_) << text;
-  const CalibrationStore loaded = CalibrationStore::load(path_);
+  const CalibrationStore loaded = load_saved_without("\"kv_dtype\": \"f16\",");
   ASSERT_EQ(loaded.entries().size(), 1u);
   EXPECT_EQ(loaded.entries()[0].key.kv_dtype, "");
   EXPECT_EQ(loaded.find(sample_entry().key), nullptr);
