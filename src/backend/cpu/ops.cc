@@ -456,7 +456,7 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   for (int i = 0; i < n_rep * hd; ++i) qt[i] = q[i] * scale;
   const T* kg = static_cast<const T*>(a.k) + (size_t)g * hd;
   const T* vg = static_cast<const T*>(a.v) + (size_t)g * hd;
-  constexpr int kRowBytes = sizeof(T);  // bytes of one element
+  constexpr int kElemBytes = sizeof(T);
   for (int j0 = 0; j0 < n; j0 += 8) {
     const T* kj[8];
     for (int u = 0; u < 8; ++u) kj[u] = kg + (size_t)std::min(j0 + u, n - 1) * kvd;
@@ -464,11 +464,11 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
     // block's keys into L1 and this block's values into L2 for the value sums.
     for (int u = 0; u < 8 && j0 + 8 + u < n; ++u) {
       const char* kn = (const char*)(kg + (size_t)(j0 + 8 + u) * kvd);
-      for (int b = 0; b < hd * kRowBytes; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
+      for (int b = 0; b < hd * kElemBytes; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
     }
     for (int u = 0; u < 8 && j0 + u < n; ++u) {
       const char* vn = (const char*)(vg + (size_t)(j0 + u) * kvd);
-      for (int b = 0; b < hd * kRowBytes; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
+      for (int b = 0; b < hd * kElemBytes; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
     }
     for (int h = 0; h < n_rep; ++h) {
       const float* qh = qt + (size_t)h * hd;
