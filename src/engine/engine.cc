@@ -22,6 +22,8 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.calibration_path.empty()) opt_.calibration_path = default_calibration_path();
   CT_THROW_IF_NOT(opt_.r_min >= 0 && opt_.r_min <= 1, "engine r_min={}: expected [0, 1]",
                   opt_.r_min);
+  CT_THROW_IF_NOT(opt_.kv_type == KvDtype::F32 || opt_.kv_type == KvDtype::F16,
+                  "engine KV cache type '{}': expected f16 or f32", kv_dtype_name(opt_.kv_type));
   if (opt_.tiers.empty()) {
     opt_.tiers = {parse_tier_spec("device:2G"), parse_tier_spec("host:8G"),
                   parse_tier_spec("disk:" + default_cache_dir())};

@@ -261,6 +261,14 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     EXPECT_FALSE(eng.auto_ratio(0).calibrated);
     EXPECT_EQ(eng.calibration_key(0).cache_type, "f32");
     EXPECT_EQ(Engine(options(model_a_)).calibration_key(0).cache_type, "f16");
+    // A live cache type the engine has no attention for is refused when the engine is made.
+    o.kv_type = KvDtype::BF16;
+    try {
+      Engine bad(o);
+      ADD_FAILURE() << "an engine with a BF16 live cache was made";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'bf16'"), std::string::npos) << e.what();
+    }
   }
 }
 
