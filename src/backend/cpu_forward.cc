@@ -312,10 +312,7 @@ void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, 
     return;
   }
   scratch.resize((size_t)n * KV);
-  char* base = static_cast<char*>(kv.k_data(l));
-  for (int i = 0; i < n; ++i) {
-    kv_unpack(kv.dtype(), base + kv.row_bytes() * pos[i], scratch.data() + (size_t)i * KV, KV);
-  }
+  for (int i = 0; i < n; ++i) kv.load_rows(l, pos[i], 1, scratch.data() + (size_t)i * KV, nullptr);
   // The F32 path's rotation (serial, the same angles) on the gathered rows 0..n-1.
   thread_local std::vector<int32_t> rows;
   if ((int)rows.size() < n) {
@@ -323,9 +320,7 @@ void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, 
     std::iota(rows.begin(), rows.end(), 0);
   }
   m.rope().apply_at_positions(scratch.data(), KV, n_head_kv, rows.data(), n, cos, sin);
-  for (int i = 0; i < n; ++i) {
-    kv_pack(kv.dtype(), scratch.data() + (size_t)i * KV, base + kv.row_bytes() * pos[i], KV);
-  }
+  for (int i = 0; i < n; ++i) kv.store_row(l, pos[i], scratch.data() + (size_t)i * KV, nullptr);
 }
 
 std::vector<float> prefill(const Model& m, const int32_t* tokens, int n, int pos0, KVCache& kv,

@@ -117,11 +117,11 @@ class CudaLayers final : public LayerBackend {
           dec_.read_kv(l, n_pos_, kv_->k(l), kv_->v(l));
           continue;
         }
-        k.resize((size_t)n_pos_ * kv_->kv_dim());
+        const size_t KV = kv_->kv_dim();
+        k.resize(n_pos_ * KV);
         v.resize(k.size());
         dec_.read_kv(l, n_pos_, k.data(), v.data());
-        kv_pack(kv_->dtype(), k.data(), kv_->k_data(l), k.size());
-        kv_pack(kv_->dtype(), v.data(), kv_->v_data(l), v.size());
+        for (int j = 0; j < n_pos_; ++j) kv_->store_row(l, j, &k[j * KV], &v[j * KV]);
       }
       times_.kv_to_host_ms += t.ms();
     }

@@ -27,7 +27,8 @@ namespace ct {
 
 struct SchedulerOptions {
   // Host bytes of K/V all running requests may hold together (each holds
-  // Generation::kv_bytes_for(prompt, max_tokens) from its admission to its last token).
+  // Generation::kv_bytes_for(cache type, prompt, max_tokens) from its admission to its last
+  // token).
   size_t kv_budget_bytes = size_t(4) << 30;
   int max_running = 16;  // requests admitted at once (prefilling in slices or decoding)
   int max_queue = 64;    // requests waiting for admission (>= 1); more are refused

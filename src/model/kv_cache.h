@@ -50,10 +50,11 @@ class KVCache {
   const void* v_data(int l) const {
     return reinterpret_cast<const char*>(v_.data()) + layer_bytes() * l;
   }
-  // Row pos of layer l (K, V) as n floats <-> the cache's type.
+  // Row pos (store) or rows [pos0, pos0 + n) (load) of layer l as floats <-> the cache's type;
+  // a null k or v leaves that side alone.
   void store_row(int l, int pos, const float* k, const float* v) {
-    kv_pack(dtype_, k, static_cast<char*>(k_data(l)) + row_bytes() * pos, kv_dim_);
-    kv_pack(dtype_, v, static_cast<char*>(v_data(l)) + row_bytes() * pos, kv_dim_);
+    if (k) kv_pack(dtype_, k, static_cast<char*>(k_data(l)) + row_bytes() * pos, kv_dim_);
+    if (v) kv_pack(dtype_, v, static_cast<char*>(v_data(l)) + row_bytes() * pos, kv_dim_);
   }
   void load_rows(int l, int pos0, int n, float* k, float* v) const {
     if (k) {
@@ -68,6 +69,8 @@ class KVCache {
   // Row pos of layer l from a row stored as src_t (a chunk record's, another cache's): copied
   // when the types match, else converted through F32.
   void place_row(int l, int pos, KvDtype src_t, const void* k, const void* v);
+  // Rows [0, n) of every layer from src (same dimensions, any type).
+  void copy_rows(const KVCache& src, int n);
   // F32 views, for caches made F32 (the reference paths and tools working on F32 rows).
   float* k(int l) { return static_cast<float*>(k_data(checked_f32(l))); }
   float* v(int l) { return static_cast<float*>(v_data(checked_f32(l))); }

@@ -51,18 +51,7 @@ std::pair<int, int> PrefixCache::longest_match(const std::vector<int32_t>& token
 }
 
 void PrefixCache::copy_rows(int entry, int n, KVCache& kv) const {
-  const KVCache& src = entries_[entry].kv;
-  for (int l = 0; l < kv.n_layer(); ++l) {
-    if (src.dtype() == kv.dtype()) {
-      std::memcpy(kv.k_data(l), src.k_data(l), (size_t)n * kv.row_bytes());
-      std::memcpy(kv.v_data(l), src.v_data(l), (size_t)n * kv.row_bytes());
-      continue;
-    }
-    for (int j = 0; j < n; ++j) {
-      kv.place_row(l, j, src.dtype(), static_cast<const char*>(src.k_data(l)) + src.row_bytes() * j,
-                   static_cast<const char*>(src.v_data(l)) + src.row_bytes() * j);
-    }
-  }
+  kv.copy_rows(entries_[entry].kv, n);
 }
 
 void PrefixCache::remember(const std::vector<int32_t>& tokens, const KVCache& kv) {
@@ -71,11 +60,7 @@ void PrefixCache::remember(const std::vector<int32_t>& tokens, const KVCache& kv
   e.tokens = tokens;
   const int n = (int)tokens.size();
   e.kv.reset(kv.n_layer(), n, kv.kv_dim(), kv.dtype());
-  const size_t bytes = (size_t)n * kv.row_bytes();
-  for (int l = 0; l < kv.n_layer(); ++l) {
-    std::memcpy(e.kv.k_data(l), kv.k_data(l), bytes);
-    std::memcpy(e.kv.v_data(l), kv.v_data(l), bytes);
-  }
+  e.kv.copy_rows(kv, n);
   e.kv.n_pos = n;
   if ((int)entries_.size() >= capacity_) entries_.erase(entries_.begin());
   entries_.push_back(std::move(e));
@@ -251,8 +236,8 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
 
 // A token-stage policy's list on a device: the rows the policy placed in the host cache
 // ([0, n_reused): already rotated, in the cache's type) go into the device's cache as they are,
-// the rest of the list runs through every layer there, and the finished cache comes back to the host (to_host),
-// where after_tokens reads it (the prefix cache remembers it). to_host may be null when the
+// the rest of the list runs through every layer there, and the finished cache comes back to the
+// host (to_host), where after_tokens reads it (the prefix cache remembers it). to_host may be null when the
 // policy reuses no rows and reads nothing after.
 std::vector<float> device_token_pass(const Model& m, DeviceSequence& dev, const TokenPlan& tp,
                                      KVCache* to_host, PrefillBreakdown& bd) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/cpu_forward.h"
@@ -126,7 +127,7 @@ TEST(KVCacheTest, F16RowsStoreLoadAndConvertOnPlacement) {
   const int KV = 24;
   KVCache c16(2, 5, KV, KvDtype::F16), c32(2, 5, KV, KvDtype::F32);
   EXPECT_EQ(c16.row_bytes(), (size_t)KV * 2);
-  EXPECT_EQ(c16.bytes(), KVCache::bytes_for(2, 5, KV, KvDtype::F16));
+  EXPECT_EQ(c16.bytes(), (size_t)2 * 2 * 5 * KV * 2);  // K and V, 2 layers, 5 rows, 2 bytes
   EXPECT_EQ(c32.bytes(), (size_t)2 * 2 * 5 * KV * 4);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 3.0f);
@@ -154,6 +155,19 @@ TEST(KVCacheTest, F16RowsStoreLoadAndConvertOnPlacement) {
   for (int i = 0; i < KV; ++i) {
     EXPECT_EQ(c32.k(1)[2 * KV + i], k2[i]);
     EXPECT_EQ(c32.v(1)[2 * KV + i], v2[i]);
+  }
+  // Whole caches: the same type copied, the other converted row by row.
+  KVCache c16b(2, 5, KV, KvDtype::F16), c32b(2, 5, KV, KvDtype::F32);
+  c16b.copy_rows(c16, 5);
+  EXPECT_EQ(std::memcmp(c16b.k_data(0), c16.k_data(0), 5 * c16.row_bytes()), 0);
+  EXPECT_EQ(std::memcmp(c16b.v_data(1), c16.v_data(1), 5 * c16.row_bytes()), 0);
+  c32b.copy_rows(c16, 5);
+  std::vector<float> all(5 * KV);
+  for (int l = 0; l < 2; ++l) {
+    c16.load_rows(l, 0, 5, all.data(), nullptr);
+    EXPECT_EQ(std::memcmp(c32b.k(l), all.data(), all.size() * 4), 0) << "layer " << l;
+    c16.load_rows(l, 0, 5, nullptr, all.data());
+    EXPECT_EQ(std::memcmp(c32b.v(l), all.data(), all.size() * 4), 0) << "layer " << l;
   }
   try {
     KVCache bad(1, 1, 8, KvDtype::BF16);
