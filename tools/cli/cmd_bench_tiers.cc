@@ -532,8 +532,7 @@ void register_bench_tiers(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--redis", a->redis,
                 "HOST:PORT of a running Redis server (default: start a local redis-server)");
-  c->add_option("--kv-dtype", a->kv_dtype, "Stored chunks' K/V type: f16, bf16, f32")
-      ->capture_default_str();
+  add_kv_dtype_option(c, &a->kv_dtype);
   add_cache_type_option(c, &a->cache_type);
   c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
   c->add_flag("--no-full", a->no_full, "Skip the full-prefill reference");

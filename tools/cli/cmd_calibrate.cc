@@ -186,8 +186,7 @@ void register_calibrate(CLI::App& app) {
                 "redis[:HOST[:PORT]]")
       ->required();
   add_model_option(c, &a->engine.model);
-  c->add_option("--kv-dtype", a->engine.dtype, "Stored chunks' K/V type: f16, bf16, f32")
-      ->capture_default_str();
+  add_kv_dtype_option(c, &a->engine.dtype);
   add_cache_type_option(c, &a->engine.cache_type)
       ->description("Live K/V cache type to calibrate with (f16 or f32); part of the stored key, "
                     "so serve --ratio auto uses it only with the same --cache-type");

@@ -202,7 +202,7 @@ void register_generate(CLI::App& app) {
                 "whole)")
       ->capture_default_str();
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
-  c->add_option("--kv-dtype", a->engine.dtype, "Stored chunks' K/V type: f16, bf16, f32");
+  add_kv_dtype_option(c, &a->engine.dtype);
   add_cache_type_option(c, &a->engine.cache_type);
   c->add_option("--alpha", a->engine.alpha, "Low-frequency fraction kept by the ranking");
   add_rmin_option(c, &a->engine.r_min);

@@ -49,6 +49,12 @@ inline CLI::Option* add_device_option(CLI::App* c, std::string* device) {
       ->capture_default_str();
 }
 
+// --kv-dtype: the element type of stored chunks' K/V (EncodeOptions::dtype).
+inline CLI::Option* add_kv_dtype_option(CLI::App* c, std::string* dtype) {
+  return c->add_option("--kv-dtype", *dtype, "Stored chunks' K/V type: f16, bf16, f32")
+      ->capture_default_str();
+}
+
 // --cache-type: the element type of each request's live KV cache (EngineOptions::kv_type).
 inline CLI::Option* add_cache_type_option(CLI::App* c, std::string* type) {
   return c
@@ -104,8 +110,7 @@ struct EngineFlags {
         "--tiers", tiers,
         "Cache tiers, top first: device[:CAP] host[:CAP] disk[:DIR][:CAP][:bw=RATE] "
         "redis[:HOST[:PORT]] (default: device:2G host:8G disk:~/.cache/cachetune/chunks)");
-    c->add_option("--kv-dtype", dtype, "Stored chunks' K/V type: f16, bf16, f32")
-        ->capture_default_str();
+    add_kv_dtype_option(c, &dtype);
     add_cache_type_option(c, &cache_type);
     c->add_option("--alpha", alpha, "Low-frequency fraction kept by the ranking")
         ->capture_default_str();
