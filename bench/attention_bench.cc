@@ -3,7 +3,7 @@
 // layer). The caches of 30 layers are cycled, one layer per iteration, so that the keys and
 // values come from memory the way they do between a step's layers, not from a warm L1/L2.
 // Shapes: SmolLM2-135M (9 heads, 3 KV heads, head size 64), Qwen2.5-0.5B (14, 2, 64).
-// The third argument is the cache's type: 0 F32, 1 F16 (the live cache's default).
+// The third argument is the cache's type: 0 F32, 1 F16 (the live cache's default), 2 Q8_0.
 // Counter per_row: time per query row. One core's figures:
 //   OMP_NUM_THREADS=1 build/bench/ct_micro_bench --benchmark_filter=AttentionDecode
 #include <benchmark/benchmark.h>
@@ -19,8 +19,9 @@ constexpr int kLayers = 30;
 
 void BM_AttentionDecode(benchmark::State& state, int n_head, int n_kv, int hd) {
   const int n_keys = (int)state.range(0), n_seq = (int)state.range(1);
-  const ct::KvDtype type = state.range(2) ? ct::KvDtype::F16 : ct::KvDtype::F32;
-  const size_t esize = ct::kv_dtype_size(type);
+  const ct::KvDtype type = state.range(2) == 2   ? ct::KvDtype::Q8_0
+                           : state.range(2) == 1 ? ct::KvDtype::F16
+                                                 : ct::KvDtype::F32;
   const int kvd = n_kv * hd, qd = n_head * hd;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -29,7 +30,8 @@ void BM_AttentionDecode(benchmark::State& state, int n_head, int n_kv, int hd) {
       out((size_t)n_seq * qd);
   for (float& v : kv) v = nd(rng);
   for (float& v : q) v = nd(rng);
-  std::vector<char> stored(kv.size() * esize);  // the caches in their type
+  const size_t cache_bytes = ct::kv_bytes(type, cache);
+  std::vector<char> stored(ct::kv_bytes(type, kv.size()));  // the caches in their type
   ct::kv_pack(type, kv.data(), stored.data(), kv.size());
   const int32_t pos = n_keys - 1;
   std::vector<ct::cpu::AttnArgs> args(n_seq);
@@ -37,12 +39,12 @@ void BM_AttentionDecode(benchmark::State& state, int n_head, int n_kv, int hd) {
   for (auto _ : state) {
     for (int s = 0; s < n_seq; ++s) {
       ct::cpu::AttnArgs& a = args[s];
-      const char* k = stored.data() + ((size_t)layer * n_seq + s) * 2 * cache * esize;
+      const char* k = stored.data() + ((size_t)layer * n_seq + s) * 2 * cache_bytes;
       a.q = q.data() + (size_t)s * qd;
       a.q_pos = &pos;
       a.n_q = 1;
       a.k = k;
-      a.v = k + cache * esize;
+      a.v = k + cache_bytes;
       a.kv_dtype = type;
       a.n_head = n_head;
       a.n_kv_head = n_kv;
@@ -61,7 +63,7 @@ void BM_AttentionDecode(benchmark::State& state, int n_head, int n_kv, int hd) {
 void decode_shapes(benchmark::internal::Benchmark* b) {
   for (int keys : {128, 512, 2048}) {
     for (int seqs : {1, 8}) {
-      for (int type : {0, 1}) b->Args({keys, seqs, type});
+      for (int type : {0, 1, 2}) b->Args({keys, seqs, type});
     }
   }
 }

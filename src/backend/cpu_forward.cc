@@ -313,14 +313,20 @@ void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, 
   }
   scratch.resize((size_t)n * KV);
   for (int i = 0; i < n; ++i) kv.load_rows(l, pos[i], 1, scratch.data() + (size_t)i * KV, nullptr);
+  rotate_and_store_keys(m, kv, l, pos, n, cos, sin, scratch.data());
+}
+
+void rotate_and_store_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
+                           const float* cos, const float* sin, float* keys) {
+  const int KV = kv.kv_dim();
   // The F32 path's rotation (serial, the same angles) on the gathered rows 0..n-1.
   thread_local std::vector<int32_t> rows;
   if ((int)rows.size() < n) {
     rows.resize(n);
     std::iota(rows.begin(), rows.end(), 0);
   }
-  m.rope().apply_at_positions(scratch.data(), KV, n_head_kv, rows.data(), n, cos, sin);
-  for (int i = 0; i < n; ++i) kv.store_row(l, pos[i], scratch.data() + (size_t)i * KV, nullptr);
+  m.rope().apply_at_positions(keys, KV, m.config().n_head_kv, rows.data(), n, cos, sin);
+  for (int i = 0; i < n; ++i) kv.store_row(l, pos[i], keys + (size_t)i * KV, nullptr);
 }
 
 std::vector<float> prefill(const Model& m, const int32_t* tokens, int n, int pos0, KVCache& kv,

@@ -90,10 +90,14 @@ void logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 void decode_logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 
 // Deferred RoPE of reused keys placed in kv: rotates layer l's K rows at positions pos[n] to
-// those positions, with angle_table(pos, n) in cos/sin. An F16 cache's rows are rotated in F32
-// (in scratch) as an F32 cache's are, and rounded once when they go back.
+// those positions, with angle_table(pos, n) in cos/sin. A non-F32 cache's rows are rotated in
+// F32 (in scratch) as an F32 cache's are, and rounded when they go back.
 void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
                         const float* cos, const float* sin, std::vector<float>& scratch);
+// The same for keys not yet placed: keys holds the n rows as F32 [n][kv_dim] (in pos's order);
+// they are rotated there and stored into layer l at pos, so a quantised cache rounds them once.
+void rotate_and_store_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
+                           const float* cos, const float* sin, float* keys);
 
 // Plain prefill of tokens at positions [pos0, pos0+n) on top of kv (which must hold
 // [0, pos0)); all layers, all rows. Returns the last row's logits, or all rows' when all_rows.

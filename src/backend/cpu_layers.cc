@@ -56,6 +56,9 @@ class LayerLoader {
         opt_(opt),
         n_layer_(std::min(m.config().n_layer, kv.n_layer())),  // a cache of the first layers only
         first_layer_(first_layer),
+        // A non-F32 cache takes its reused keys rotated before they are packed (one rounding of
+        // each key, which matters for Q8_0), so the loader rotates them whatever the option says.
+        rope_in_loader_(opt.rope_in_loader || kv.dtype() != KvDtype::F32),
         ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
     for (int32_t g : rows_.pos) {
@@ -66,7 +69,7 @@ class LayerLoader {
         omp_set_num_threads(1);  // the compute thread's OpenMP team owns the cores
         for (int l = first_layer; l < n_layer_ && !stop_; ++l) {
           try {
-            load(l, opt_.rope_in_loader);
+            load(l, rope_in_loader_);
           } catch (...) {
             std::lock_guard<std::mutex> lock(mu_);
             error_ = std::current_exception();
@@ -105,7 +108,7 @@ class LayerLoader {
       cv_.wait(lock, [&] { return ready_[l] || error_; });
       if (error_) std::rethrow_exception(error_);
     }
-    if (!opt_.rope_in_loader && !rows_.rotated) {
+    if (!rope_in_loader_ && !rows_.rotated) {
       // RoPE on the compute thread is load work that the layer loop pays for in full.
       Timer rt;
       rope(l);
@@ -122,10 +125,13 @@ class LayerLoader {
   void load(int l, bool do_rope) {
     Timer t;
     const int KV = kv_.kv_dim();
-    size_t r = 0;
+    // Keys to rotate before they are packed: gathered as F32 in pos_'s order, values placed.
+    const bool rotate_first = do_rope && !rows_.rotated && kv_.dtype() != KvDtype::F32;
+    if (rotate_first) rope_rows_.resize(pos_.size() * KV);
+    size_t r = 0, placed = 0;
     for (size_t s = 0; s < rows_.segments.size(); ++s) {
       const ReusedRows::Segment& seg = rows_.segments[s];
-      const size_t row_bytes = (size_t)KV * kv_dtype_size(seg.dtype);
+      const size_t row_bytes = kv_bytes(seg.dtype, KV);
       const size_t bytes = row_bytes * seg.n_rows;
       if (bytes == 0) continue;
       if (stage_k_.size() < bytes) {
@@ -136,19 +142,29 @@ class LayerLoader {
       for (int j = 0; j < seg.n_rows; ++j, ++r) {
         const int32_t g = rows_.pos[r];
         if (g < 0) continue;
-        kv_.place_row(l, g, seg.dtype, stage_k_.data() + row_bytes * j,
-                      stage_v_.data() + row_bytes * j);
+        const uint8_t* k = stage_k_.data() + row_bytes * j;
+        if (rotate_first) kv_unpack(seg.dtype, k, rope_rows_.data() + KV * placed++, KV);
+        kv_.place_row(l, g, seg.dtype, rotate_first ? nullptr : k, stage_v_.data() + row_bytes * j);
       }
     }
-    if (do_rope && !rows_.rotated) rope(l);
+    if (rotate_first) {
+      angles();
+      cpu::rotate_and_store_keys(m_, kv_, l, pos_.data(), (int)pos_.size(), rope_cos_.data(),
+                                 rope_sin_.data(), rope_rows_.data());
+    } else if (do_rope && !rows_.rotated) {
+      rope(l);
+    }
     loader_ms_ += t.ms();
   }
-  // Only one thread ever calls rope() in a given loader (the loader thread with rope_in_loader
+  // Only one thread ever calls angles() in a given loader (the loader thread with rope_in_loader_
   // and overlap, else the caller), so the tables filled on the first call need no lock.
-  void rope(int l) {
+  void angles() {
     if (rope_cos_.empty() && !pos_.empty()) {
       m_.rope().angle_table(pos_.data(), (int)pos_.size(), rope_cos_, rope_sin_);
     }
+  }
+  void rope(int l) {
+    angles();
     cpu::rotate_placed_keys(m_, kv_, l, pos_.data(), (int)pos_.size(), rope_cos_.data(),
                             rope_sin_.data(), rope_rows_);
   }
@@ -159,6 +175,7 @@ class LayerLoader {
   PipelineOptions opt_;
   int n_layer_;
   int first_layer_;
+  bool rope_in_loader_;
   std::vector<char> ready_;
   // loader_ms_ is written by whichever thread runs load() (the loader thread, published to the
   // caller with ready_ under mu_); rope_on_caller_ms_ only by the caller.
@@ -167,7 +184,7 @@ class LayerLoader {
   std::vector<uint8_t> stage_k_, stage_v_;  // reusable staging buffers (loader thread only)
   std::vector<int32_t> pos_;  // global positions of the placed rows (same in every layer)
   std::vector<float> rope_cos_, rope_sin_;  // F32 [n_placed][n_rot/2]: their RoPE angles, once
-  std::vector<float> rope_rows_;  // an F16 cache's placed keys in F32 while they are rotated
+  std::vector<float> rope_rows_;  // a non-F32 cache's keys in F32 while they are rotated
   std::mutex mu_;
   std::condition_variable cv_;
   std::exception_ptr error_;

@@ -65,7 +65,7 @@ class CudaLayers final : public LayerBackend {
     const cuda::RowType type = dtype == KvDtype::F32    ? cuda::RowType::kF32
                                : dtype == KvDtype::BF16 ? cuda::RowType::kBF16
                                                         : cuda::RowType::kF16;
-    row_bytes_ = (size_t)m_.config().kv_dim() * kv_dtype_size(dtype);
+    row_bytes_ = kv_bytes(dtype, m_.config().kv_dim());
     dec_.set_reused_rows(type, rows_.pos.data(), (int)rows_.pos.size(), cos.data(), sin.data());
   }
   void layer(int l, LayerTap* tap) override {

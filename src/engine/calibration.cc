@@ -260,7 +260,7 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
           size_t n = 0;
           for (size_t b = 0; b < p.chunks.size(); ++b) {
             const ChunkMeta& meta = p.chunks[b]->meta();
-            const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
+            const size_t row_bytes = kv_bytes(meta.dtype, KV);
             const size_t bytes = row_bytes * (meta.n_tok - lc.begin[b]);
             if (bytes == 0) continue;
             if (stage_k.size() < bytes) {

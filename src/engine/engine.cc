@@ -22,13 +22,18 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.calibration_path.empty()) opt_.calibration_path = default_calibration_path();
   CT_THROW_IF_NOT(opt_.r_min >= 0 && opt_.r_min <= 1, "engine r_min={}: expected [0, 1]",
                   opt_.r_min);
-  CT_THROW_IF_NOT(opt_.kv_type == KvDtype::F32 || opt_.kv_type == KvDtype::F16,
-                  "engine KV cache type '{}': expected f16 or f32", kv_dtype_name(opt_.kv_type));
+  CT_THROW_IF_NOT(kv_cache_type(opt_.kv_type),
+                  "engine KV cache type '{}': expected f16, f32 or q8_0",
+                  kv_dtype_name(opt_.kv_type));
+  CT_THROW_IF_NOT(kv_record_type(opt_.encode.dtype),
+                  "engine chunk record type '{}': expected f16, bf16 or f32",
+                  kv_dtype_name(opt_.encode.dtype));
   if (opt_.tiers.empty()) {
     opt_.tiers = {parse_tier_spec("device:2G"), parse_tier_spec("host:8G"),
                   parse_tier_spec("disk:" + default_cache_dir())};
   }
   model_ = Model::load(opt_.model_path);
+  model_->check_cache_type(opt_.kv_type);
   std::vector<std::unique_ptr<store::Tier>> tiers;
   for (const TierSpec& t : opt_.tiers) tiers.push_back(store::make_tier(t));
   pool_ = std::make_unique<store::CachePool>(std::move(tiers));

@@ -71,7 +71,7 @@ ChunkKV rerank_record(const ChunkKV& rec, const RankOptions& opt) {
   eo.sink = m.sink;
   eo.rank = opt;
   out.meta.id = chunk_id(m.model_fingerprint, m.tokens, eo);
-  const size_t row_bytes = (size_t)m.kv_dim * kv_dtype_size(m.dtype);
+  const size_t row_bytes = kv_bytes(m.dtype, m.kv_dim);
   out.k.resize(m.n_layer);
   out.v.resize(m.n_layer);
   for (int l = 0; l < m.n_layer; ++l) {

@@ -1,8 +1,8 @@
 // The working KV cache of one sequence: post-RoPE keys and values per layer, indexed by global
 // position. Selective recomputation fills rows from two sources (recomputed and reused) per layer.
-// Elements are F32 or F16 (like llama.cpp's default cache type: half the bytes for attention to
-// read and for a request to hold); a row is packed once when it is written and attention reads
-// the stored type directly.
+// Elements are F32, F16 (llama.cpp's default cache type: half the bytes for attention to read and
+// for a request to hold) or Q8_0 (blocks of 32 along a row, 34 bytes each: 0.53 of F16); a row is
+// packed once when it is written and attention reads the stored type directly.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +20,12 @@ class KVCache {
     reset(n_layer, n_ctx, kv_dim, dtype);
   }
   void reset(int n_layer, int n_ctx, int kv_dim, KvDtype dtype = KvDtype::F32) {
-    CT_THROW_IF_NOT(dtype == KvDtype::F32 || dtype == KvDtype::F16,
-                    "KV cache type '{}' is not supported, expected f32 or f16",
+    CT_THROW_IF_NOT(kv_cache_type(dtype),
+                    "KV cache type '{}' is not supported, expected f32, f16 or q8_0",
                     kv_dtype_name(dtype));
+    CT_THROW_IF_NOT(kv_dim % kv_block_elems(dtype) == 0,
+                    "KV cache type {} stores blocks of {} elements; a row of {} is not whole blocks",
+                    kv_dtype_name(dtype), kv_block_elems(dtype), kv_dim);
     n_layer_ = n_layer;
     n_ctx_ = n_ctx;
     kv_dim_ = kv_dim;
@@ -32,14 +35,14 @@ class KVCache {
     v_.assign(floats, 0.0f);
     n_pos = 0;
   }
-  // Bytes a cache of these dimensions holds (K and V; an F16 block rounded up to whole floats).
+  // Bytes a cache of these dimensions holds (K and V, each rounded up to whole floats).
   static size_t bytes_for(int n_layer, int n_ctx, int kv_dim, KvDtype dtype) {
-    const size_t block = (size_t)n_layer * n_ctx * kv_dim * kv_dtype_size(dtype);
+    const size_t block = (size_t)n_layer * n_ctx * kv_bytes(dtype, kv_dim);
     return 2 * ((block + 3) / 4 * 4);
   }
   KvDtype dtype() const { return dtype_; }
   // Bytes of one row (kv_dim elements) and of one layer ([n_ctx] rows).
-  size_t row_bytes() const { return (size_t)kv_dim_ * kv_dtype_size(dtype_); }
+  size_t row_bytes() const { return kv_bytes(dtype_, kv_dim_); }
   size_t layer_bytes() const { return row_bytes() * n_ctx_; }
   // Layer l's [n_ctx][kv_dim] block in the cache's type.
   void* k_data(int l) { return reinterpret_cast<char*>(k_.data()) + layer_bytes() * l; }
@@ -67,7 +70,7 @@ class KVCache {
     }
   }
   // Row pos of layer l from a row stored as src_t (a chunk record's, another cache's): copied
-  // when the types match, else converted through F32.
+  // when the types match, else converted through F32. A null k or v leaves that side alone.
   void place_row(int l, int pos, KvDtype src_t, const void* k, const void* v);
   // Rows [0, n) of every layer from src (same dimensions, any type).
   void copy_rows(const KVCache& src, int n);
@@ -90,7 +93,7 @@ class KVCache {
   }
   int n_layer_ = 0, n_ctx_ = 0, kv_dim_ = 0;
   KvDtype dtype_ = KvDtype::F32;
-  // [n_layer][n_ctx][kv_dim] elements of dtype_ (F16: two to a float of storage)
+  // [n_layer][n_ctx] rows of kv_dim elements of dtype_, packed (F16: two to a float of storage)
   std::vector<float> k_, v_;
 };
 

@@ -58,7 +58,15 @@ class Model {
   // x[n][n_embd] = embedding rows of tokens[n], dequantised from the file encoding.
   void embed(const int32_t* tokens, int n, float* x) const;
 
+  // Throws ct::Error naming the type and head size when this model's cache cannot hold dtype
+  // (a live cache type whose blocks must not straddle two heads: Q8_0 needs head_dim % 32 == 0).
+  void check_cache_type(KvDtype dtype) const {
+    CT_THROW_IF_NOT(cfg_.head_dim % kv_block_elems(dtype) == 0,
+                    "KV cache type {} stores blocks of {} elements; this model's heads have {}",
+                    kv_dtype_name(dtype), kv_block_elems(dtype), cfg_.head_dim);
+  }
   KVCache make_cache(int n_ctx, KvDtype dtype = KvDtype::F32) const {
+    check_cache_type(dtype);
     return KVCache(cfg_.n_layer, n_ctx, cfg_.kv_dim(), dtype);
   }
   const cpu::Rope& rope() const { return rope_; }

@@ -11,7 +11,7 @@ void InMemoryChunk::read_rows(int layer, int row_begin, int row_end, void* k_dst
   CT_ASSERT(layer >= 0 && layer < m.n_layer && 0 <= row_begin && row_begin <= row_end &&
                 row_end <= m.n_tok,
             "layer {} rows [{}, {})", layer, row_begin, row_end);
-  const size_t row_bytes = (size_t)m.kv_dim * kv_dtype_size(m.dtype);
+  const size_t row_bytes = kv_bytes(m.dtype, m.kv_dim);
   const size_t off = row_bytes * row_begin, n = row_bytes * (row_end - row_begin);
   std::memcpy(k_dst, kv_.k[layer].data() + off, n);
   std::memcpy(v_dst, kv_.v[layer].data() + off, n);

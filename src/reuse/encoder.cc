@@ -136,6 +136,8 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   const ModelConfig& c = m.config();
   const int n = (int)tokens.size();
   CT_THROW_IF_NOT(n > 0, "cannot encode an empty chunk");
+  CT_THROW_IF_NOT(kv_record_type(opt.dtype), "chunk record type '{}': expected f16, bf16 or f32",
+                  kv_dtype_name(opt.dtype));
   const int off = opt.sink ? 1 : 0;
   CT_THROW_IF_NOT(n + off <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}", n,
                   c.n_ctx_train);
@@ -190,7 +192,7 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
   meta.tokens = tokens;
   meta.order = rank.order;
   meta.scores = rank.scores;
-  const size_t row_bytes = (size_t)KV * kv_dtype_size(opt.dtype);
+  const size_t row_bytes = kv_bytes(opt.dtype, KV);
   out.k.resize(L);
   out.v.resize(L);
   for (int l = 0; l < L; ++l) {
@@ -208,7 +210,7 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
 ChunkKVF32 unpack_text_order(const ChunkKV& c) {
   const ChunkMeta& m = c.meta;
   const int n = m.n_tok, KV = m.kv_dim;
-  const size_t row_bytes = (size_t)KV * kv_dtype_size(m.dtype);
+  const size_t row_bytes = kv_bytes(m.dtype, KV);
   ChunkKVF32 out;
   out.k.resize((size_t)m.n_layer * n * KV);
   out.v.resize((size_t)m.n_layer * n * KV);

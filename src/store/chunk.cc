@@ -3,7 +3,7 @@
 
 namespace ct {
 
-size_t ChunkMeta::layer_bytes() const { return (size_t)n_tok * kv_dim * kv_dtype_size(dtype); }
+size_t ChunkMeta::layer_bytes() const { return (size_t)n_tok * ct::kv_bytes(dtype, kv_dim); }
 size_t ChunkMeta::kv_bytes() const { return layer_bytes() * 2 * n_layer; }
 
 }  // namespace ct

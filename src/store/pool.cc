@@ -40,7 +40,7 @@ CachePool::Entry& CachePool::link(const std::string& id, int t, size_t bytes,
   e.tier = t;
   e.bytes = bytes;
   e.n_tok = meta.n_tok;
-  e.row_bytes = 2 * (size_t)meta.kv_dim * kv_dtype_size(meta.dtype);
+  e.row_bytes = 2 * kv_bytes(meta.dtype, meta.kv_dim);
   e.hits_by_tier.resize(tiers_.size(), 0);
   lru_[t].push_front(id);
   e.lru_pos = lru_[t].begin();

@@ -98,7 +98,7 @@ bool check_meta(const ChunkMeta& m, std::string* err) {
     if (v <= 0 || v > kMaxRecordDim)
       return fail(fmt::format("chunk {}: {}={}, expected 1 to {}", m.id, name, v, kMaxRecordDim));
   }
-  if ((int)m.dtype > (int)KvDtype::BF16)
+  if (!kv_record_type(m.dtype))
     return fail(
         fmt::format("chunk {}: K/V dtype {}, expected f32, f16 or bf16", m.id, (int)m.dtype));
   const size_t n = (size_t)m.n_tok;
@@ -154,13 +154,13 @@ void check_chunk(const ChunkKV& kv) {
   for (int l = 0; l < m.n_layer; ++l) {
     CT_THROW_IF_NOT(kv.k[l].size() == m.layer_bytes() && kv.v[l].size() == m.layer_bytes(),
                     "chunk {} layer {}: K block {} bytes, V block {} bytes, expected {} "
-                    "(n_tok*kv_dim*{})",
-                    m.id, l, kv.k[l].size(), kv.v[l].size(), m.layer_bytes(),
-                    kv_dtype_size(m.dtype));
+                    "({} tokens of {} {} elements)",
+                    m.id, l, kv.k[l].size(), kv.v[l].size(), m.layer_bytes(), m.n_tok, m.kv_dim,
+                    kv_dtype_name(m.dtype));
   }
 }
 
-size_t kv_row_bytes(const ChunkMeta& m) { return (size_t)m.kv_dim * kv_dtype_size(m.dtype); }
+size_t kv_row_bytes(const ChunkMeta& m) { return kv_bytes(m.dtype, m.kv_dim); }
 size_t slab_row_bytes(const ChunkMeta& m) { return 2 * kv_row_bytes(m); }
 size_t slab_bytes(const ChunkMeta& m) { return (size_t)m.n_tok * slab_row_bytes(m); }
 int n_row_groups(int n_tok, uint32_t group_rows) {

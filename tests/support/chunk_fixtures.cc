@@ -98,7 +98,7 @@ ChunkKV make_random_chunk(const std::string& id, int n_tok, int n_layer, int kv_
 
 std::vector<uint8_t> block_rows(const ChunkKV& kv, int layer, bool v_block, int row_begin,
                                 int row_end) {
-  const size_t row = (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  const size_t row = kv_bytes(kv.meta.dtype, kv.meta.kv_dim);
   const std::vector<uint8_t>& b = v_block ? kv.v.at(layer) : kv.k.at(layer);
   return std::vector<uint8_t>(b.begin() + row_begin * row, b.begin() + row_end * row);
 }

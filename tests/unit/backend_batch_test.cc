@@ -24,6 +24,7 @@ class BackendBatchTest : public ::testing::Test {
   void SetUp() override {
     test::TinyModelOptions o;
     o.weight_type = GgmlType::Q8_0;  // the decode rows take the quantised kernels
+    o.head_dim = 32;                 // whole Q8_0 blocks per head, for Q8_0 caches
     m_ = Model::load(test::write_tiny_model(test::temp_path("backend_batch.gguf"), o));
   }
   // Pre-RoPE K and V of `toks` encoded alone at positions 0.. (a chunk's stored rows), per layer.
@@ -45,6 +46,7 @@ class BackendBatchTest : public ::testing::Test {
       cpu::forward_layer(*m_, l, x.data(), pos.data(), n, kv, ws, &tap);
     }
   }
+  void reused_rows_rounded_once(KvDtype type);
   // The chunk's rows placed at positions 0..n-1 (F32 as stored here).
   ReusedRows chunk_rows(int n) const {
     ReusedRows r;
@@ -146,10 +148,23 @@ TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGivesOn
   mixed_pass_gives_each_sequence_its_own(KvDtype::F16);
 }
 
-// Reused rows from F16 records (the default record type) placed and rotated in an F16 cache are
-// the F32 cache's rows rounded once: the record converts exactly, both rotate in F32 alike. Layer
-// 0's recomputed rows are too (the layers above see attention over rounded rows).
+TEST_F(BackendBatchTest, APassOverSeveralSequencesGivesEachWhatItsOwnPassGivesOnQ8Caches) {
+  mixed_pass_gives_each_sequence_its_own(KvDtype::Q8_0);
+}
+
+// Reused rows from F16 records (the default record type) placed and rotated in an F16 or Q8_0
+// cache are the F32 cache's rows rounded once: the record converts exactly, both rotate in F32
+// alike, and the key is packed after its rotation. Layer 0's recomputed rows are too (the layers
+// above see attention over rounded rows).
 TEST_F(BackendBatchTest, F16CacheHoldsTheF32CachesReusedRowsRoundedOnce) {
+  reused_rows_rounded_once(KvDtype::F16);
+}
+
+TEST_F(BackendBatchTest, Q8CacheHoldsTheF32CachesReusedRowsRoundedOnce) {
+  reused_rows_rounded_once(KvDtype::Q8_0);
+}
+
+void BackendBatchTest::reused_rows_rounded_once(KvDtype type) {
   const int NS = 20, NQ = 8, KV = m_->config().kv_dim();
   const std::vector<int32_t> s = test::random_byte_tokens(NS + NQ, 4);
   encode_chunk({s.begin(), s.begin() + NS});
@@ -170,10 +185,11 @@ TEST_F(BackendBatchTest, F16CacheHoldsTheF32CachesReusedRowsRoundedOnce) {
   };
   std::vector<int32_t> qpos(NQ);
   std::iota(qpos.begin(), qpos.end(), NS);
-  // Loaded on the calling thread, and by the loader thread with RoPE on the compute thread.
+  // Loaded on the calling thread, and by the loader thread (asked for RoPE on the compute thread,
+  // which a non-F32 cache overrides: its keys are rotated before they are packed).
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "loader thread" : "no loader thread");
-    KVCache c32 = m_->make_cache(kCtx, KvDtype::F32), c16 = m_->make_cache(kCtx, KvDtype::F16);
+    KVCache c32 = m_->make_cache(kCtx, KvDtype::F32), c16 = m_->make_cache(kCtx, type);
     for (KVCache* kv : {&c32, &c16}) {
       Workspace ws;
       PipelineOptions opt;
@@ -185,24 +201,30 @@ TEST_F(BackendBatchTest, F16CacheHoldsTheF32CachesReusedRowsRoundedOnce) {
       for (int l = 0; l < m_->config().n_layer; ++l) be->layer(l, nullptr);
       be->finish();
     }
-    std::vector<uint16_t> want_k(KV), want_v(KV);
+    const size_t rb = c16.row_bytes();
+    std::vector<uint8_t> want_k(rb), want_v(rb);
     for (int l = 0; l < m_->config().n_layer; ++l) {
       for (int p = 0; p < (l == 0 ? NS + NQ : NS); ++p) {
-        kv_pack(KvDtype::F16, c32.k(l) + (size_t)p * KV, want_k.data(), KV);
-        kv_pack(KvDtype::F16, c32.v(l) + (size_t)p * KV, want_v.data(), KV);
-        const char* k = static_cast<const char*>(c16.k_data(l)) + c16.row_bytes() * p;
-        const char* v = static_cast<const char*>(c16.v_data(l)) + c16.row_bytes() * p;
-        ASSERT_EQ(std::memcmp(k, want_k.data(), KV * 2), 0) << "K of layer " << l << " row " << p;
-        ASSERT_EQ(std::memcmp(v, want_v.data(), KV * 2), 0) << "V of layer " << l << " row " << p;
+        kv_pack(type, c32.k(l) + (size_t)p * KV, want_k.data(), KV);
+        kv_pack(type, c32.v(l) + (size_t)p * KV, want_v.data(), KV);
+        const char* k = static_cast<const char*>(c16.k_data(l)) + rb * p;
+        const char* v = static_cast<const char*>(c16.v_data(l)) + rb * p;
+        ASSERT_EQ(std::memcmp(k, want_k.data(), rb), 0) << "K of layer " << l << " row " << p;
+        ASSERT_EQ(std::memcmp(v, want_v.data(), rb), 0) << "V of layer " << l << " row " << p;
       }
     }
     // The reused keys were rotated (row NS-1 is not its stored, position-0 form); values not.
     const size_t last = (size_t)(NS - 1) * KV;
-    EXPECT_NE(std::memcmp(static_cast<const char*>(c16.k_data(1)) + c16.row_bytes() * (NS - 1),
-                          &k16[1][last], KV * 2),
+    std::vector<float> stored(KV);
+    kv_unpack(KvDtype::F16, &k16[1][last], stored.data(), KV);
+    kv_pack(type, stored.data(), want_k.data(), KV);
+    kv_unpack(KvDtype::F16, &v16[1][last], stored.data(), KV);
+    kv_pack(type, stored.data(), want_v.data(), KV);
+    EXPECT_NE(std::memcmp(static_cast<const char*>(c16.k_data(1)) + rb * (NS - 1), want_k.data(),
+                          rb),
               0);
-    EXPECT_EQ(std::memcmp(static_cast<const char*>(c16.v_data(1)) + c16.row_bytes() * (NS - 1),
-                          &v16[1][last], KV * 2),
+    EXPECT_EQ(std::memcmp(static_cast<const char*>(c16.v_data(1)) + rb * (NS - 1), want_v.data(),
+                          rb),
               0);
   }
 }

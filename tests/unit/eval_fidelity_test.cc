@@ -204,7 +204,7 @@ TEST_F(EvalTinyModelTest, RerankedRecordKeepsValuesAndFollowsTheNewRanking) {
   // The top rows are the new ranking's first tokens: read rank row 0 of layer 1 through a
   // source and compare with the text-order row.
   InMemoryChunk src(re);
-  const size_t row = (size_t)re.meta.kv_dim * kv_dtype_size(re.meta.dtype);
+  const size_t row = kv_bytes(re.meta.dtype, re.meta.kv_dim);
   std::vector<uint8_t> k0(row), v0(row), want(row);
   src.read_rows(1, 0, 1, k0.data(), v0.data());
   std::vector<float> got(re.meta.kv_dim);

@@ -3,6 +3,7 @@
 // against the scalar reference.
 #include "support/errors.h"
 #include "core/ggml_types.h"
+#include "core/kv_dtype.h"
 
 #include <gtest/gtest.h>
 #include <immintrin.h>
@@ -573,6 +574,22 @@ TEST(GgmlFixtureTest, QuantisationMatchesGgufPy) {
     }
   }
   EXPECT_EQ(n, 7) << "f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0";
+}
+
+// The live KV cache's Q8_0 packer (kv_pack's vector path) against gguf.quants.quantize too.
+TEST(GgmlFixtureTest, KvCacheQ8PackMatchesGgufPy) {
+  int n = 0;
+  for (const FixtureRecord& r : read_quant_fixture()) {
+    if (r.kind != 1 || r.type != GgmlType::Q8_0) continue;
+    ++n;
+    std::vector<uint8_t> got(kv_bytes(KvDtype::Q8_0, r.floats.size()));
+    ASSERT_EQ(got.size(), r.bytes.size());
+    kv_pack(KvDtype::Q8_0, r.floats.data(), got.data(), r.floats.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], r.bytes[i]) << "byte " << i << " (block " << i / 34 << ")";
+    }
+  }
+  EXPECT_EQ(n, 1);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "engine/generate.h"
 #include "model/gguf.h"
 #include "support/chunk_fixtures.h"
+#include "support/errors.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -93,32 +94,51 @@ TEST(ModelTest, IncrementalDecodeMatchesBatchedPrefill) {
   for (int j = 0; j < V; ++j) ASSERT_NEAR(tail[j], batch[(size_t)39 * V + j], 1e-4f);
 }
 
-// On F16 caches decoding one token at a time (the one-row attention kernel reading half
-// precision) equals a batched prefill (tiles converted for SGEMM) over the same F16 rows, and
-// both stay near the F32 cache's logits.
-TEST(ModelTest, F16CacheDecodeMatchesItsPrefillAndStaysNearF32) {
-  const std::string path = tmp_path("incr16.gguf");
-  test::write_tiny_model(path, {});
+// On F16 and Q8_0 caches decoding one token at a time (the one-row attention kernel reading the
+// stored type) equals a batched prefill (tiles converted for SGEMM) over the same rows, and both
+// stay near the F32 cache's logits. Q8_0 on heads of 32 (its block); a model whose heads are not
+// whole blocks is refused naming both.
+// The cache holds num / den of the F32 cache's bytes.
+void cache_decode_matches_its_prefill(KvDtype type, size_t num, size_t den, float rel_tol) {
+  SCOPED_TRACE(kv_dtype_name(type));
+  const std::string path = tmp_path(std::string("incr_") + kv_dtype_name(type) + ".gguf");
+  test::TinyModelOptions o;
+  o.head_dim = 32;
+  test::write_tiny_model(path, o);
   auto m = Model::load(path);
   const auto t = test::random_byte_tokens(40, 2);
   const int n = (int)t.size(), V = m->config().n_vocab;
   Workspace ws;
-  KVCache all16 = m->make_cache(n, KvDtype::F16), all32 = m->make_cache(n, KvDtype::F32);
-  const auto batch16 = cpu::prefill(*m, t.data(), n, 0, all16, ws, true);
+  KVCache allt = m->make_cache(n, type), all32 = m->make_cache(n, KvDtype::F32);
+  const auto batcht = cpu::prefill(*m, t.data(), n, 0, allt, ws, true);
   const auto batch32 = cpu::prefill(*m, t.data(), n, 0, all32, ws, true);
-  EXPECT_EQ(all16.bytes() * 2, all32.bytes());
-  KVCache kv = m->make_cache(n, KvDtype::F16);
+  EXPECT_EQ(allt.bytes() * den, all32.bytes() * num);
+  KVCache kv = m->make_cache(n, type);
   float worst = 0, scale = 0;
   for (int i = 0; i < n; ++i) {
     const auto step = cpu::prefill(*m, &t[i], 1, i, kv, ws);
     for (int j = 0; j < V; ++j) {
-      ASSERT_NEAR(step[j], batch16[(size_t)i * V + j], 1e-4f) << "position " << i;
+      ASSERT_NEAR(step[j], batcht[(size_t)i * V + j], 1e-4f) << "position " << i;
       worst = std::max(worst, std::fabs(step[j] - batch32[(size_t)i * V + j]));
       scale = std::max(scale, std::fabs(batch32[(size_t)i * V + j]));
     }
   }
-  EXPECT_GT(worst, 0.0f);  // the F16 cache was read: its rounding shows
-  EXPECT_LT(worst, 1e-2f * scale) << "largest logit " << scale;
+  EXPECT_GT(worst, 0.0f);  // the cache's type was read: its rounding shows
+  EXPECT_LT(worst, rel_tol * scale) << "largest logit " << scale;
+}
+
+TEST(ModelTest, F16CacheDecodeMatchesItsPrefillAndStaysNearF32) {
+  cache_decode_matches_its_prefill(KvDtype::F16, 1, 2, 1e-2f);
+}
+
+TEST(ModelTest, Q8CacheDecodeMatchesItsPrefillAndStaysNearF32) {
+  cache_decode_matches_its_prefill(KvDtype::Q8_0, 34, 128, 5e-2f);  // 32 elements in 34 bytes
+  const std::string path = tmp_path("q8_heads16.gguf");
+  test::write_tiny_model(path, {});  // heads of 16
+  auto m = Model::load(path);
+  const std::string err = test::error_of([&] { (void)m->make_cache(8, KvDtype::Q8_0); });
+  EXPECT_NE(err.find("q8_0"), std::string::npos) << err;
+  EXPECT_NE(err.find("heads have 16"), std::string::npos) << err;
 }
 
 // The cache's storage: rows round-trip through F16 as kv_pack rounds them, place_row converts
@@ -175,6 +195,45 @@ TEST(KVCacheTest, F16RowsStoreLoadAndConvertOnPlacement) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'bf16'"), std::string::npos) << e.what();
   }
+}
+
+// A Q8_0 cache: 34 bytes per 32 elements, rows round-trip as ggml's Q8_0 encoder and decoder
+// give them, an F16 record placed is quantised from its exact floats, rows of a length that is
+// not whole blocks are refused.
+TEST(KVCacheTest, Q8RowsStoreLoadAndConvertOnPlacement) {
+  const int KV = 64;
+  KVCache c8(2, 5, KV, KvDtype::Q8_0);
+  EXPECT_EQ(c8.row_bytes(), (size_t)2 * 34);
+  EXPECT_EQ(c8.bytes(), (size_t)2 * 2 * 5 * 2 * 34);  // K and V, 2 layers, 5 rows, 2 blocks
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> k(KV), v(KV), k2(KV), v2(KV), want(KV);
+  for (int i = 0; i < KV; ++i) {
+    k[i] = nd(rng);
+    v[i] = nd(rng);
+  }
+  std::vector<uint8_t> q(c8.row_bytes());
+  c8.store_row(1, 3, k.data(), v.data());
+  c8.load_rows(1, 3, 1, k2.data(), v2.data());
+  ggml_from_f32(GgmlType::Q8_0, k.data(), q.data(), KV);
+  ggml_to_f32_ref(GgmlType::Q8_0, q.data(), want.data(), KV);
+  EXPECT_EQ(std::memcmp(k2.data(), want.data(), KV * 4), 0);
+  EXPECT_NE(std::memcmp(k2.data(), k.data(), KV * 4), 0);  // rounded
+  ggml_from_f32(GgmlType::Q8_0, v.data(), q.data(), KV);
+  ggml_to_f32_ref(GgmlType::Q8_0, q.data(), want.data(), KV);
+  EXPECT_EQ(std::memcmp(v2.data(), want.data(), KV * 4), 0);
+  // An F16 record's row: its floats, quantised once.
+  std::vector<uint16_t> h(KV);
+  for (int i = 0; i < KV; ++i) h[i] = f32_to_fp16(k[i]);
+  c8.place_row(0, 1, KvDtype::F16, h.data(), h.data());
+  std::vector<float> hf(KV);
+  for (int i = 0; i < KV; ++i) hf[i] = fp16_to_f32(h[i]);
+  ggml_from_f32(GgmlType::Q8_0, hf.data(), q.data(), KV);
+  EXPECT_EQ(std::memcmp(static_cast<const char*>(c8.k_data(0)) + c8.row_bytes(), q.data(),
+                        q.size()),
+            0);
+  const std::string err = test::error_of([] { KVCache bad(1, 1, 24, KvDtype::Q8_0); });
+  EXPECT_NE(err.find("row of 24"), std::string::npos) << err;
 }
 
 // A workspace keeps the RoPE angles of its last forward's positions (Workspace::rope_*). Used

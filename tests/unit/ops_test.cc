@@ -186,20 +186,22 @@ TEST_P(AttentionTest, TiledMatchesReference) {
   } else {
     for (int i = 0; i < c.n_q; ++i) pos[i] = c.n_ctx - c.n_q + i;
   }
-  // The live cache's two types: an F16 cache's rows are read as stored (tiles converted for
-  // SGEMM, the direct kernel converting as it loads, the reference element by element).
-  std::vector<uint16_t> k16(k.size()), v16(v.size());
-  kv_pack(KvDtype::F16, k.data(), k16.data(), k.size());
-  kv_pack(KvDtype::F16, v.data(), v16.data(), v.size());
-  for (KvDtype t : {KvDtype::F32, KvDtype::F16}) {
+  // The live cache's types: an F16 or Q8_0 cache's rows are read as stored (tiles converted for
+  // SGEMM, the direct kernel converting as it loads, the reference element by element). Q8_0
+  // blocks must not straddle heads: head sizes of whole 32-element blocks only.
+  for (KvDtype t : {KvDtype::F32, KvDtype::F16, KvDtype::Q8_0}) {
+    if (c.hd % kv_block_elems(t) != 0) continue;
     SCOPED_TRACE(kv_dtype_name(t));
+    std::vector<uint8_t> kt(kv_bytes(t, k.size())), vt(kv_bytes(t, v.size()));
+    kv_pack(t, k.data(), kt.data(), k.size());
+    kv_pack(t, v.data(), vt.data(), v.size());
     std::vector<float> out(c.n_q * qd), outr(c.n_q * qd), pa(c.n_ctx, 0.f), par(c.n_ctx, 0.f);
     AttnArgs a;
     a.q = q.data();
     a.q_pos = pos.data();
     a.n_q = c.n_q;
-    a.k = t == KvDtype::F32 ? (const void*)k.data() : k16.data();
-    a.v = t == KvDtype::F32 ? (const void*)v.data() : v16.data();
+    a.k = kt.data();
+    a.v = vt.data();
     a.kv_dtype = t;
     a.n_head = c.n_head;
     a.n_kv_head = c.n_kv;
@@ -216,17 +218,26 @@ TEST_P(AttentionTest, TiledMatchesReference) {
     double total = 0;
     for (float p : pa) total += p;
     EXPECT_NEAR(total, std::min(2, c.n_q), 1e-4);  // each tapped row adds a distribution
-    if (t == KvDtype::F16) {
-      // The rounding of K and V to half moves the result by about half's precision, no more.
-      std::vector<float> out32(c.n_q * qd);
+    if (t != KvDtype::F32) {
+      // Every element converts exactly, so the kernels give the F32 kernels' bits on the
+      // unpacked rows (the direct kernel and the converted tiles alike).
+      std::vector<float> ku(k.size()), vu(v.size()), outu(c.n_q * qd), out32(c.n_q * qd);
+      kv_unpack(t, kt.data(), ku.data(), k.size());
+      kv_unpack(t, vt.data(), vu.data(), v.size());
+      a.k = ku.data();
+      a.v = vu.data();
+      a.kv_dtype = KvDtype::F32;
+      a.out = outu.data();
+      a.probs_accum = nullptr;
+      attention(a);
+      EXPECT_EQ(0, std::memcmp(out.data(), outu.data(), out.size() * sizeof(float)));
+      // The rounding of K and V moves the result by about the type's precision, no more.
       a.k = k.data();
       a.v = v.data();
-      a.kv_dtype = KvDtype::F32;
       a.out = out32.data();
-      a.probs_accum = nullptr;
       attention_ref(a);
-      EXPECT_LT(max_abs_diff(outr, out32), 5e-3f);
-      EXPECT_GT(max_abs_diff(outr, out32), 0.0f);  // the F16 rows were read, not the F32 ones
+      EXPECT_LT(max_abs_diff(outr, out32), t == KvDtype::F16 ? 5e-3f : 6e-2f);
+      EXPECT_GT(max_abs_diff(outr, out32), 0.0f);  // the stored rows were read, not the F32 ones
     }
   }
 }
@@ -269,17 +280,15 @@ TEST(Attention, OneRowKernelMatchesTiledPathAndIsBatchIndependent) {
     a.out = out;
     return a;
   };
-  std::vector<uint16_t> k16(k.size()), v16(v.size());
-  kv_pack(KvDtype::F16, k.data(), k16.data(), k.size());
-  kv_pack(KvDtype::F16, v.data(), v16.data(), v.size());
-  for (KvDtype t : {KvDtype::F32, KvDtype::F16}) {
+  for (KvDtype t : {KvDtype::F32, KvDtype::F16, KvDtype::Q8_0}) {
     SCOPED_TRACE(kv_dtype_name(t));
+    std::vector<uint8_t> kt(kv_bytes(t, k.size())), vt(kv_bytes(t, v.size()));
+    kv_pack(t, k.data(), kt.data(), k.size());
+    kv_pack(t, v.data(), vt.data(), v.size());
     auto typed = [&](AttnArgs a) {
-      if (t == KvDtype::F16) {
-        a.k = k16.data();
-        a.v = v16.data();
-        a.kv_dtype = t;
-      }
+      a.k = kt.data();
+      a.v = vt.data();
+      a.kv_dtype = t;
       return a;
     };
     std::vector<float> tiled((size_t)32 * qd), alone((size_t)32 * qd), batched((size_t)32 * qd);
@@ -317,6 +326,37 @@ TEST(KvPack, F16VectorPathEqualsScalarConversion) {
     const float want = fp16_to_f32(h[i]);
     ASSERT_EQ(std::memcmp(&back[i], &want, 4), 0) << "unpacking x[" << i << "]";
   }
+}
+
+// kv_pack's Q8_0 vector path gives ggml's reference quantiser's bytes (core/ggml_types.cc, itself
+// checked against gguf-py in ggml_types_test.cc): one scale max|x| / 127 per block of 32, quants
+// rounded half away from zero (ties built exactly: a block whose largest value is 127 has scale
+// 1, so x.5 is a tie), zero blocks, tiny and huge scales; kv_unpack gives the reference's floats.
+TEST(KvPack, Q8VectorPathEqualsReferenceQuantiser) {
+  std::vector<float> x = {127.0f, 2.5f, -2.5f, 0.5f,  -0.5f, 1.5f, 126.5f, -126.5f,
+                          3.5f,   -3.5f, 0.49999997f, 64.5f, -64.5f, 0.0f, -0.0f, 100.5f};
+  for (int i = 0; i < 16; ++i) x.push_back(-(float)i - 0.5f);  // the rest of the tie block
+  for (int i = 0; i < 32; ++i) x.push_back(0.0f);              // a zero block: scale 0
+  std::mt19937 rng(8);
+  for (float e : {1e-30f, 1e-6f, 1e-2f, 1.0f, 3.0f, 1e4f, 6e5f}) {
+    std::uniform_real_distribution<float> u(-e, e);
+    for (int i = 0; i < 32 * 7; ++i) x.push_back(u(rng));
+  }
+  ASSERT_EQ(x.size() % 32, 0u);
+  std::vector<uint8_t> got(kv_bytes(KvDtype::Q8_0, x.size())), want(got.size());
+  ASSERT_EQ(got.size(), x.size() / 32 * 34);
+  kv_pack(KvDtype::Q8_0, x.data(), got.data(), x.size());
+  ggml_from_f32(GgmlType::Q8_0, x.data(), want.data(), (int64_t)x.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "byte " << i << " (block " << i / 34 << ")";
+  }
+  EXPECT_EQ(static_cast<int8_t>(got[2 + 1]), 3);    // 2.5 -> 3, not the even 2
+  EXPECT_EQ(static_cast<int8_t>(got[2 + 2]), -3);   // -2.5 -> -3
+  EXPECT_EQ(static_cast<int8_t>(got[2 + 10]), 0);   // 0.49999997 stays below the tie
+  std::vector<float> back(x.size()), ref(x.size());
+  kv_unpack(KvDtype::Q8_0, got.data(), back.data(), x.size());
+  ggml_to_f32_ref(GgmlType::Q8_0, want.data(), ref.data(), (int64_t)x.size());
+  EXPECT_EQ(0, std::memcmp(back.data(), ref.data(), back.size() * sizeof(float)));
 }
 
 }  // namespace

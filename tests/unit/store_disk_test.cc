@@ -125,7 +125,7 @@ TEST_F(DiskTierTest, APinnedRecordChecksItsGroupsAndDropsTheDamagedEntry) {
   const std::shared_ptr<PinnedRecord> pin = tier.pin("pinflip");
   ASSERT_NE(pin, nullptr);
   flip_byte(tier.path_of("pinflip"), slab_byte(kv, 1, 100, 5));  // layer 1, rows 96-111
-  const size_t row = (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  const size_t row = kv_bytes(kv.meta.dtype, kv.meta.kv_dim);
   std::vector<uint8_t> k(200 * row), v(200 * row);
   EXPECT_TRUE(pin->read_rows(1, 0, 96, k.data(), v.data()));
   EXPECT_TRUE(tier.contains("pinflip"));

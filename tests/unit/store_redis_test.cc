@@ -105,7 +105,7 @@ TEST_F(RedisTierTest, PoolsSharingOneRedisSeeEachOthersChunks) {
   ASSERT_TRUE(meta);
   EXPECT_EQ(meta->n_tok, kv.meta.n_tok);
   EXPECT_EQ(b->tier_of("shared"), 1);  // still in Redis: a shared tier is not promoted from
-  const size_t row = 2 * (size_t)kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+  const size_t row = 2 * kv_bytes(kv.meta.dtype, kv.meta.kv_dim);
   std::vector<uint8_t> k(row / 2 * 50), v(row / 2 * 50);  // K and V halves of each row
   ASSERT_TRUE(b->read_rows("shared", 0, 100, 150, k.data(), v.data()));
   const std::vector<TierStat> st = b->tier_stats();

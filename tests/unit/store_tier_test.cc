@@ -89,7 +89,7 @@ class TierTest : public ::testing::TestWithParam<std::tuple<Kind, KvDtype>> {
   // Reads rows [a, b) of every layer and compares them with the record's bytes.
   void expect_rows(const ChunkKV& kv, int a, int b) {
     for (int l = 0; l < kv.meta.n_layer; ++l) {
-      const size_t n = (size_t)(b - a) * kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+      const size_t n = (size_t)(b - a) * kv_bytes(kv.meta.dtype, kv.meta.kv_dim);
       std::vector<uint8_t> k(n + 1, 0xAB), v(n + 1, 0xCD);  // one guard byte each
       ASSERT_TRUE(tier_->read_rows(kv.meta.id, l, a, b, k.data(), v.data()))
           << "layer " << l << " rows [" << a << ", " << b << ")";
@@ -194,7 +194,7 @@ TEST_P(TierTest, ConcurrentReadersAndWriterNeverSeeTornEntries) {
   std::atomic<int> n_ok{0}, n_bad{0};
   auto reader = [&](int seed) {
     std::mt19937 rng(seed);
-    const size_t row = 16 * kv_dtype_size(dtype_);
+    const size_t row = kv_bytes(dtype_, 16);
     while (!stop.load()) {
       const int l = rng() % 2;
       const int r0 = rng() % 150;
@@ -239,7 +239,7 @@ TEST_P(TierTest, APinnedRecordStaysReadableAfterEraseAndReplace) {
   ASSERT_NE(pin, nullptr);
   auto expect_pinned_rows = [&](int a, int b) {
     for (int l = 0; l < kv.meta.n_layer; ++l) {
-      const size_t n = (size_t)(b - a) * kv.meta.kv_dim * kv_dtype_size(kv.meta.dtype);
+      const size_t n = (size_t)(b - a) * kv_bytes(kv.meta.dtype, kv.meta.kv_dim);
       std::vector<uint8_t> k(n), v(n);
       ASSERT_TRUE(pin->read_rows(l, a, b, k.data(), v.data())) << "layer " << l;
       EXPECT_EQ(k, test::block_rows(kv, l, false, a, b)) << "K layer " << l;

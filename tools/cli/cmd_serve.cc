@@ -123,7 +123,7 @@ void run_serve(ServeArgs a) {
                "cachetune serve: KV budget %zu bytes (%zu bytes per token, %s; %d requests run "
                "at once, %d may wait; prefill chunk %d rows)\n",
                so.batching.kv_budget_bytes,
-               (size_t)2 * mc.n_layer * mc.kv_dim() * kv_dtype_size(eng.options().kv_type),
+               2 * mc.n_layer * kv_bytes(eng.options().kv_type, mc.kv_dim()),
                kv_dtype_name(eng.options().kv_type),
                eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue,
                eng.options().prefill_chunk);

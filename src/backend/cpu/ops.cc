@@ -221,17 +221,18 @@ constexpr int kTileK = 256;   // keys per tile
 constexpr float kNegBig = -1e30f;
 
 // Row j of KV head g of a cache block (a.k or a.v) as hd floats: in place for an F32 cache, else
-// unpacked into tmp.
+// unpacked into tmp. A head is whole blocks of the type (a Q8_0 cache needs hd % 32 == 0).
 const float* kv_row(const AttnArgs& a, const void* base, int j, int g, float* tmp) {
   const size_t kvd = (size_t)a.n_kv_head * a.head_dim;
-  const size_t at = (size_t)j * kvd + (size_t)g * a.head_dim;
-  if (a.kv_dtype == KvDtype::F32) return static_cast<const float*>(base) + at;
-  kv_unpack(a.kv_dtype, static_cast<const char*>(base) + at * kv_dtype_size(a.kv_dtype), tmp,
-            a.head_dim);
+  if (a.kv_dtype == KvDtype::F32) {
+    return static_cast<const float*>(base) + (size_t)j * kvd + (size_t)g * a.head_dim;
+  }
+  const size_t at = (size_t)j * kv_bytes(a.kv_dtype, kvd) + g * kv_bytes(a.kv_dtype, a.head_dim);
+  kv_unpack(a.kv_dtype, static_cast<const char*>(base) + at, tmp, a.head_dim);
   return tmp;
 }
 
-// Rows [j0, j0 + n) of KV head g of a cache block as F32 [n][hd] in out (an F16 tile for SGEMM).
+// Rows [j0, j0 + n) of KV head g of a cache block as F32 [n][hd] in out (a tile for SGEMM).
 void kv_tile(const AttnArgs& a, const void* base, int j0, int n, int g, float* out) {
   for (int j = 0; j < n; ++j) {
     float* o = out + (size_t)j * a.head_dim;
@@ -304,7 +305,7 @@ namespace {
 // The buffers of attention tasks, one set per thread, kept between calls.
 struct AttnScratch {
   std::vector<float> qt, st, ot, mt, lt;
-  std::vector<float> kt, vt;  // an F16 cache's key and value tiles as F32
+  std::vector<float> kt, vt;  // a non-F32 cache's key and value tiles as F32
 };
 
 // One task of attention(): query tile qb (kTileQ rows) of a's rows times the n_rep heads sharing KV
@@ -339,7 +340,7 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   std::fill(mt, mt + m, kNegBig);
   std::fill(lt, lt + m, 0.0f);
   const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
-  // An F32 cache is multiplied in place; an F16 one tile by tile from F32 copies.
+  // An F32 cache is multiplied in place; the others tile by tile from F32 copies.
   const bool f32 = a.kv_dtype == KvDtype::F32;
   if (!f32 && t.kt.size() < (size_t)kTileK * hd) {
     t.kt.resize((size_t)kTileK * hd);
@@ -400,23 +401,60 @@ inline __m256 hsum8x8(const __m256* a) {
                        _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-// Eight elements of a cache row as floats (an F16 element converts exactly).
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+// How the one-row kernel reads the cache's type: the bytes of n elements; kGroup, the elements
+// that share a scale (a multiple of 16); scale(row, d), that scale for the group holding element
+// d; load8(row, d, scale), elements [d, d + 8) (d a multiple of 8) as floats; kStageKeys, whether
+// a block of keys is converted to F32 once for all the heads sharing it. Each element
+// converts exactly (an F16 element is a float; a Q8_0 element is its block's F16 scale times a
+// byte, at most 18 significant bits), so every type's kernel computes bit for bit what the F32
+// kernel computes on the unpacked rows.
+struct F32Elems {
+  static constexpr bool kStageKeys = false;
+  static constexpr int kGroup = 16;
+  static size_t bytes(int n) { return (size_t)n * 4; }
+  static __m256 scale(const uint8_t*, int) { return _mm256_setzero_ps(); }
+  static __m256 load8(const uint8_t* row, int d, __m256) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  }
+};
+struct F16Elems {
+  static constexpr bool kStageKeys = false;
+  static constexpr int kGroup = 16;
+  static size_t bytes(int n) { return (size_t)n * 2; }
+  static __m256 scale(const uint8_t*, int) { return _mm256_setzero_ps(); }
+  static __m256 load8(const uint8_t* row, int d, __m256) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)));
+  }
+};
+struct Q8Elems {  // blocks of 32: an F16 scale, 32 signed bytes
+  static constexpr bool kStageKeys = true;  // conversion costs more than a reload: stage the keys
+  static constexpr int kGroup = 32;
+  static size_t bytes(int n) { return (size_t)n / 32 * 34; }
+  static __m256 scale(const uint8_t* row, int d) {
+    uint16_t h;
+    std::memcpy(&h, row + (size_t)(d >> 5) * 34, 2);
+    return _mm256_set1_ps(_cvtsh_ss(h));
+  }
+  static __m256 load8(const uint8_t* row, int d, __m256 scale) {
+    const uint8_t* q = row + (size_t)(d >> 5) * 34 + 2 + (d & 31);
+    const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), scale);
+  }
+};
 
 // out[h] = sum over the n keys of p[h][j] * v_j, for G heads at once, 16 elements of the head at
-// a time (2G accumulators), keys in ascending order; then times inv[h]. T: the cache's element.
-template <int G, class T>
-void value_sums(const float* p, int ld_p, const T* v, int kvd, int n, int hd, const float* inv,
-                float* out, int ld_out) {
+// a time (2G accumulators), keys in ascending order; then times inv[h]. E: the cache's type (v's
+// rows are `stride` bytes apart).
+template <int G, class E>
+void value_sums(const float* p, int ld_p, const uint8_t* v, size_t stride, int n, int hd,
+                const float* inv, float* out, int ld_out) {
   for (int d = 0; d < hd; d += 16) {
     __m256 acc[G][2];
     for (int h = 0; h < G; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int j = 0; j < n; ++j) {
-      const T* vj = v + (size_t)j * kvd + d;
-      const __m256 v0 = load8(vj), v1 = load8(vj + 8);
+      const uint8_t* vj = v + (size_t)j * stride;
+      const __m256 s = E::scale(vj, d);  // [d, d + 16) lies in one group
+      const __m256 v0 = E::load8(vj, d, s), v1 = E::load8(vj, d + 8, s);
       for (int h = 0; h < G; ++h) {
         const __m256 pj = _mm256_broadcast_ss(p + (size_t)h * ld_p + j);
         acc[h][0] = _mm256_fmadd_ps(pj, v0, acc[h][0]);
@@ -431,8 +469,27 @@ void value_sums(const float* p, int ld_p, const T* v, int kvd, int n, int hd, co
   }
 }
 
-// Whether a task of one query row takes attention_row(): its head size must be whole 16-float
-// groups (64 and 128 in the models served).
+// The scores of 8 keys (rows kj[u] of type E, one head's hd elements each) for n_rep query heads
+// (qt [n_rep][hd], pre-scaled): st[h * ld + u] = q_h . k_u, each an 8-lane accumulation over the
+// head in ascending order folded by hsum8x8's fixed tree.
+template <class E>
+void score_keys(const float* qt, int n_rep, int hd, const uint8_t* const* kj, float* st, int ld) {
+  for (int h = 0; h < n_rep; ++h) {
+    const float* qh = qt + (size_t)h * hd;
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(qh + d);
+      for (int u = 0; u < 8; ++u) {
+        acc[u] = _mm256_fmadd_ps(qv, E::load8(kj[u], d, E::scale(kj[u], d)), acc[u]);
+      }
+    }
+    _mm256_storeu_ps(st + (size_t)h * ld, hsum8x8(acc));
+  }
+}
+
+// Whether a task of one query row takes attention_row(): its head size must be whole groups of
+// the type (16 elements; Q8_0's 32, which attention() asserts) (64 and 128 in the models served).
 bool row_kernel_fits(const AttnArgs& a) { return a.head_dim % 16 == 0; }
 
 // A task of one query row (row r; a decode step's row, or a tile's single row): the n_rep heads
@@ -440,8 +497,8 @@ bool row_kernel_fits(const AttnArgs& a) { return a.head_dim % 16 == 0; }
 // then the value sums. At one row the two SGEMMs of attention_task cost mostly their fixed
 // overhead. Each score is one 8-lane accumulation over the head folded by a fixed tree, and each
 // output element adds the keys in ascending order, so the result depends on the row alone.
-// T: the cache's element (float, or uint16_t for F16, converted as it is loaded).
-template <class T>
+// E: the cache's type (its elements converted as they are loaded).
+template <class E>
 void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   const int hd = a.head_dim, n_rep = a.n_head / a.n_kv_head;
   const int kvd = a.n_kv_head * hd, qd = a.n_head * hd;
@@ -451,34 +508,43 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   if (t.qt.size() < (size_t)n_rep * hd) t.qt.resize((size_t)n_rep * hd);
   if (t.st.size() < (size_t)n_rep * ld) t.st.resize((size_t)n_rep * ld);
   if (t.lt.size() < (size_t)n_rep) t.lt.resize(n_rep);
+  if (E::kStageKeys && t.kt.size() < (size_t)8 * hd) t.kt.resize((size_t)8 * hd);
   float *qt = t.qt.data(), *st = t.st.data(), *inv = t.lt.data();
   const float* q = a.q + (size_t)r * qs + (size_t)g * n_rep * hd;
   for (int i = 0; i < n_rep * hd; ++i) qt[i] = q[i] * scale;
-  const T* kg = static_cast<const T*>(a.k) + (size_t)g * hd;
-  const T* vg = static_cast<const T*>(a.v) + (size_t)g * hd;
-  constexpr int kElemBytes = sizeof(T);
+  const size_t stride = E::bytes(kvd), head_bytes = E::bytes(hd);
+  const uint8_t* kg = static_cast<const uint8_t*>(a.k) + g * head_bytes;
+  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + g * head_bytes;
   for (int j0 = 0; j0 < n; j0 += 8) {
-    const T* kj[8];
-    for (int u = 0; u < 8; ++u) kj[u] = kg + (size_t)std::min(j0 + u, n - 1) * kvd;
+    const uint8_t* kj[8];
+    for (int u = 0; u < 8; ++u) kj[u] = kg + (size_t)std::min(j0 + u, n - 1) * stride;
     // The rows are kvd elements apart, so the hardware prefetchers see short runs: fetch the next
     // block's keys into L1 and this block's values into L2 for the value sums.
     for (int u = 0; u < 8 && j0 + 8 + u < n; ++u) {
-      const char* kn = (const char*)(kg + (size_t)(j0 + 8 + u) * kvd);
-      for (int b = 0; b < hd * kElemBytes; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
+      const char* kn = (const char*)(kg + (size_t)(j0 + 8 + u) * stride);
+      for (size_t b = 0; b < head_bytes; b += 64) _mm_prefetch(kn + b, _MM_HINT_T0);
     }
     for (int u = 0; u < 8 && j0 + u < n; ++u) {
-      const char* vn = (const char*)(vg + (size_t)(j0 + u) * kvd);
-      for (int b = 0; b < hd * kElemBytes; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
+      const char* vn = (const char*)(vg + (size_t)(j0 + u) * stride);
+      for (size_t b = 0; b < head_bytes; b += 64) _mm_prefetch(vn + b, _MM_HINT_T1);
     }
-    for (int h = 0; h < n_rep; ++h) {
-      const float* qh = qt + (size_t)h * hd;
-      __m256 acc[8];
-      for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
-      for (int d = 0; d < hd; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qh + d);
-        for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(qv, load8(kj[u] + d), acc[u]);
+    if constexpr (E::kStageKeys) {
+      // The 8 keys converted once into F32 (exactly), then scored by the F32 loop for every head
+      // sharing them, instead of converting them again for each head.
+      float* ks = t.kt.data();
+      const uint8_t* kf[8];
+      for (int u = 0; u < 8; ++u) {
+        for (int d = 0; d < hd; d += E::kGroup) {
+          const __m256 s = E::scale(kj[u], d);
+          for (int c = 0; c < E::kGroup; c += 8) {
+            _mm256_storeu_ps(ks + (size_t)u * hd + d + c, E::load8(kj[u], d + c, s));
+          }
+        }
+        kf[u] = reinterpret_cast<const uint8_t*>(ks + (size_t)u * hd);
       }
-      _mm256_storeu_ps(st + (size_t)h * ld + j0, hsum8x8(acc));
+      score_keys<F32Elems>(qt, n_rep, hd, kf, st + j0, ld);
+    } else {
+      score_keys<E>(qt, n_rep, hd, kj, st + j0, ld);
     }
   }
   for (int h = 0; h < n_rep; ++h) {
@@ -492,10 +558,10 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
     const float* p = st + (size_t)h0 * ld;
     float* o = out + (size_t)h0 * hd;
     switch (std::min(4, n_rep - h0)) {
-      case 4: value_sums<4, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      case 3: value_sums<3, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      case 2: value_sums<2, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
-      default: value_sums<1, T>(p, ld, vg, kvd, n, hd, inv + h0, o, hd); break;
+      case 4: value_sums<4, E>(p, ld, vg, stride, n, hd, inv + h0, o, hd); break;
+      case 3: value_sums<3, E>(p, ld, vg, stride, n, hd, inv + h0, o, hd); break;
+      case 2: value_sums<2, E>(p, ld, vg, stride, n, hd, inv + h0, o, hd); break;
+      default: value_sums<1, E>(p, ld, vg, stride, n, hd, inv + h0, o, hd); break;
     }
   }
 }
@@ -508,8 +574,9 @@ void attention(const AttnArgs* args, int n_args) {
   std::vector<int> first(n_args + 1, 0);
   for (int c = 0; c < n_args; ++c) {
     const AttnArgs& a = args[c];
-    CT_ASSERT(a.kv_dtype == KvDtype::F32 || a.kv_dtype == KvDtype::F16,
-              "attention over a {} K/V cache", kv_dtype_name(a.kv_dtype));
+    CT_ASSERT(kv_cache_type(a.kv_dtype) && a.head_dim % kv_block_elems(a.kv_dtype) == 0,
+              "attention over a {} K/V cache with heads of {}", kv_dtype_name(a.kv_dtype),
+              a.head_dim);
     first[c + 1] = first[c] + (a.n_q + kTileQ - 1) / kTileQ * a.n_kv_head;
   }
   const int n_task = first[n_args];
@@ -525,10 +592,10 @@ void attention(const AttnArgs* args, int n_args) {
       // A tile of one row (every decode task) by the direct kernel: the choice depends on the
       // row's own call, never on which other calls share the region.
       if (qb * kTileQ + 1 == a.n_q && row_kernel_fits(a)) {
-        if (a.kv_dtype == KvDtype::F32) {
-          attention_row<float>(a, g, qb * kTileQ, scratch);
-        } else {
-          attention_row<uint16_t>(a, g, qb * kTileQ, scratch);
+        switch (a.kv_dtype) {
+          case KvDtype::F16: attention_row<F16Elems>(a, g, qb * kTileQ, scratch); break;
+          case KvDtype::Q8_0: attention_row<Q8Elems>(a, g, qb * kTileQ, scratch); break;
+          default: attention_row<F32Elems>(a, g, qb * kTileQ, scratch); break;
         }
       } else {
         attention_task(a, g, qb, scratch);

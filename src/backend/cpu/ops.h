@@ -82,7 +82,7 @@ struct AttnArgs {
   int n_q = 0;
   const void* k = nullptr;       // kv_dtype [n_ctx][n_kv_head*head_dim], post-RoPE
   const void* v = nullptr;       // kv_dtype [n_ctx][n_kv_head*head_dim]
-  KvDtype kv_dtype = KvDtype::F32;  // F32 or F16 (the live cache's types)
+  KvDtype kv_dtype = KvDtype::F32;  // F32, F16 or Q8_0 (the live cache's types; Q8_0: hd % 32 == 0)
   int n_head = 0, n_kv_head = 0, head_dim = 0;
   float* out = nullptr;          // F32 [n_q][n_head*head_dim]
   // Optional: for query rows >= probs_from_row, add each row's attention probabilities (averaged

@@ -17,7 +17,7 @@ class CacheBlend final : public Policy {
                                            const PolicyOptions& p) const override {
     const ChunkMeta& meta = c.meta();
     const int KV = meta.kv_dim;
-    const size_t row_bytes = (size_t)KV * kv_dtype_size(meta.dtype);
+    const size_t row_bytes = kv_bytes(meta.dtype, KV);
     std::vector<uint8_t> sk(row_bytes * meta.n_tok), sv(row_bytes * meta.n_tok);
     c.read_rows(0, 0, meta.n_tok, sk.data(), sv.data());
     std::vector<float> stored(KV), dev(meta.n_tok);
