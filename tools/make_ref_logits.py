@@ -11,7 +11,12 @@ bits inside its quantised dot products, so agreement is loose; for SmolLM2's Q4_
 is named `q4_1`); `f32` runs it on an exactly dequantised F32 copy (tools/dequantize_gguf.py), which
 isolates implementation differences (tight agreement).
 
+The committed fixtures ran llama.cpp's default cache (f16 keys and values). `--cache-type q8_0`
+runs its quantised cache instead (type_k = type_v = q8_0, with flash attention, which llama.cpp
+needs for a quantised V), to compare `--cache-type q8_0` with it (docs/PERFORMANCE.md).
+
 Usage: python3 tools/make_ref_logits.py [--model NAME|PATH] [--variant file|f32] [--out FILE]
+         [--cache-type f16|q8_0]
   NAME is a registry name of tools/models.tsv (default smollm2-135m); the fixture is written to
   tests/fixtures/ref_logits_<short>_<variant>.json (short: smollm2, qwen2.5-coder-0.5b, ...).
 """
@@ -76,6 +81,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--max-tokens", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16",
+                    help="llama.cpp's K/V cache type (the fixtures in tests/fixtures: f16)")
     args = ap.parse_args()
     reg = {e["name"]: e for e in parse_registry(os.path.join(HERE, "models.tsv"))}
     if args.model not in reg:
@@ -98,6 +105,8 @@ def main():
                         run_model], check=True)
     # use_extra_bufts=False: llama.cpp's AMX matmul crashes on the AMX Xeons this runs on.
     kw = {"use_extra_bufts": False} if "use_extra_bufts" in Llama_params() else {}
+    if args.cache_type == "q8_0":
+        kw.update(type_k=llama_cpp.GGML_TYPE_Q8_0, type_v=llama_cpp.GGML_TYPE_Q8_0, flash_attn=True)
     llm = llama_cpp.Llama(model_path=run_model, n_ctx=4096, n_batch=512, n_threads=args.threads,
                           logits_all=True, verbose=False, **kw)
     cases = []
@@ -128,6 +137,7 @@ def main():
         print(f"{name}: {len(toks)} tokens, {len(pos)} positions, greedy {len(gen)} tokens",
               file=sys.stderr)
     out = {"version": 1, "model": args.model, "model_sha256": sha, "variant": variant,
+           "cache_type": args.cache_type,
            "reference": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}",
            "top": TOP, "cases": cases}
     with open(out_path, "w") as f:

@@ -10,7 +10,8 @@ The CPU engine keeps the weights in their file encoding, memory-mapped, and allo
             (x, its norm and the projection out; Q/K/V; attention out; gate|up and their product)
   logits    n_vocab * 4 per row whose logits are taken (one for generate)
   kv        keys and values: (n_prompt + max_tokens + 1) * n_layer * 2 * kv_dim * b, where b is
-            2 for the default F16 cache (--cache-type f16) and 4 for --cache-type f32
+            2 for the default F16 cache (--cache-type f16), 4 for --cache-type f32 and 34/32 for
+            --cache-type q8_0 (blocks of 32 elements with one F16 scale)
 and a fixed runtime of tens of MiB (code, OpenBLAS/OpenMP buffers, tokenizer tables).
 
 Usage:
@@ -47,7 +48,8 @@ def hparams_from_gguf(path):
             "head_dim": head_dim, "n_vocab": len(r.fields["tokenizer.ggml.tokens"].data)}
 
 
-KV_BYTES = {"f16": 2, "f32": 4}  # bytes of one cached key or value element, by --cache-type
+# bytes of one cached key or value element, by --cache-type (q8_0: 34-byte blocks of 32)
+KV_BYTES = {"f16": 2, "f32": 4, "q8_0": 34 / 32}
 
 
 def terms(h, file_bytes, n_prompt, max_tokens, cache_type="f16"):
@@ -59,7 +61,7 @@ def terms(h, file_bytes, n_prompt, max_tokens, cache_type="f16"):
          n_prompt * 4 * (3 * h["n_embd"] + 2 * q_dim + 2 * kv_dim + 3 * h["n_ff"])),
         ("logits", h["n_vocab"] * 4),
         (f"kv ({cache_type.upper()})",
-         (n_prompt + max_tokens + 1) * h["n_layer"] * 2 * kv_dim * KV_BYTES[cache_type]),
+         int((n_prompt + max_tokens + 1) * h["n_layer"] * 2 * kv_dim * KV_BYTES[cache_type])),
         ("runtime", RUNTIME),
     ]
 

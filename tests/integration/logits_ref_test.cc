@@ -77,7 +77,10 @@ constexpr Tolerance kTolerances[] = {
 void PrintTo(const Tolerance& t, std::ostream* os) { *os << t.fixture; }
 
 nlohmann::json load_fixture(const Tolerance& tol) {
-  const std::string path = std::string(CT_FIXTURE_DIR) + "/" + tol.fixture;
+  // CT_REF_FIXTURE_DIR: fixtures of the same names from elsewhere (e.g. written by
+  // make_ref_logits.py --cache-type q8_0, for the comparison in docs/PERFORMANCE.md).
+  const char* dir = std::getenv("CT_REF_FIXTURE_DIR");
+  const std::string path = std::string(dir ? dir : CT_FIXTURE_DIR) + "/" + tol.fixture;
   std::ifstream f(path);
   if (!f) ADD_FAILURE() << "cannot open " << path;
   nlohmann::json j = nlohmann::json::parse(f);
