@@ -90,8 +90,9 @@ void logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 void decode_logits(const Model& m, const float* x, int n, float* out, Workspace& ws);
 
 // Deferred RoPE of reused keys placed in kv: rotates layer l's K rows at positions pos[n] to
-// those positions, with angle_table(pos, n) in cos/sin. A non-F32 cache's rows are rotated in
-// F32 (in scratch) as an F32 cache's are, and rounded when they go back.
+// those positions, with angle_table(pos, n) in cos/sin. An F16 cache's rows are rotated in F32
+// (in scratch) as an F32 cache's are, and rounded when they go back (a second rounding for
+// keys that were not F16 records; a Q8_0 cache takes rotate_and_store_keys instead).
 void rotate_placed_keys(const Model& m, KVCache& kv, int l, const int32_t* pos, int n,
                         const float* cos, const float* sin, std::vector<float>& scratch);
 // The same for keys not yet placed: keys holds the n rows as F32 [n][kv_dim] (in pos's order);

@@ -56,9 +56,10 @@ class LayerLoader {
         opt_(opt),
         n_layer_(std::min(m.config().n_layer, kv.n_layer())),  // a cache of the first layers only
         first_layer_(first_layer),
-        // A non-F32 cache takes its reused keys rotated before they are packed (one rounding of
-        // each key, which matters for Q8_0), so the loader rotates them whatever the option says.
-        rope_in_loader_(opt.rope_in_loader || kv.dtype() != KvDtype::F32),
+        // A Q8_0 cache takes its reused keys rotated before they are packed (rotating placed
+        // keys would round each twice), so the loader rotates them whatever the option says.
+        // (F16 and F32 keep the option: rope_in_loader = false is an ablation, bench-tiers.)
+        rope_in_loader_(opt.rope_in_loader || kv.dtype() == KvDtype::Q8_0),
         ready_(n_layer_, 0) {
     for (int l = 0; l < first_layer; ++l) ready_[l] = 1;
     for (int32_t g : rows_.pos) {

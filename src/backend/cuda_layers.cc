@@ -62,6 +62,10 @@ class CudaLayers final : public LayerBackend {
       std::fill(cos.begin(), cos.end(), 1.0f);
       std::fill(sin.begin(), sin.end(), 0.0f);
     }
+    // The device unpacks the record types (a host cache's rows reach it as their cache type).
+    CT_THROW_IF_NOT(kv_record_type(dtype),
+                    "the GPU cannot take reused rows of type {}: expected f32, f16 or bf16",
+                    kv_dtype_name(dtype));
     const cuda::RowType type = dtype == KvDtype::F32    ? cuda::RowType::kF32
                                : dtype == KvDtype::BF16 ? cuda::RowType::kBF16
                                                         : cuda::RowType::kF16;

@@ -600,7 +600,11 @@ void quant_q8_0(const float* x, void* dst, int64_t nb) {
     float amax = 0.0f;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // Where 1 / d overflows (amax below about 3.7e-37) the F16 scale is 0 and every element
+    // decodes to 0 whatever its quant; the quants are then 0 (gguf-py, dividing by d, writes
+    // others), not the undefined conversion of an infinity.
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!std::isfinite(id)) id = 0.0f;
     BlockQ8_0 b;
     b.d = f32_to_fp16(d);
     for (int j = 0; j < kQK; ++j) b.qs[j] = (int8_t)std::round(xb[j] * id);

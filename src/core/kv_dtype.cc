@@ -1,6 +1,7 @@
 // Conversions between F32 and the KV element types.
 #include "core/kv_dtype.h"
 
+#include <cmath>
 #include <cstring>
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -67,6 +68,13 @@ KvDtype parse_kv_dtype(const std::string& s) {
 
 namespace {
 
+// 1 / d, or 0 where d is 0 or so small (below 2^-128) that 1 / d overflows: such a block's F16
+// scale is 0 anyway, and its quants are then 0 instead of the conversion of an infinity.
+inline float q8_inverse_scale(float d) {
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  return std::isfinite(id) ? id : 0.0f;
+}
+
 // Q8_0 blocks as ggml's reference quantiser (core/ggml_types.cc quant_q8_0) writes them, eight
 // lanes at a time: the same scale (max|x| / 127, one division), the same products x * (1 / d),
 // and std::round's half-away-from-zero rounding built from exact steps (truncate, compare the
@@ -88,7 +96,7 @@ void pack_q8_0(const float* src, uint8_t* dst, size_t n) {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float d = _mm_cvtss_f32(m4) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = q8_inverse_scale(d);
     const uint16_t d16 = f32_to_fp16(d);
     std::memcpy(o, &d16, 2);
     const __m256 vid = _mm256_set1_ps(id);

@@ -253,9 +253,11 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
       const int KV = c.kv_dim();
       std::vector<uint8_t> stage_k, stage_v;
       std::vector<float> cs, sn;  // RoPE angle tables of the loaded positions
-      std::vector<float> rot;     // an F16 cache's keys while they are rotated
+      std::vector<float> rot;     // a non-F32 cache's keys in F32 while they are rotated
+      const bool rotate_first = kv_.dtype() != KvDtype::F32;
       auto time_load = [&](const LoadCase& lc) {
         Timer t;
+        if (rotate_first) rot.resize(lc.pos.size() * KV);
         for (int l : layers) {
           size_t n = 0;
           for (size_t b = 0; b < p.chunks.size(); ++b) {
@@ -271,14 +273,22 @@ sched::ProfileSamples CalibrationWorkload::profile(const ProfileOptions& opt) {
             if (device_) continue;  // the device unpacks and rotates
             for (int j = lc.begin[b]; j < meta.n_tok; ++j, ++n) {
               const size_t src = row_bytes * (j - lc.begin[b]);
-              kv_.place_row(l, lc.pos[n], meta.dtype, stage_k.data() + src, stage_v.data() + src);
+              if (rotate_first) kv_unpack(meta.dtype, stage_k.data() + src, &rot[n * KV], KV);
+              kv_.place_row(l, lc.pos[n], meta.dtype, rotate_first ? nullptr : stage_k.data() + src,
+                            stage_v.data() + src);
             }
           }
           if (device_) continue;
-          // As the loader does: the angle table once per request, reused by every layer.
+          // As the loader does: the angle table once per request, reused by every layer; a
+          // non-F32 cache's keys rotated before they are packed.
           if (l == layers.front()) m.rope().angle_table(lc.pos.data(), (int)lc.pos.size(), cs, sn);
-          cpu::rotate_placed_keys(m, kv_, l, lc.pos.data(), (int)lc.pos.size(), cs.data(),
-                                  sn.data(), rot);
+          if (rotate_first) {
+            cpu::rotate_and_store_keys(m, kv_, l, lc.pos.data(), (int)lc.pos.size(), cs.data(),
+                                       sn.data(), rot.data());
+          } else {
+            cpu::rotate_placed_keys(m, kv_, l, lc.pos.data(), (int)lc.pos.size(), cs.data(),
+                                    sn.data(), rot);
+          }
         }
         return t.seconds() / (double)layers.size();
       };

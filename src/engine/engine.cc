@@ -38,6 +38,11 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   for (const TierSpec& t : opt_.tiers) tiers.push_back(store::make_tier(t));
   pool_ = std::make_unique<store::CachePool>(std::move(tiers));
   if (opt_.cuda) {
+    // The GPU's caches are F32; the host caches it fills for prefix reuse hand their rows back
+    // to it in their type, which the device reads for f32 and f16 only.
+    CT_THROW_IF_NOT(opt_.kv_type != KvDtype::Q8_0,
+                    "--device cuda with --cache-type q8_0: the GPU keeps F32 caches and reads "
+                    "host rows of f32 or f16; use --cache-type f16 or f32");
     CT_THROW_IF_NOT(backend::backend_built("cuda"), "--device cuda: {}", backend::kNoCudaMessage);
     CT_THROW_IF_NOT(opt_.gpu_ctx >= 1, "engine gpu_ctx = {}; expected >= 1", opt_.gpu_ctx);
     CT_THROW_IF_NOT(opt_.gpu_seqs >= 1, "engine gpu_seqs = {}; expected >= 1", opt_.gpu_seqs);

@@ -175,18 +175,25 @@ void BackendBatchTest::reused_rows_rounded_once(KvDtype type) {
     kv_pack(KvDtype::F16, chunk_k_[l].data(), k16.back().data(), chunk_k_[l].size());
     kv_pack(KvDtype::F16, chunk_v_[l].data(), v16.back().data(), chunk_v_[l].size());
   }
+  // Two segments (two reads), and one row read but not placed (a recomputed token inside a
+  // range read whole): the placed rows' keys and angles must stay paired.
   ReusedRows rows;
-  rows.segments.push_back({KvDtype::F16, NS, "chunk"});
+  constexpr int kSplit = 7, kHole = 4;
+  rows.segments.push_back({KvDtype::F16, kSplit, "chunk a"});
+  rows.segments.push_back({KvDtype::F16, NS - kSplit, "chunk b"});
   rows.pos.resize(NS);
   std::iota(rows.pos.begin(), rows.pos.end(), 0);
-  rows.read = [&](int l, int, void* k, void* v) {
-    std::memcpy(k, k16[l].data(), k16[l].size() * 2);
-    std::memcpy(v, v16[l].data(), v16[l].size() * 2);
+  rows.pos[kHole] = -1;
+  rows.read = [&](int l, int seg, void* k, void* v) {
+    const size_t r0 = seg == 0 ? 0 : kSplit, n = seg == 0 ? kSplit : NS - kSplit;
+    std::memcpy(k, k16[l].data() + r0 * KV, n * KV * 2);
+    std::memcpy(v, v16[l].data() + r0 * KV, n * KV * 2);
   };
   std::vector<int32_t> qpos(NQ);
   std::iota(qpos.begin(), qpos.end(), NS);
-  // Loaded on the calling thread, and by the loader thread (asked for RoPE on the compute thread,
-  // which a non-F32 cache overrides: its keys are rotated before they are packed).
+  // Loaded on the calling thread, and by the loader thread with RoPE on the compute thread (an
+  // F16 cache's placed keys rotated there; a Q8_0 cache overrides it: its keys are rotated
+  // before they are packed, by the loader).
   for (bool overlap : {false, true}) {
     SCOPED_TRACE(overlap ? "loader thread" : "no loader thread");
     KVCache c32 = m_->make_cache(kCtx, KvDtype::F32), c16 = m_->make_cache(kCtx, type);

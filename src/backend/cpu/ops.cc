@@ -342,10 +342,8 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
   const int kend = a.q_pos[r0 + nr - 1] + 1;  // keys [0, kend) are visible to some row
   // An F32 cache is multiplied in place; the others tile by tile from F32 copies.
   const bool f32 = a.kv_dtype == KvDtype::F32;
-  if (!f32 && t.kt.size() < (size_t)kTileK * hd) {
-    t.kt.resize((size_t)kTileK * hd);
-    t.vt.resize((size_t)kTileK * hd);
-  }
+  if (!f32 && t.kt.size() < (size_t)kTileK * hd) t.kt.resize((size_t)kTileK * hd);
+  if (!f32 && t.vt.size() < (size_t)kTileK * hd) t.vt.resize((size_t)kTileK * hd);
   for (int k0 = 0; k0 < kend; k0 += kTileK) {
     const int nk = std::min(kTileK, kend - k0);
     const float *kt = t.kt.data(), *vt = t.vt.data();
