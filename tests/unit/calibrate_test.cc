@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "engine/calibration.h"
 #include "sched/calibration_store.h"
 #include "support/chunk_fixtures.h"
+#include "support/errors.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -269,6 +271,18 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("'bf16'"), std::string::npos) << e.what();
     }
+    // Q8_0 is a live cache type, but not a record type, and not one the GPU reads back.
+    o.kv_type = KvDtype::Q8_0;
+    EXPECT_EQ(Engine(o).calibration_key(0).cache_type, "q8_0");
+    o.encode.dtype = KvDtype::Q8_0;
+    EXPECT_NE(test::error_of([&] { Engine bad(o); }).find("record type 'q8_0'"),
+              std::string::npos);
+    o.encode.dtype = KvDtype::F16;
+    o.cuda = true;
+    const std::string err = test::error_of([&] { Engine bad(o); });
+    EXPECT_NE(err.find(backend::backend_built("cuda") ? "--cache-type q8_0" : "CUDA"),
+              std::string::npos)
+        << err;
   }
 }
 
