@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/registry.h"
 #include "core/error.h"
 #include "engine/calibration.h"
 #include "sched/calibration_store.h"
@@ -278,11 +277,9 @@ TEST_F(CalibrateTest, StoredCalibrationIsReusedAndInvalidatedByModelOrTier) {
     EXPECT_NE(test::error_of([&] { Engine bad(o); }).find("record type 'q8_0'"),
               std::string::npos);
     o.encode.dtype = KvDtype::F16;
-    o.cuda = true;
+    o.cuda = true;  // refused before the backend is asked for, with or without CUDA built
     const std::string err = test::error_of([&] { Engine bad(o); });
-    EXPECT_NE(err.find(backend::backend_built("cuda") ? "--cache-type q8_0" : "CUDA"),
-              std::string::npos)
-        << err;
+    EXPECT_NE(err.find("--cache-type q8_0"), std::string::npos) << err;
   }
 }
 
