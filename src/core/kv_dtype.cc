@@ -157,7 +157,10 @@ void kv_unpack(KvDtype t, const void* src, float* dst, size_t n) {
     return;
   }
   if (t == KvDtype::Q8_0) {  // the weight table's dequantiser (exact: an F16 scale times a byte)
-    ggml_to_f32(GgmlType::Q8_0, src, dst, (int64_t)n);
+    // Looked up once: attention's tiles unpack one head of one row per call.
+    static const GgmlToF32 to_f32 = ggml_traits(GgmlType::Q8_0).to_f32;
+    CT_ASSERT(n % kQ8Block == 0, "{} q8_0 elements: not whole blocks of {}", n, kQ8Block);
+    to_f32(src, dst, (int64_t)(n / kQ8Block));
     return;
   }
   const uint16_t* s = static_cast<const uint16_t*>(src);
