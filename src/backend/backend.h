@@ -131,12 +131,39 @@ class DeviceSequence {
 
 // All layers of tokens at positions [0, n) from an empty cache, every layer tapped through the
 // layer contract: on `device` (its cache is overwritten; its layer backend refuses n beyond its
-// n_ctx) or, when null, on the CPU. Keys before RoPE and values go to k and v (F32 [n_layer][n][kv_dim] each); with
-// probs_from_row >= 0, the attention of rows >= probs_from_row (averaged over heads, summed
-// over rows and layers) is added into probs (F32 [n]). The isolated encoding of a chunk and the
-// eval's capture of a full prefill both run this.
+// n_ctx) or, when null, on the CPU. Keys before RoPE and values go to k and v (F32
+// [n_layer][n][kv_dim] each); with probs_from_row >= 0, the attention of rows >= probs_from_row
+// (averaged over heads, summed over rows and layers) is added into probs (F32 [n]). The isolated
+// encoding of a chunk and the eval's capture of a full prefill both run this.
 void tapped_prefill(const Model& m, const int32_t* tokens, int n, DeviceSequence* device, float* k,
                     float* v, float* probs = nullptr, int probs_from_row = -1);
+
+// The same pass in row slices (chunked prefill of a tapped pass, for an encoding that shares
+// engine steps with other requests): run(r) takes the next r rows through every layer over the
+// rows before them, tapping into the same k, v and probs (which must outlive the pass). On the
+// CPU the result is the whole pass's up to the rounding of the row blocks' products (the prefill
+// of a cache in slices); a device pass runs whole (one run of every row). tapped_prefill is
+// run(n) of one.
+class TappedPass {
+ public:
+  TappedPass(const Model& m, const int32_t* tokens, int n, DeviceSequence* device, float* k,
+             float* v, float* probs = nullptr, int probs_from_row = -1);
+  ~TappedPass();
+  int rows_left() const { return n_ - done_; }
+  // The next `rows` rows (1 .. rows_left(); on a device all of them).
+  void run(int rows);
+
+ private:
+  const Model& m_;
+  std::vector<int32_t> tokens_, pos_;
+  int n_ = 0, done_ = 0;
+  DeviceSequence* device_;
+  float *k_, *v_, *probs_;
+  int probs_from_row_;
+  KVCache kv_;  // the CPU's cache (holds the rows done); the device keeps its own
+  Workspace ws_;
+  std::unique_ptr<LayerBackend> be_;
+};
 
 // The device `name` ("cuda", the only one) for model m with n_seq sequences of n_ctx positions.
 // Throws ct::Error naming the backend when this build lacks it (backend/registry.h) or it cannot

@@ -143,50 +143,61 @@ std::string stored_mismatch(const ChunkMeta& meta, const std::vector<int32_t>& t
 
 }  // namespace
 
-ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier,
-                               ChunkMeta* meta_out, std::optional<ChunkKV>* unplaced) {
-  ChunkInfo info;
+bool Engine::find_stored(const std::vector<int32_t>& tokens, ChunkInfo& info,
+                         ChunkMeta* meta_out) {
   info.id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
   info.n_tok = (int)tokens.size();
-  const int want = tier.empty() ? 0 : tier_index(tier);
   if (auto meta = pool_->lookup(info.id)) {
     const std::string why = stored_mismatch(*meta, tokens, *model_, opt_.encode);
     if (why.empty()) {
       info.hit = true;
+      const int t = pool_->tier_of(info.id);
+      info.tier = t >= 0 ? opt_.tiers[t].kind : "";
       if (meta_out) *meta_out = std::move(*meta);
-    } else {
-      std::fprintf(stderr,
-                   "cachetune: stored chunk %s is not usable (%s); dropping it and "
-                   "re-encoding\n",
-                   info.id.substr(0, 12).c_str(), why.c_str());
-      pool_->evict(info.id);
-      ++info.replaced;
+      return true;
     }
+    std::fprintf(stderr,
+                 "cachetune: stored chunk %s is not usable (%s); dropping it and "
+                 "re-encoding\n",
+                 info.id.substr(0, 12).c_str(), why.c_str());
+    pool_->evict(info.id);
+    ++info.replaced;
   }
-  if (!info.hit) {
-    Timer t;
-    ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
-    info.encode_ms = t.ms();
-    info.rank_ms = rec.meta.rank_ms;
-    std::string why;
-    if (!pool_->put(rec, want, &why)) {
-      const std::string msg = fmt::format("chunk {} ({} bytes of K/V) fits in no cache tier ({})",
-                                          info.id.substr(0, 12), rec.meta.kv_bytes(), why);
-      CT_THROW_IF_NOT(unplaced != nullptr, "{}", msg);
-      // Serving goes on without the pool (e.g. its only tier is a Redis that is down, or a disk
-      // that is full): this request uses the record from memory and the next one tries the tiers
-      // again. The log line repeats at most once a minute; every response carries the note.
-      store::store_log_limited("engine unplaced", msg + "; using it from memory for this request");
-      info.tier = "request";
-      info.note = msg + "; used from memory for this request only";
-      if (meta_out) *meta_out = rec.meta;
-      *unplaced = std::move(rec);
-      return info;
-    }
-    if (meta_out) *meta_out = std::move(rec.meta);
+  return false;
+}
+
+void Engine::store_encoded(ChunkKV rec, int want, ChunkInfo& info, ChunkMeta* meta_out,
+                           std::optional<ChunkKV>* unplaced) {
+  info.rank_ms = rec.meta.rank_ms;
+  std::string why;
+  if (!pool_->put(rec, want, &why)) {
+    const std::string msg = fmt::format("chunk {} ({} bytes of K/V) fits in no cache tier ({})",
+                                        info.id.substr(0, 12), rec.meta.kv_bytes(), why);
+    CT_THROW_IF_NOT(unplaced != nullptr, "{}", msg);
+    // Serving goes on without the pool (e.g. its only tier is a Redis that is down, or a disk
+    // that is full): this request uses the record from memory and the next one tries the tiers
+    // again. The log line repeats at most once a minute; every response carries the note.
+    store::store_log_limited("engine unplaced", msg + "; using it from memory for this request");
+    info.tier = "request";
+    info.note = msg + "; used from memory for this request only";
+    if (meta_out) *meta_out = rec.meta;
+    *unplaced = std::move(rec);
+    return;
   }
+  if (meta_out) *meta_out = std::move(rec.meta);
   const int t = pool_->tier_of(info.id);
   info.tier = t >= 0 ? opt_.tiers[t].kind : "";
+}
+
+ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier,
+                               ChunkMeta* meta_out, std::optional<ChunkKV>* unplaced) {
+  ChunkInfo info;
+  const int want = tier.empty() ? 0 : tier_index(tier);
+  if (find_stored(tokens, info, meta_out)) return info;
+  Timer t;
+  ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
+  info.encode_ms = t.ms();
+  store_encoded(std::move(rec), want, info, meta_out, unplaced);
   return info;
 }
 
@@ -247,31 +258,115 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   return g;
 }
 
+// A chunk encoding run in slices by the requests that need it (whichever stages first steps it).
+struct PendingChunk {
+  PendingChunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
+               ChunkInfo found)
+      : enc(m, tokens, opt), info(std::move(found)) {}
+  ChunkEncoding enc;
+  ChunkInfo info;     // find_stored's, then encode_ms added up over the steps
+  bool done = false;  // stored (or handed to the request that finished it)
+  bool broken = false;  // a step threw: the requests waiting for it start their own
+};
+
 int Engine::stage_chunks(Generation& g, int budget) {
   const RagPromptTokens& p = g.prompt_;
   Answer& ans = g.answer_;
-  int encoded = 0;
-  while (g.staged_ < p.chunks.size() && encoded < budget) {
+  int work = 0;  // rows of encoding done here
+  while (g.staged_ < p.chunks.size() && work < budget) {
     Timer t;
-    look_up_chunk(g, g.staged_++);
+    const std::vector<int32_t>& toks = p.chunks[g.staged_];
+    if (!g.pending_) {
+      const std::string id = join_encoding(g);
+      if (!g.pending_) {
+        ChunkInfo info;
+        ChunkMeta meta;
+        if (find_stored(toks, info, &meta)) {
+          add_chunk(g, std::move(info), std::move(meta), std::nullopt);
+          ++g.staged_;
+          ans.lookup_ms += t.ms();
+          continue;
+        }
+        g.pending_ = std::make_shared<PendingChunk>(*model_, toks, opt_.encode, std::move(info));
+        encodings_[id] = g.pending_;
+      }
+    }
+    PendingChunk& pc = *g.pending_;
+    if (pc.done || pc.broken) {  // finished, or failed, in another request's step: look again
+      g.pending_.reset();
+      ans.lookup_ms += t.ms();
+      continue;
+    }
+    try {
+      const int left = pc.enc.rows_left();
+      if (left > 0) {
+        // A device encodes whole; the CPU within what is left of the step's budget.
+        const int rows = opt_.encode.device ? left : std::min(left, budget - work);
+        pc.enc.step(rows);
+        work += rows;
+      } else {
+        // The ranking's pass, in a step of its own unless it fits in this one.
+        const int cost = pc.enc.finish_work();
+        if (work > 0 && work + cost > budget) {
+          ans.lookup_ms += t.ms();
+          break;
+        }
+        work += cost;
+        ChunkKV rec = pc.enc.finish();
+        pc.done = true;
+        encodings_.erase(pc.info.id);
+        ChunkInfo info = pc.info;
+        info.encode_ms += t.ms();
+        ChunkMeta meta;
+        std::optional<ChunkKV> unplaced;
+        store_encoded(std::move(rec), 0, info, &meta, &unplaced);
+        g.pending_.reset();
+        add_chunk(g, std::move(info), std::move(meta), std::move(unplaced));
+        ++g.staged_;
+        ans.lookup_ms += t.ms();
+        continue;
+      }
+    } catch (...) {
+      pc.broken = true;
+      if (auto it = encodings_.find(pc.info.id); it != encodings_.end() &&
+                                                   it->second.lock() == g.pending_)
+        encodings_.erase(it);
+      g.pending_.reset();
+      throw;
+    }
+    pc.info.encode_ms += t.ms();
     ans.lookup_ms += t.ms();
-    if (!ans.chunks.back().hit) encoded += ans.chunks.back().n_tok;
   }
   if (g.staged_ == p.chunks.size()) {
     g.staging_ = false;
     start_prefill(g);
   }
-  return encoded;
+  return work;
+}
+
+std::string Engine::join_encoding(Generation& g) {
+  const std::string id = chunk_id(model_->fingerprint(), g.prompt_.chunks[g.staged_], opt_.encode);
+  if (auto it = encodings_.find(id); it != encodings_.end()) {
+    g.pending_ = it->second.lock();
+    if (!g.pending_) encodings_.erase(it);
+  }
+  return id;
+}
+
+void Engine::add_chunk(Generation& g, ChunkInfo info, ChunkMeta meta,
+                       std::optional<ChunkKV> unplaced) {
+  g.answer_.chunks.push_back(std::move(info));
+  if (unplaced)
+    g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
+  else
+    g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
 }
 
 void Engine::look_up_chunk(Generation& g, size_t i) {
   ChunkMeta meta;
   std::optional<ChunkKV> unplaced;
-  g.answer_.chunks.push_back(ensure_chunk(g.prompt_.chunks[i], "", &meta, &unplaced));
-  if (unplaced)
-    g.srcs_.push_back(std::make_unique<OwnedChunk>(std::move(*unplaced)));
-  else
-    g.srcs_.push_back(std::make_unique<PooledChunk>(*pool_, std::move(meta)));
+  ChunkInfo info = ensure_chunk(g.prompt_.chunks[i], "", &meta, &unplaced);
+  add_chunk(g, std::move(info), std::move(meta), std::move(unplaced));
 }
 
 bool Engine::stages_chunks(const Generation& g) const {
@@ -283,6 +378,7 @@ void Engine::restage(Generation& g) {
   g.answer_.chunks.clear();
   g.srcs_.clear();
   g.staged_ = 0;
+  g.pending_.reset();
   g.staging_ = true;
 }
 
@@ -381,6 +477,7 @@ void Engine::finish(Generation& g) const {
   // tokenizer's decoding of the tokens.
   a.text = a.stopped_at_sequence ? g.stops_->emitted() : model_->tokenizer().decode(a.tokens);
   g.kv_ = KVCache();  // the memory goes back now, not when the caller drops the generation
+  g.pending_.reset();  // a chunk encoding it was running goes on only for others waiting
   g.logits_ = std::vector<float>();
   g.gpu_slot_.reset();  // and so does its GPU sequence slot
 }
@@ -393,6 +490,8 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
   int work = 0;  // this step's prefill work: tokens encoded and slice rows
+  // Encodings no request holds any more (theirs finished or left) are forgotten.
+  std::erase_if(encodings_, [](const auto& e) { return e.second.expired(); });
   for (int i = 0; i < n; ++i) {
     Generation& g = *gens[i];
     if (g.done_) continue;
@@ -400,13 +499,19 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       // Its missing chunks are encoded while the step's budget lasts (the oldest request
       // first); its prefill starts once every chunk is there, and may join this step.
       if (stop_if_cancelled(g)) continue;
-      if (work < opt_.prefill_chunk) {
-        try {
-          work += stage_chunks(g, opt_.prefill_chunk - work);
-        } catch (...) {
-          fail(g, std::current_exception());
-          continue;
+      try {
+        if (work < opt_.prefill_chunk) {
+          const int encoded = stage_chunks(g, opt_.prefill_chunk - work);
+          work += encoded;
+          rows.encode += encoded;
+        } else if (!g.pending_ && g.staged_ < g.prompt_.chunks.size()) {
+          // No budget left: it holds the running encoding of its next chunk, if another request
+          // runs one, so that the encoding goes on should that request leave.
+          join_encoding(g);
         }
+      } catch (...) {
+        fail(g, std::current_exception());
+        continue;
       }
       if (g.staging_) continue;
     }

@@ -81,6 +81,8 @@ struct RatioChoice {
   std::string note;         // one line for logs, e.g. "calibrated for host" or the fallback
 };
 
+struct PendingChunk;  // engine.cc: a chunk encoding in progress
+
 struct ChunkInfo {
   std::string id;
   int n_tok = 0;
@@ -120,6 +122,7 @@ class RequestCancelled : public std::runtime_error {
 struct StepRows {
   int decode = 0;   // decode rows (one per generating request)
   int prefill = 0;  // prefill rows (slices of chunked prefills)
+  int encode = 0;   // rows of chunk encodings (slices, and ranking passes in rows: finish_work)
 };
 
 struct AnswerOptions {
@@ -169,6 +172,9 @@ class Generation {
   // answer_.chunks and their sources in srcs_.
   bool staging_ = false;
   size_t staged_ = 0;
+  // Chunk staged_'s encoding while it runs in slices (Engine::stage_chunks), shared with the
+  // other requests that wait for the same chunk.
+  std::shared_ptr<PendingChunk> pending_;
   std::map<std::string, int> read_failures_;        // per chunk id (re-encodes after damage)
   GenerateOptions gen_;
   AnswerOptions opt_;
@@ -245,9 +251,10 @@ class Engine {
   // generation that has its logits, hands it to its on_piece, looks up and encodes chunks of
   // generations still staging (prepares the prefill in slices once a request's are all there)
   // and runs one batched pass (CPU) over those that go on (a decode row each) and the next
-  // slices of prefilling generations, oldest first: encoded tokens and slice rows together
-  // within prefill_chunk, except that a chunk is encoded whole and a request's selection runs
-  // whole; on the GPU one step each. A request's tokens are the same whatever it is batched with
+  // slices of prefilling generations, oldest first: encoded rows and slice rows together
+  // within prefill_chunk (a chunk's encoding runs in slices too, shared by the requests that
+  // wait for the same chunk; its ranking pass, finish_work(), and a request's selection run
+  // whole); on the GPU one step each. A request's tokens are the same whatever it is batched with
   // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
   // read during a slice is re-encoded and that request's prefill starts again. A prefilling
   // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
@@ -275,13 +282,29 @@ class Engine {
   // Whether g's chunks are looked up and encoded step by step (EngineOptions::prefill_chunk,
   // and tokens to generate).
   bool stages_chunks(const Generation& g) const;
-  // The next of g's chunks looked up (missing ones encoded) while fewer than `budget` tokens
-  // were encoded here; once the last is done, the prefill starts (start_prefill). Returns the
-  // tokens encoded.
+  // g's next chunks looked up, and missing ones encoded in slices (ChunkEncoding, one shared
+  // PendingChunk per chunk id in encodings_), while fewer than `budget` rows were encoded here
+  // (a slice takes what is left of the budget; the ranking pass takes its finish_work(), in a
+  // step of its own when it does not fit); once the last chunk is there, the prefill starts
+  // (start_prefill). Returns the rows of work done.
   int stage_chunks(Generation& g, int budget);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended
   // to answer_.chunks, its source (pinned, or the record no tier took) to srcs_.
   void look_up_chunk(Generation& g, size_t i);
+  // ensure_chunk's halves. find_stored: info's id and size, and whether the pool holds a usable
+  // record (info.hit, its metadata in meta_out; a mismatching one is dropped, info.replaced).
+  // store_encoded: a new record into the pool (tier index `want`), or handed back in `unplaced`
+  // when no tier takes it (without `unplaced`, ct::Error); info's tier and note set.
+  bool find_stored(const std::vector<int32_t>& tokens, ChunkInfo& info, ChunkMeta* meta_out);
+  void store_encoded(ChunkKV rec, int want, ChunkInfo& info, ChunkMeta* meta_out,
+                     std::optional<ChunkKV>* unplaced);
+  // g.pending_ set to the running encoding of g's next chunk (staged_) when another request runs
+  // one; returns that chunk's id.
+  std::string join_encoding(Generation& g);
+  // g's chunk i, found or encoded: appended to answer_.chunks and srcs_.
+  void add_chunk(Generation& g, ChunkInfo info, ChunkMeta meta, std::optional<ChunkKV> unplaced);
+  // The encodings running in slices, by chunk id; an entry expires when no request holds it.
+  std::map<std::string, std::weak_ptr<PendingChunk>> encodings_;
   // Back to staging from the first chunk (its sources and ChunkInfo dropped).
   static void restage(Generation& g);
   // Whether g's AnswerOptions::cancelled says its client has gone (or throws); then g ends

@@ -130,69 +130,101 @@ class Ranker {
 };
 }  // namespace
 
-ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
-                     EncodeExtras* extras) {
-  Timer ft;
+ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
+                             const EncodeOptions& opt)
+    : m_(m), tokens_(std::move(tokens)), opt_(opt), off_(opt.sink ? 1 : 0) {
   const ModelConfig& c = m.config();
-  const int n = (int)tokens.size();
+  const int n = (int)tokens_.size();
   CT_THROW_IF_NOT(n > 0, "cannot encode an empty chunk");
   CT_THROW_IF_NOT(kv_record_type(opt.dtype), "chunk record type '{}': expected f16, bf16 or f32",
                   kv_dtype_name(opt.dtype));
-  const int off = opt.sink ? 1 : 0;
-  CT_THROW_IF_NOT(n + off <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}", n,
-                  c.n_ctx_train);
-  const int KV = c.kv_dim(), L = c.n_layer;
-  std::vector<int32_t> toks;
-  if (opt.sink) toks.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
-  toks.insert(toks.end(), tokens.begin(), tokens.end());
-  const int nt = (int)toks.size();
-  // F32 [L][nt][KV] taps; the sink row (index 0 when present) is dropped below.
-  std::vector<float> k_all((size_t)L * nt * KV), v_all((size_t)L * nt * KV);
+  CT_THROW_IF_NOT(n + off_ <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}",
+                  n, c.n_ctx_train);
+  if (opt.sink) toks_.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
+  toks_.insert(toks_.end(), tokens_.begin(), tokens_.end());
+  const int nt = (int)toks_.size();
+  const size_t cells = (size_t)c.n_layer * nt * c.kv_dim();
+  k_all_.resize(cells);
+  v_all_.resize(cells);
   // The attention the chunk's last rows give each row (summed over rows and layers), for the
   // rankings that weigh by it (attention_received).
   const bool want_attn = encode_taps_attention(opt);
-  std::vector<float> probs(want_attn ? nt : 0, 0.0f);
-  tapped_prefill(m, toks.data(), nt, opt.device, k_all.data(), v_all.data(),
-                 want_attn ? probs.data() : nullptr, want_attn ? off + attention_first_row(n) : -1);
-  const std::vector<float> attn =
-      want_attn ? attention_received(probs.data() + off, n, L) : std::vector<float>();
+  probs_.assign(want_attn ? nt : 0, 0.0f);
+  pass_ = std::make_unique<TappedPass>(m, toks_.data(), nt, opt.device, k_all_.data(),
+                                       v_all_.data(), want_attn ? probs_.data() : nullptr,
+                                       want_attn ? off_ + attention_first_row(n) : -1);
+}
+
+ChunkEncoding::~ChunkEncoding() = default;
+
+int ChunkEncoding::rows_left() const { return pass_ ? pass_->rows_left() : 0; }
+
+void ChunkEncoding::step(int rows) {
+  CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
+  Timer t;
+  pass_->run(rows);
+  forward_ms_ += t.ms();
+}
+
+int ChunkEncoding::finish_work() const {
+  const auto probes = [](RankMode md) {
+    return md == RankMode::kProbe || md == RankMode::kProbeAttn;
+  };
+  bool any = probes(opt_.rank.mode);
+  for (const RankOptions& ro : opt_.also) any = any || probes(ro.mode);
+  if (!any) return 0;
+  const int L = m_.config().n_layer;
+  return (int)(((int64_t)tokens_.size() * probe_layers(opt_.probe, L) + L - 1) / L);
+}
+
+ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
+  CT_THROW_IF_NOT(!finished_, "a chunk encoding finished twice");
+  CT_THROW_IF_NOT(rows_left() == 0, "a chunk encoding finished with {} of its {} rows left",
+                  rows_left(), rows());
+  finished_ = true;
+  pass_.reset();  // its cache is not needed any more
+  const ModelConfig& c = m_.config();
+  const int n = (int)tokens_.size(), nt = rows(), off = off_;
+  const int KV = c.kv_dim(), L = c.n_layer;
+  const std::vector<float> attn = encode_taps_attention(opt_)
+                                      ? attention_received(probs_.data() + off, n, L)
+                                      : std::vector<float>();
   std::vector<const float*> kl(L), vl(L);
   for (int l = 0; l < L; ++l) {
-    kl[l] = k_all.data() + ((size_t)l * nt + off) * KV;
-    vl[l] = v_all.data() + ((size_t)l * nt + off) * KV;
+    kl[l] = k_all_.data() + ((size_t)l * nt + off) * KV;
+    vl[l] = v_all_.data() + ((size_t)l * nt + off) * KV;
   }
-  const double forward_ms = ft.ms();
   Timer rt;
-  Ranker rank_with(m, tokens, opt.sink, kl, vl, KV, attn, opt.probe, opt.device);
-  ChunkRanking rank = rank_with(opt.rank);
+  Ranker rank_with(m_, tokens_, opt_.sink, kl, vl, KV, attn, opt_.probe, opt_.device);
+  ChunkRanking rank = rank_with(opt_.rank);
   ChunkKV out;
   ChunkMeta& meta = out.meta;
   meta.rank_ms = rt.ms();
   if (extras) {
-    extras->forward_ms = forward_ms;
+    extras->forward_ms = forward_ms_;
     extras->rank_ms = meta.rank_ms;
     extras->rankings.clear();
     extras->also_ms.clear();
-    for (const RankOptions& ro : opt.also) {
+    for (const RankOptions& ro : opt_.also) {
       Timer at;
       extras->rankings.push_back(rank_with(ro));
       extras->also_ms.push_back(at.ms());
     }
   }
-  meta.rank_params = rank_params(opt.rank, opt.probe);
-  meta.id = chunk_id(m.fingerprint(), tokens, opt);
-  meta.model_fingerprint = m.fingerprint();
+  meta.rank_params = rank_params(opt_.rank, opt_.probe);
+  meta.id = chunk_id(m_.fingerprint(), tokens_, opt_);
+  meta.model_fingerprint = m_.fingerprint();
   meta.n_tok = n;
   meta.n_layer = L;
   meta.kv_dim = KV;
-  meta.dtype = opt.dtype;
-  meta.sink = opt.sink;
-  meta.rank_mode = rank_mode_name(opt.rank.mode);
-  meta.alpha = opt.rank.alpha;
-  meta.tokens = tokens;
+  meta.dtype = opt_.dtype;
+  meta.sink = opt_.sink;
+  meta.rank_mode = rank_mode_name(opt_.rank.mode);
+  meta.alpha = opt_.rank.alpha;
+  meta.tokens = tokens_;
   meta.order = rank.order;
   meta.scores = rank.scores;
-  const size_t row_bytes = kv_bytes(opt.dtype, KV);
+  const size_t row_bytes = kv_bytes(opt_.dtype, KV);
   out.k.resize(L);
   out.v.resize(L);
   for (int l = 0; l < L; ++l) {
@@ -200,11 +232,21 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
     out.v[l].resize(row_bytes * n);
     for (int j = 0; j < n; ++j) {
       const int t = rank.order[j];
-      kv_pack(opt.dtype, kl[l] + (size_t)t * KV, out.k[l].data() + j * row_bytes, KV);
-      kv_pack(opt.dtype, vl[l] + (size_t)t * KV, out.v[l].data() + j * row_bytes, KV);
+      kv_pack(opt_.dtype, kl[l] + (size_t)t * KV, out.k[l].data() + j * row_bytes, KV);
+      kv_pack(opt_.dtype, vl[l] + (size_t)t * KV, out.v[l].data() + j * row_bytes, KV);
     }
   }
+  // The taps are not needed any more.
+  k_all_ = std::vector<float>();
+  v_all_ = std::vector<float>();
   return out;
+}
+
+ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
+                     EncodeExtras* extras) {
+  ChunkEncoding enc(m, tokens, opt);
+  enc.step(enc.rows());
+  return enc.finish(extras);
 }
 
 ChunkKVF32 unpack_text_order(const ChunkKV& c) {

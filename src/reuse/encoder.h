@@ -3,6 +3,7 @@
 // the record is laid out in ranking order (store/chunk.h). The id is a content hash.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 namespace ct {
 
 class DeviceSequence;
+class TappedPass;
 
 struct EncodeOptions {
   KvDtype dtype = KvDtype::F16;
@@ -63,6 +65,41 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
 // longer than the model context.
 ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
                      EncodeExtras* extras = nullptr);
+
+// encode_chunk in steps, for an encoding that shares engine steps with running requests: step(r)
+// prefills the next r rows of the isolated pass (the sink counts as a row; TappedPass), finish()
+// ranks and packs once no row is left. On the CPU a record encoded in slices equals the whole
+// encoding up to the rounding of the row blocks' products (so a near-tie of the ranking may
+// order differently); with EncodeOptions::device the pass runs whole. encode_chunk is one step
+// of every row and finish(). The model outlives the encoding.
+class ChunkEncoding {
+ public:
+  // Throws what encode_chunk throws for these tokens and options.
+  ChunkEncoding(const Model& m, std::vector<int32_t> tokens, const EncodeOptions& opt);
+  ~ChunkEncoding();
+  ChunkEncoding(const ChunkEncoding&) = delete;
+  ChunkEncoding& operator=(const ChunkEncoding&) = delete;
+  int rows() const { return (int)toks_.size(); }  // the chunk's tokens and the sink
+  int rows_left() const;
+  // The next `rows` rows (1 .. rows_left(); every one with a device).
+  void step(int rows);
+  // finish()'s work in rows of a whole-model pass: the probe ranking's pass through its first
+  // layers (ceil(n_tok * probe layers / n_layer)) when a ranking uses it, else 0.
+  int finish_work() const;
+  // The record, once rows_left() is 0 (forward_ms in extras: the steps' time). Call once.
+  ChunkKV finish(EncodeExtras* extras = nullptr);
+
+ private:
+  const Model& m_;
+  std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink
+  EncodeOptions opt_;
+  int off_ = 0;                          // 1 with the sink
+  std::vector<float> k_all_, v_all_;     // F32 [n_layer][rows][kv_dim] taps
+  std::vector<float> probs_;             // the attention tap (the attn rankings)
+  std::unique_ptr<TappedPass> pass_;
+  double forward_ms_ = 0;
+  bool finished_ = false;
+};
 
 // Whether encode_chunk taps the isolated prefill's attention: for the attn and probe-attn
 // rankings, stored or in `also`.

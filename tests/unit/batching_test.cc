@@ -381,23 +381,38 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   const RagPromptTokens pa = build_rag_prompt(tok, a.docs, a.question);
   const RagPromptTokens pb = build_rag_prompt(tok, b.docs, b.question);
   for (const auto& c : pb.chunks) ASSERT_GT((int)c.size(), eo.prefill_chunk);
-  std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(16));
+  std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(64));
   Generation* one = ga.get();
   while (ga->prefilling()) eng.advance(&one, 1);
   // a decodes; b arrives with three chunks the pool has never seen: admission does no work, and
-  // each step encodes one of them.
+  // their encodings run in slices of the step's budget, each chunk over several steps, with a's
+  // row in every one.
   std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
   EXPECT_TRUE(gb->prefilling());
   EXPECT_TRUE(gb->answer().chunks.empty());
+  // A step's encoding work is within the budget, or one chunk's ranking pass (a step of its own).
+  int want_rows = 0, max_finish = 0;
+  for (const auto& c : pb.chunks) {
+    const int fw = ChunkEncoding(eng.model(), c, eng.options().encode).finish_work();
+    want_rows += (int)c.size() + 1 + fw;  // its rows, the sink, its ranking pass
+    max_finish = std::max(max_finish, fw);
+  }
   Generation* both[2] = {ga.get(), gb.get()};
-  for (size_t staged = 1; staged <= 3; ++staged) {
-    const size_t before = ga->answer().tokens.size();
+  int steps = 0, encoded = 0;
+  while (gb->answer().chunks.size() < 3 && steps < 200) {
+    const size_t before = ga->answer().tokens.size(), chunks = gb->answer().chunks.size();
     const StepRows st = eng.advance(both, 2);
     EXPECT_EQ(st.decode, 1);   // a's row
     EXPECT_EQ(st.prefill, 0);  // the encoding took the step's budget
-    EXPECT_EQ(gb->answer().chunks.size(), staged);
+    EXPECT_GT(st.encode, 0);
+    EXPECT_LE(st.encode, std::max(eo.prefill_chunk, max_finish));
+    EXPECT_LE(gb->answer().chunks.size(), chunks + 1);
     EXPECT_EQ(ga->answer().tokens.size(), before + 1) << "a waited for b's encodings";
+    encoded += st.encode;
+    ++steps;
   }
+  EXPECT_EQ(encoded, want_rows);
+  EXPECT_GE(steps, 6);  // two or more steps a chunk
   while (!ga->done() || !gb->done()) eng.advance(both, 2);
   ASSERT_FALSE(ga->error());
   ASSERT_FALSE(gb->error());
@@ -407,7 +422,7 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
     EXPECT_EQ(c.tier, "host");
   }
   EXPECT_EQ(gb->answer().tokens, alone(eo, {b}, 8)[0]);
-  EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 16)[0]);
+  EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 64)[0]);
   // The same documents again: every chunk is found, so the first step looks them up, makes the
   // selection and runs the first slice.
   std::unique_ptr<Generation> gc = eng.begin(pb, sel_of(b), gen_of(8));
@@ -418,27 +433,41 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   while (!gc->done()) eng.advance(&third, 1);
   EXPECT_EQ(gc->answer().tokens, gb->answer().tokens);
 
-  // A request whose client goes while its chunks are being encoded stops there: no further
-  // encoding, RequestCancelled.
+  // A request whose client goes while its chunk is being encoded stops there, RequestCancelled;
+  // another request waiting for the same chunk goes on with the encoding where it was, so each
+  // row is encoded once; the tokens are its own.
   const Req d{{"The bakery on Quay Street sells rye bread from six in the morning.",
                "Its owner learned the trade in a village near the northern border."},
               "Who owns the bakery?", &find_policy("cachetune")};
   const RagPromptTokens pd = build_rag_prompt(tok, d.docs, d.question);
+  const std::string first_id = chunk_id(eng.model().fingerprint(), pd.chunks[0], eng.options().encode);
+  int want_d = 0;
+  for (const auto& c : pd.chunks) {
+    want_d += (int)c.size() + 1 + ChunkEncoding(eng.model(), c, eng.options().encode).finish_work();
+  }
   bool gone = false;
   AnswerOptions ao;
   ao.cancelled = [&] { return gone; };
   std::unique_ptr<Generation> gd = eng.begin(pd, sel_of(d), gen_of(4), ao);
-  Generation* fourth = gd.get();
-  eng.advance(&fourth, 1);
-  ASSERT_EQ(gd->answer().chunks.size(), 1u);
+  std::unique_ptr<Generation> ge = eng.begin(pd, sel_of(d), gen_of(4));
+  Generation* de[2] = {gd.get(), ge.get()};
+  int d_encoded = eng.advance(de, 2).encode;  // d's first slice of its first chunk
+  EXPECT_EQ(d_encoded, eo.prefill_chunk);
+  EXPECT_TRUE(gd->answer().chunks.empty());
   gone = true;
-  eng.advance(&fourth, 1);
+  StepRows st = eng.advance(de, 2);  // d leaves; e goes on with the same encoding
   ASSERT_TRUE(gd->done());
   ASSERT_TRUE(gd->error());
   EXPECT_THROW(std::rethrow_exception(gd->error()), RequestCancelled);
-  EXPECT_EQ(gd->answer().chunks.size(), 1u);
-  EXPECT_FALSE(
-      eng.pool().contains(chunk_id(eng.model().fingerprint(), pd.chunks[1], eng.options().encode)));
+  EXPECT_TRUE(gd->answer().chunks.empty());
+  EXPECT_FALSE(eng.pool().contains(first_id));
+  d_encoded += st.encode;
+  while (ge->prefilling()) d_encoded += eng.advance(de, 2).encode;
+  EXPECT_EQ(d_encoded, want_d) << "rows encoded twice, or not at all";
+  while (!ge->done()) eng.advance(de, 2);
+  ASSERT_FALSE(ge->error());
+  EXPECT_TRUE(eng.pool().contains(first_id));
+  EXPECT_EQ(ge->answer().tokens, alone(eo, {d}, 4)[0]);
 }
 
 // A prefilling request whose client has gone stops between two slices: no token, its error is
@@ -457,12 +486,14 @@ TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
   std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4), ao);
   Generation* gp = g.get();
   ASSERT_TRUE(g->prefilling());
-  // Its two new chunks are encoded first, one a step (each is over the budget of 2 tokens),
-  // and the step that encodes the second has no budget left for a slice.
-  EXPECT_EQ(eng.advance(&gp, 1).prefill, 0);
-  EXPECT_EQ(g->answer().chunks.size(), 1u);
-  EXPECT_EQ(eng.advance(&gp, 1).prefill, 0);
-  EXPECT_EQ(g->answer().chunks.size(), 2u);
+  // Its two new chunks are encoded first, in slices of the budget of 2 rows; the step that
+  // finishes the second (its ranking pass, over the budget) has no budget left for a slice.
+  for (int step = 0; step < 200 && g->answer().chunks.size() < 2; ++step) {
+    const StepRows st = eng.advance(&gp, 1);
+    EXPECT_EQ(st.prefill, 0);
+    EXPECT_GT(st.encode, 0);
+  }
+  ASSERT_EQ(g->answer().chunks.size(), 2u);
   EXPECT_EQ(eng.advance(&gp, 1).prefill, 2);
   EXPECT_TRUE(g->prefilling());
   gone = true;

@@ -258,6 +258,65 @@ TEST_P(SelectiveTest, EncodingThroughTheBackendEqualsThePlainLayerLoop) {
   }
 }
 
+// An encoding in row slices (ChunkEncoding::step, what the engine runs beside other requests'
+// steps) gives the whole encoding's record: the same id, tokens and K/V up to the rounding of the
+// slices' products, and the same rankings' scores, the attention tap's included when its first
+// row falls inside a slice. Slices end before, on and after that row.
+TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
+  const auto toks = test::random_byte_tokens(80, 17);
+  EncodeOptions eo;
+  eo.dtype = KvDtype::F32;
+  eo.also = {RankOptions{RankMode::kAttn, 0.5}, RankOptions{RankMode::kProbeAttn, 0.5},
+             RankOptions{RankMode::kLowFreq, 0.5}};
+  ASSERT_GT(attention_first_row(80), 0);  // the tap starts inside the chunk
+  EncodeExtras want_ex;
+  const ChunkKV want = encode_chunk(*model_, toks, eo, &want_ex);
+  const ChunkKVF32 want_kv = unpack_text_order(want);
+  const auto close = [](const std::vector<float>& a, const std::vector<float>& b, float tol) {
+    EXPECT_EQ(a.size(), b.size());
+    float scale = 1e-6f;
+    for (float x : b) scale = std::max(scale, std::fabs(x));
+    EXPECT_LE(test::max_abs_diff(a, b), tol * scale);
+  };
+  for (int slice : {1, 6, 17, 81}) {
+    SCOPED_TRACE("slices of " + std::to_string(slice) + " rows");
+    ChunkEncoding enc(*model_, toks, eo);
+    ASSERT_EQ(enc.rows(), 81);  // the chunk and its sink
+    EXPECT_THROW(enc.finish(), Error);  // rows are left
+    EXPECT_THROW(enc.step(0), Error);
+    int steps = 0;
+    while (enc.rows_left() > 0) {
+      const int left = enc.rows_left();
+      enc.step(std::min(slice, left));
+      EXPECT_EQ(enc.rows_left(), left - std::min(slice, left));
+      ++steps;
+    }
+    EXPECT_EQ(steps, (81 + slice - 1) / slice);
+    EXPECT_THROW(enc.step(1), Error);
+    EncodeExtras ex;
+    const ChunkKV got = enc.finish(&ex);
+    EXPECT_THROW(enc.finish(), Error);  // once
+    EXPECT_EQ(got.meta.id, want.meta.id);
+    EXPECT_EQ(got.meta.tokens, want.meta.tokens);
+    const ChunkKVF32 got_kv = unpack_text_order(got);
+    close(got_kv.k, want_kv.k, 1e-5f);
+    close(got_kv.v, want_kv.v, 1e-5f);
+    close(got.meta.scores, want.meta.scores, 1e-3f);
+    ASSERT_EQ(ex.rankings.size(), want_ex.rankings.size());
+    for (size_t i = 0; i < ex.rankings.size(); ++i) {
+      SCOPED_TRACE(rank_mode_name(eo.also[i].mode));
+      close(ex.rankings[i].scores, want_ex.rankings[i].scores, 1e-3f);
+    }
+  }
+  // The ranking pass's work: the probe's layers over the chunk, nothing for a spectral ranking.
+  const int L = model_->config().n_layer;
+  EXPECT_EQ(ChunkEncoding(*model_, toks, eo).finish_work(),
+            (80 * probe_layers(eo.probe, L) + L - 1) / L);
+  EncodeOptions spectral;
+  spectral.rank = RankOptions{RankMode::kLowFreq, 0.5};
+  EXPECT_EQ(ChunkEncoding(*model_, toks, spectral).finish_work(), 0);
+}
+
 // Chunked prefill (SlicedPrefill, the engine's continuous batching): the active rows stepped in
 // slices through the CPU backend, every other pass beside another sequence's decode row, give
 // the whole prefill's logits and cache; the first slice places the reused rows of every layer.
