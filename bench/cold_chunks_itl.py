@@ -63,7 +63,7 @@ def one_round(binary, args, warm, cold, log):
                      "--decoder-tokens")
         gaps.sort()
         return {"gap_max": gaps[-1], "gap_p99": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
-                "gap_median": statistics.median(gaps), "gaps": len(gaps),
+                "gap_median": statistics.median(gaps), "gaps": len(gaps), "window_s": c1 - c0,
                 "decoder_itl_median_all": statistics.median(dec["itl"]),
                 "cold_ttft": [c["ttft"] for c in colds]}
     finally:
@@ -98,7 +98,8 @@ def main():
             m.update({"binary": b, "round": r})
             res["runs"].append(m)
             print(f"round {r} {b}: decoder gap while cold requests ran: max {m['gap_max']:.3f} s, "
-                  f"p99 {m['gap_p99']:.3f} s, median {m['gap_median']:.3f} s over {m['gaps']}; "
+                  f"p99 {m['gap_p99']:.3f} s, median {m['gap_median']:.3f} s over {m['gaps']} "
+                  f"in {m['window_s']:.1f} s; "
                   f"cold TTFT {', '.join(f'{t:.2f}' for t in m['cold_ttft'])} s", flush=True)
     with open(args.out + ".json", "w") as f:
         json.dump(res, f, indent=1)

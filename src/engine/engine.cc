@@ -298,20 +298,10 @@ int Engine::stage_chunks(Generation& g, int budget) {
       continue;
     }
     try {
-      const int left = pc.enc.rows_left();
-      if (left > 0) {
+      if (pc.enc.work_left() > 0) {
         // A device encodes whole; the CPU within what is left of the step's budget.
-        const int rows = opt_.encode.device ? left : std::min(left, budget - work);
-        pc.enc.step(rows);
-        work += rows;
+        work += pc.enc.step(opt_.encode.device ? pc.enc.work_left() : budget - work);
       } else {
-        // The ranking's pass, in a step of its own unless it fits in this one.
-        const int cost = pc.enc.finish_work();
-        if (work > 0 && work + cost > budget) {
-          ans.lookup_ms += t.ms();
-          break;
-        }
-        work += cost;
         ChunkKV rec = pc.enc.finish();
         pc.done = true;
         encodings_.erase(pc.info.id);

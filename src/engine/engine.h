@@ -59,8 +59,9 @@ struct EngineOptions {
   // prompt is prefilled over several steps, each shared with the decode rows of running requests.
   // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
   // (SlicedPrefill::supports). The same budget spreads a request's chunk lookups and encodings
-  // over steps: a step encodes missing chunks (each whole, one after another) until prefill_chunk
-  // of their tokens are done, and its prefill slices take what is left (Engine::advance). The
+  // over steps: a step runs slices of the missing chunks' encodings (ChunkEncoding: the
+  // isolated pass, then the probe ranking's pass) until prefill_chunk rows of work are done, and
+  // its prefill slices take what is left (Engine::advance). The
   // selection (CacheBlend's layer-0 pass over every row, ProphetKV's reuse pass) runs whole in
   // the step where a request's last chunk is there.
   int prefill_chunk = 0;
@@ -122,7 +123,7 @@ class RequestCancelled : public std::runtime_error {
 struct StepRows {
   int decode = 0;   // decode rows (one per generating request)
   int prefill = 0;  // prefill rows (slices of chunked prefills)
-  int encode = 0;   // rows of chunk encodings (slices, and ranking passes in rows: finish_work)
+  int encode = 0;   // rows of chunk encoding work (ChunkEncoding::step)
 };
 
 struct AnswerOptions {
@@ -253,8 +254,7 @@ class Engine {
   // and runs one batched pass (CPU) over those that go on (a decode row each) and the next
   // slices of prefilling generations, oldest first: encoded rows and slice rows together
   // within prefill_chunk (a chunk's encoding runs in slices too, shared by the requests that
-  // wait for the same chunk; its ranking pass, finish_work(), and a request's selection run
-  // whole); on the GPU one step each. A request's tokens are the same whatever it is batched with
+  // wait for the same chunk; a request's selection runs whole); on the GPU one step each. A request's tokens are the same whatever it is batched with
   // (cpu::forward_batch): the same as alone with the same prefill_chunk. A chunk that cannot be
   // read during a slice is re-encoded and that request's prefill starts again. A prefilling
   // request whose AnswerOptions::cancelled says so stops with RequestCancelled as its error().
@@ -284,8 +284,8 @@ class Engine {
   bool stages_chunks(const Generation& g) const;
   // g's next chunks looked up, and missing ones encoded in slices (ChunkEncoding, one shared
   // PendingChunk per chunk id in encodings_), while fewer than `budget` rows were encoded here
-  // (a slice takes what is left of the budget; the ranking pass takes its finish_work(), in a
-  // step of its own when it does not fit); once the last chunk is there, the prefill starts
+  // (a slice takes what is left of the budget; the record is ranked, packed and stored in the
+  // first step after its last slice); once the last chunk is there, the prefill starts
   // (start_prefill). Returns the rows of work done.
   int stage_chunks(Generation& g, int budget);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended

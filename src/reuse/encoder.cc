@@ -84,9 +84,12 @@ namespace {
 // The rankings of one isolated encoding. The probe pass runs once however many rankings use it.
 class Ranker {
  public:
+  // probe: the probe ranking when it was computed already (ProbePass, in probe_ms), else made on
+  // first use.
   Ranker(const Model& m, const std::vector<int32_t>& tokens, bool sink,
          const std::vector<const float*>& kl, const std::vector<const float*>& vl, int KV,
-         const std::vector<float>& attn, const ProbeOptions& po, DeviceSequence* device)
+         const std::vector<float>& attn, const ProbeOptions& po, DeviceSequence* device,
+         std::optional<ChunkRanking> probe, double probe_ms)
       : m_(m),
         tokens_(tokens),
         sink_(sink),
@@ -95,7 +98,9 @@ class Ranker {
         kv_(KV),
         attn_(attn),
         po_(po),
-        device_(device) {}
+        device_(device),
+        probe_(std::move(probe)),
+        probe_ms_(probe_ ? probe_ms : 0.0) {}
   ChunkRanking operator()(const RankOptions& ro) {
     const int n = (int)tokens_.size();
     switch (ro.mode) {
@@ -111,10 +116,19 @@ class Ranker {
         return rank_chunk_tokens(kl_, vl_, n, kv_, ro);
     }
   }
+  // The precomputed probe pass's time, once, after the first ranking that used it (the cost
+  // belongs to that ranking's time, as when the pass runs inside it); else 0.
+  double take_probe_ms() {
+    if (!probe_used_) return 0.0;
+    const double ms = probe_ms_;
+    probe_ms_ = 0;
+    return ms;
+  }
 
  private:
   const ChunkRanking& probe() {
     if (!probe_) probe_ = probe_rank(m_, tokens_, sink_, kl_, vl_, po_, device_);
+    probe_used_ = true;
     return *probe_;
   }
   const Model& m_;
@@ -127,6 +141,8 @@ class Ranker {
   const ProbeOptions& po_;
   DeviceSequence* device_;
   std::optional<ChunkRanking> probe_;
+  double probe_ms_ = 0;
+  bool probe_used_ = false;
 };
 }  // namespace
 
@@ -140,6 +156,11 @@ ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
                   kv_dtype_name(opt.dtype));
   CT_THROW_IF_NOT(n + off_ <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}",
                   n, c.n_ctx_train);
+  const auto probes = [](RankMode md) {
+    return md == RankMode::kProbe || md == RankMode::kProbeAttn;
+  };
+  probes_ = probes(opt.rank.mode);
+  for (const RankOptions& ro : opt.also) probes_ = probes_ || probes(ro.mode);
   if (opt.sink) toks_.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
   toks_.insert(toks_.end(), tokens_.begin(), tokens_.end());
   const int nt = (int)toks_.size();
@@ -157,49 +178,71 @@ ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
 
 ChunkEncoding::~ChunkEncoding() = default;
 
-int ChunkEncoding::rows_left() const { return pass_ ? pass_->rows_left() : 0; }
-
-void ChunkEncoding::step(int rows) {
-  CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
-  Timer t;
-  pass_->run(rows);
-  forward_ms_ += t.ms();
+std::vector<const float*> ChunkEncoding::layer_rows(const std::vector<float>& all) const {
+  const ModelConfig& c = m_.config();
+  std::vector<const float*> out(c.n_layer);
+  for (int l = 0; l < c.n_layer; ++l) out[l] = all.data() + ((size_t)l * rows() + off_) * c.kv_dim();
+  return out;
 }
 
-int ChunkEncoding::finish_work() const {
-  const auto probes = [](RankMode md) {
-    return md == RankMode::kProbe || md == RankMode::kProbeAttn;
-  };
-  bool any = probes(opt_.rank.mode);
-  for (const RankOptions& ro : opt_.also) any = any || probes(ro.mode);
-  if (!any) return 0;
+int ChunkEncoding::work_left() const {
+  if (finished_) return 0;
   const int L = m_.config().n_layer;
-  return (int)(((int64_t)tokens_.size() * probe_layers(opt_.probe, L) + L - 1) / L);
+  const int layers = probe_layers(opt_.probe, L);
+  const int probe_rows = !probes_ ? 0 : probe_ ? probe_->rows_left() : (int)tokens_.size();
+  return pass_->rows_left() + (int)(((int64_t)probe_rows * layers + L - 1) / L);
+}
+
+int ChunkEncoding::step(int work) {
+  CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
+  CT_THROW_IF_NOT(work > 0 && work_left() > 0, "a step of {} rows of a chunk encoding with {} left",
+                  work, work_left());
+  int done = 0;
+  if (pass_->rows_left() > 0) {
+    const int r = opt_.device ? pass_->rows_left() : std::min(work, pass_->rows_left());
+    Timer t;
+    pass_->run(r);
+    forward_ms_ += t.ms();
+    done += r;
+  }
+  if (!probes_ || pass_->rows_left() > 0 || (done >= work && !opt_.device)) return done;
+  if (!probe_) {
+    probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
+                                         layer_rows(v_all_), opt_.probe, opt_.device);
+  }
+  // Probe rows cost layers / n_layer of a row of the whole model each.
+  const int L = m_.config().n_layer, layers = probe_->layers();
+  const int left = probe_->rows_left();
+  const int r = opt_.device ? left : std::clamp((int)((int64_t)(work - done) * L / layers), 1, left);
+  Timer t;
+  probe_->step(r);
+  probe_ms_ += t.ms();
+  return done + (int)(((int64_t)r * layers + L - 1) / L);
 }
 
 ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
   CT_THROW_IF_NOT(!finished_, "a chunk encoding finished twice");
-  CT_THROW_IF_NOT(rows_left() == 0, "a chunk encoding finished with {} of its {} rows left",
-                  rows_left(), rows());
+  CT_THROW_IF_NOT(work_left() == 0, "a chunk encoding finished with {} rows of work left",
+                  work_left());
   finished_ = true;
   pass_.reset();  // its cache is not needed any more
   const ModelConfig& c = m_.config();
-  const int n = (int)tokens_.size(), nt = rows(), off = off_;
+  const int n = (int)tokens_.size(), off = off_;
   const int KV = c.kv_dim(), L = c.n_layer;
   const std::vector<float> attn = encode_taps_attention(opt_)
                                       ? attention_received(probs_.data() + off, n, L)
                                       : std::vector<float>();
-  std::vector<const float*> kl(L), vl(L);
-  for (int l = 0; l < L; ++l) {
-    kl[l] = k_all_.data() + ((size_t)l * nt + off) * KV;
-    vl[l] = v_all_.data() + ((size_t)l * nt + off) * KV;
-  }
+  const std::vector<const float*> kl = layer_rows(k_all_), vl = layer_rows(v_all_);
   Timer rt;
-  Ranker rank_with(m_, tokens_, opt_.sink, kl, vl, KV, attn, opt_.probe, opt_.device);
+  std::optional<ChunkRanking> probed;
+  if (probe_) probed = probe_->ranking();
+  probe_.reset();
+  Ranker rank_with(m_, tokens_, opt_.sink, kl, vl, KV, attn, opt_.probe, opt_.device,
+                   std::move(probed), probe_ms_);
   ChunkRanking rank = rank_with(opt_.rank);
   ChunkKV out;
   ChunkMeta& meta = out.meta;
-  meta.rank_ms = rt.ms();
+  meta.rank_ms = rt.ms() + rank_with.take_probe_ms();
   if (extras) {
     extras->forward_ms = forward_ms_;
     extras->rank_ms = meta.rank_ms;
@@ -208,7 +251,7 @@ ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
     for (const RankOptions& ro : opt_.also) {
       Timer at;
       extras->rankings.push_back(rank_with(ro));
-      extras->also_ms.push_back(at.ms());
+      extras->also_ms.push_back(at.ms() + rank_with.take_probe_ms());
     }
   }
   meta.rank_params = rank_params(opt_.rank, opt_.probe);
@@ -245,7 +288,7 @@ ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
 ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
                      EncodeExtras* extras) {
   ChunkEncoding enc(m, tokens, opt);
-  enc.step(enc.rows());
+  enc.step(enc.work_left());
   return enc.finish(extras);
 }
 

@@ -15,7 +15,6 @@
 namespace ct {
 
 class DeviceSequence;
-class TappedPass;
 
 struct EncodeOptions {
   KvDtype dtype = KvDtype::F16;
@@ -66,12 +65,14 @@ std::string chunk_id(const std::string& model_fingerprint, const std::vector<int
 ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
                      EncodeExtras* extras = nullptr);
 
-// encode_chunk in steps, for an encoding that shares engine steps with running requests: step(r)
-// prefills the next r rows of the isolated pass (the sink counts as a row; TappedPass), finish()
-// ranks and packs once no row is left. On the CPU a record encoded in slices equals the whole
-// encoding up to the rounding of the row blocks' products (so a near-tie of the ranking may
-// order differently); with EncodeOptions::device the pass runs whole. encode_chunk is one step
-// of every row and finish(). The model outlives the encoding.
+// encode_chunk in steps, for an encoding that shares engine steps with running requests. Its
+// work is the isolated pass's rows (the chunk and its sink; TappedPass) and then, when a ranking
+// uses the probe, the probe pass's rows (ProbePass) counted in rows of a whole-model pass
+// (ceil(rows * probe layers / n_layer)); step(w) does up to w of it, finish() ranks and packs
+// once none is left. On the CPU a record encoded in slices equals the whole encoding up to the
+// rounding of the row blocks' products (so a near-tie of a ranking may order differently); with
+// EncodeOptions::device each pass runs whole. encode_chunk is step(work_left()) and finish().
+// The model outlives the encoding.
 class ChunkEncoding {
  public:
   // Throws what encode_chunk throws for these tokens and options.
@@ -79,25 +80,27 @@ class ChunkEncoding {
   ~ChunkEncoding();
   ChunkEncoding(const ChunkEncoding&) = delete;
   ChunkEncoding& operator=(const ChunkEncoding&) = delete;
-  int rows() const { return (int)toks_.size(); }  // the chunk's tokens and the sink
-  int rows_left() const;
-  // The next `rows` rows (1 .. rows_left(); every one with a device).
-  void step(int rows);
-  // finish()'s work in rows of a whole-model pass: the probe ranking's pass through its first
-  // layers (ceil(n_tok * probe layers / n_layer)) when a ranking uses it, else 0.
-  int finish_work() const;
-  // The record, once rows_left() is 0 (forward_ms in extras: the steps' time). Call once.
+  int rows() const { return (int)toks_.size(); }  // of the isolated pass: the chunk and its sink
+  int work_left() const;
+  // Does at most `work` (>= 1) of what is left, the isolated pass first, and returns what it did
+  // (>= 1 while any is left; with a device, all that is left).
+  int step(int work);
+  // The record, once work_left() is 0 (forward_ms in extras: the isolated pass's steps). Once.
   ChunkKV finish(EncodeExtras* extras = nullptr);
 
  private:
+  std::vector<const float*> layer_rows(const std::vector<float>& all) const;
   const Model& m_;
   std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink
   EncodeOptions opt_;
   int off_ = 0;                          // 1 with the sink
+  bool probes_ = false;                  // a ranking uses the probe pass
   std::vector<float> k_all_, v_all_;     // F32 [n_layer][rows][kv_dim] taps
   std::vector<float> probs_;             // the attention tap (the attn rankings)
   std::unique_ptr<TappedPass> pass_;
+  std::unique_ptr<ProbePass> probe_;     // made once the isolated pass is done
   double forward_ms_ = 0;
+  double probe_ms_ = 0;  // the probe pass's steps, charged to the first ranking using it
   bool finished_ = false;
 };
 

@@ -278,20 +278,30 @@ TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
     for (float x : b) scale = std::max(scale, std::fabs(x));
     EXPECT_LE(test::max_abs_diff(a, b), tol * scale);
   };
-  for (int slice : {1, 6, 17, 81}) {
+  const int L = model_->config().n_layer, layers = probe_layers(eo.probe, L);
+  // The isolated pass's rows (chunk and sink), then the probe pass's in whole-model rows.
+  const int want_work = 81 + (80 * layers + L - 1) / L;
+  for (int slice : {1, 6, 17, 200}) {
     SCOPED_TRACE("slices of " + std::to_string(slice) + " rows");
     ChunkEncoding enc(*model_, toks, eo);
     ASSERT_EQ(enc.rows(), 81);  // the chunk and its sink
-    EXPECT_THROW(enc.finish(), Error);  // rows are left
+    ASSERT_EQ(enc.work_left(), want_work);
+    EXPECT_THROW(enc.finish(), Error);  // work is left
     EXPECT_THROW(enc.step(0), Error);
-    int steps = 0;
-    while (enc.rows_left() > 0) {
-      const int left = enc.rows_left();
-      enc.step(std::min(slice, left));
-      EXPECT_EQ(enc.rows_left(), left - std::min(slice, left));
+    int steps = 0, done = 0;
+    while (enc.work_left() > 0) {
+      const int left = enc.work_left();
+      const int did = enc.step(slice);
+      EXPECT_GE(did, 1);
+      EXPECT_LE(did, slice);
+      EXPECT_EQ(enc.work_left(), left - did);
+      done += did;
       ++steps;
     }
-    EXPECT_EQ(steps, (81 + slice - 1) / slice);
+    EXPECT_EQ(done, want_work);
+    if (slice == 200) {
+      EXPECT_EQ(steps, 1);
+    }
     EXPECT_THROW(enc.step(1), Error);
     EncodeExtras ex;
     const ChunkKV got = enc.finish(&ex);
@@ -308,13 +318,10 @@ TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
       close(ex.rankings[i].scores, want_ex.rankings[i].scores, 1e-3f);
     }
   }
-  // The ranking pass's work: the probe's layers over the chunk, nothing for a spectral ranking.
-  const int L = model_->config().n_layer;
-  EXPECT_EQ(ChunkEncoding(*model_, toks, eo).finish_work(),
-            (80 * probe_layers(eo.probe, L) + L - 1) / L);
+  // The probe pass is the ranking's work: nothing after the isolated pass for a spectral one.
   EncodeOptions spectral;
   spectral.rank = RankOptions{RankMode::kLowFreq, 0.5};
-  EXPECT_EQ(ChunkEncoding(*model_, toks, spectral).finish_work(), 0);
+  EXPECT_EQ(ChunkEncoding(*model_, toks, spectral).work_left(), 81);
 }
 
 // Chunked prefill (SlicedPrefill, the engine's continuous batching): the active rows stepped in

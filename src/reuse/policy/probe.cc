@@ -107,65 +107,95 @@ double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vecto
 
 }  // namespace
 
-ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
-                        const std::vector<const float*>& k_iso,
-                        const std::vector<const float*>& v_iso, const ProbeOptions& o,
-                        DeviceSequence* device) {
+ProbePass::ProbePass(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+                     const std::vector<const float*>& k_iso,
+                     const std::vector<const float*>& v_iso, const ProbeOptions& o,
+                     DeviceSequence* device)
+    : tokens_(tokens), k_iso_(k_iso), v_iso_(v_iso) {
   const ModelConfig& c = m.config();
-  const int n = (int)tokens.size(), KV = c.kv_dim();
-  const int layers = probe_layers(o, c.n_layer);
+  const int n = (int)tokens.size();
+  kv_dim_ = c.kv_dim();
+  layers_ = probe_layers(o, c.n_layer);
   CT_THROW_IF_NOT(n > 0, "probe ranking of an empty chunk");
-  CT_THROW_IF_NOT((int)k_iso.size() >= layers && (int)v_iso.size() >= layers,
-                  "probe ranking needs the isolated K/V of {} layers, got {}", layers,
+  CT_THROW_IF_NOT((int)k_iso.size() >= layers_ && (int)v_iso.size() >= layers_,
+                  "probe ranking needs the isolated K/V of {} layers, got {}", layers_,
                   std::min(k_iso.size(), v_iso.size()));
-  const auto pre = probe_prefix(m, o, sink, layers);
+  std::shared_ptr<const ProbePrefix> pre = probe_prefix(m, o, sink, layers_);
   const int P = pre->n;
   CT_THROW_IF_NOT(P + n <= c.n_ctx_train,
                   "probe context ({} tokens) + chunk ({} tokens) exceed the model context of {}", P,
                   n, c.n_ctx_train);
   // The chunk after the probe context, through the layer contract: the context's rows are
-  // placed as they are (already rotated), the chunk's rows computed over them, layer by layer.
-  // On the CPU the cache holds only the probed layers; a device overwrites its own sequence
-  // (when it holds the context and the chunk; else the CPU runs the pass).
-  ReusedRows ctx;
-  ctx.segments.push_back({KvDtype::F32, P, "probe context"});
-  ctx.pos.resize(P);
-  std::iota(ctx.pos.begin(), ctx.pos.end(), 0);
-  ctx.rotated = true;
-  const size_t ctx_bytes = (size_t)P * KV * sizeof(float);
-  ctx.read = [&pre, ctx_bytes](int l, int, void* k, void* v) {
+  // placed as they are (already rotated) with the first slice, the chunk's rows computed over
+  // them, layer by layer. On the CPU the cache holds only the probed layers; a device
+  // overwrites its own sequence (when it holds the context and the chunk; else the CPU runs the
+  // pass) and runs it whole.
+  ctx_.segments.push_back({KvDtype::F32, P, "probe context"});
+  ctx_.pos.resize(P);
+  std::iota(ctx_.pos.begin(), ctx_.pos.end(), 0);
+  ctx_.rotated = true;
+  const size_t ctx_bytes = (size_t)P * kv_dim_ * sizeof(float);
+  ctx_.read = [pre, ctx_bytes](int l, int, void* k, void* v) {
     std::memcpy(k, pre->k[l].data(), ctx_bytes);
     std::memcpy(v, pre->v[l].data(), ctx_bytes);
   };
-  KVCache kv;
-  Workspace ws;
   PipelineOptions po;
-  po.overlap = false;  // a few layers of one short pass: no loader thread
-  std::unique_ptr<LayerBackend> be;
+  po.overlap = false;  // a few layers of short passes: no loader thread
   if (device && device->n_ctx() >= P + n) {
-    be = device->layers(nullptr);
+    whole_ = true;
+    be_ = device->layers(nullptr);
   } else {
-    kv = KVCache(layers, P + n, KV);
-    be = make_cpu_layers(m, kv, ws, po);
+    kv_ = KVCache(layers_, P + n, kv_dim_);
+    be_ = make_cpu_layers(m, kv_, ws_, po);
   }
-  std::vector<int32_t> pos(n);
-  std::iota(pos.begin(), pos.end(), P);
-  be->begin(tokens.data(), pos.data(), n);
-  be->set_reused(ctx, 0);
-  std::vector<float> kp((size_t)n * KV), vp((size_t)n * KV);
-  std::vector<double> score(n, 0.0), dk, dv;
-  int n_scored = 0;
-  double scale = 0;  // the chunk's mean drift, averaged over the scored layers
-  for (int l = 0; l < layers; ++l) {
+  pos_.resize(n);
+  std::iota(pos_.begin(), pos_.end(), P);
+  dk_.assign(layers_, std::vector<double>(n, 0.0));
+  dv_.assign(layers_, std::vector<double>(n, 0.0));
+}
+
+ProbePass::~ProbePass() = default;
+
+void ProbePass::step(int rows) {
+  const int n = (int)tokens_.size(), a = done_, KV = kv_dim_;
+  CT_THROW_IF_NOT(rows > 0 && rows <= rows_left(), "a probe slice of {} rows with {} left", rows,
+                  rows_left());
+  CT_THROW_IF_NOT(!whole_ || rows == n, "the probe pass on a device runs whole: {} rows of {}",
+                  rows, n);
+  be_->begin(tokens_.data() + a, pos_.data() + a, rows);
+  if (a == 0) be_->set_reused(ctx_, 0);  // later slices attend over the placed rows
+  std::vector<float> kp((size_t)rows * KV), vp((size_t)rows * KV);
+  std::vector<double> d;
+  for (int l = 0; l < layers_; ++l) {
     LayerTap tap;
     tap.k_pre_rope = kp.data();
     tap.v = vp.data();
-    be->layer(l, &tap);
+    be_->layer(l, &tap);
     if (l == 0) continue;  // layer 0's K and V depend on the token alone
-    const double mk = drift_norms(kp.data(), k_iso[l], n, KV, dk);
-    const double mv = drift_norms(vp.data(), v_iso[l], n, KV, dv);
+    drift_norms(kp.data(), k_iso_[l] + (size_t)a * KV, rows, KV, d);
+    std::copy(d.begin(), d.end(), dk_[l].begin() + a);
+    drift_norms(vp.data(), v_iso_[l] + (size_t)a * KV, rows, KV, d);
+    std::copy(d.begin(), d.end(), dv_[l].begin() + a);
+  }
+  done_ += rows;
+}
+
+ChunkRanking ProbePass::ranking() const {
+  CT_THROW_IF_NOT(rows_left() == 0, "the probe ranking with {} of {} rows left", rows_left(),
+                  tokens_.size());
+  const int n = (int)tokens_.size();
+  const auto mean = [n](const std::vector<double>& x) {
+    double sum = 0;
+    for (double v : x) sum += v;
+    return sum / n;
+  };
+  std::vector<double> score(n, 0.0);
+  int n_scored = 0;
+  double scale = 0;  // the chunk's mean drift, averaged over the scored layers
+  for (int l = 1; l < layers_; ++l) {
+    const double mk = mean(dk_[l]), mv = mean(dv_[l]);
     for (int t = 0; t < n; ++t) {
-      score[t] += 0.5 * (mk > 0 ? dk[t] / mk : 0.0) + 0.5 * (mv > 0 ? dv[t] / mv : 0.0);
+      score[t] += 0.5 * (mk > 0 ? dk_[l][t] / mk : 0.0) + 0.5 * (mv > 0 ? dv_[l][t] / mv : 0.0);
     }
     scale += 0.5 * (mk + mv);
     ++n_scored;
@@ -177,6 +207,15 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
     scores[t] = (float)s;
   }
   return ranking_by_scores(std::move(scores));
+}
+
+ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+                        const std::vector<const float*>& k_iso,
+                        const std::vector<const float*>& v_iso, const ProbeOptions& o,
+                        DeviceSequence* device) {
+  ProbePass pass(m, tokens, sink, k_iso, v_iso, o, device);
+  pass.step(pass.rows_left());
+  return pass.ranking();
 }
 
 std::string attention_params() {

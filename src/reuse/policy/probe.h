@@ -13,16 +13,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/model.h"
 #include "reuse/chunk_source.h"
 #include "reuse/freq_rank.h"
 
 namespace ct {
-
-class DeviceSequence;  // backend/backend.h
 
 // The default probe context: a short, neutral paragraph unrelated to any data set.
 extern const char* const kDefaultProbeText;
@@ -59,6 +59,37 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
                         const std::vector<const float*>& k_iso,
                         const std::vector<const float*>& v_iso, const ProbeOptions& o,
                         DeviceSequence* device = nullptr);
+
+// probe_rank in row slices (a chunk encoding that shares engine steps with running requests):
+// step(r) runs the chunk's next r rows, after the probe context and the rows before them, through
+// the probe's layers, keeping each token's drift norms; ranking() scores them once no row is left
+// (the same sums as probe_rank, which is one step of every row). On the CPU the norms are the
+// whole pass's up to the rounding of the slices' products; on a device the pass runs whole.
+// k_iso and v_iso stay valid while the pass lives.
+class ProbePass {
+ public:
+  ProbePass(const Model& m, const std::vector<int32_t>& tokens, bool sink,
+            const std::vector<const float*>& k_iso, const std::vector<const float*>& v_iso,
+            const ProbeOptions& o, DeviceSequence* device = nullptr);
+  ~ProbePass();
+  ProbePass(const ProbePass&) = delete;
+  ProbePass& operator=(const ProbePass&) = delete;
+  int rows_left() const { return (int)tokens_.size() - done_; }
+  int layers() const { return layers_; }  // probe_layers()
+  void step(int rows);                    // 1 .. rows_left() (on a device: every row)
+  ChunkRanking ranking() const;
+
+ private:
+  std::vector<int32_t> tokens_, pos_;
+  std::vector<const float*> k_iso_, v_iso_;
+  int kv_dim_ = 0, layers_ = 0, done_ = 0;
+  bool whole_ = false;  // on a device
+  ReusedRows ctx_;      // the probe context, placed with the first slice
+  KVCache kv_;
+  Workspace ws_;
+  std::unique_ptr<LayerBackend> be_;
+  std::vector<std::vector<double>> dk_, dv_;  // [layers][n_tok] drift norms (layer 0 unused)
+};
 
 // --- attention-weighted rankings (rank modes "attn" and "probe-attn") -----------------------
 // A drifted token matters as much as later rows attend to it: a stale K/V row moves a later
