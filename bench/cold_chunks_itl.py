@@ -85,15 +85,15 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "cold_chunks_itl"))
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    exs = load_examples(args.data, args.task, 1 + args.cold * args.rounds * len(args.binaries))
+    exs = load_examples(args.data, args.task, 1 + args.cold * args.rounds)
     warm, pool = exs[0], exs[1:]
     res = {"command": " ".join(shlex.quote(a) for a in sys.argv), "cpu": cpu_name(),
            "nproc": os.cpu_count(), "load_before": os.getloadavg(), "runs": []}
-    k = 0
     for r in range(args.rounds):
+        # The same new documents for every binary in a round (each run starts a fresh server, so
+        # none has seen them), other ones in each round.
+        cold = pool[r * args.cold:(r + 1) * args.cold]
         for b in args.binaries:
-            cold = pool[k:k + args.cold]  # never seen by this server (each round starts one)
-            k += args.cold
             m = one_round(b, args, warm, cold, args.out + ".server.log")
             m.update({"binary": b, "round": r})
             res["runs"].append(m)

@@ -190,7 +190,7 @@ int ChunkEncoding::work_left() const {
   const int L = m_.config().n_layer;
   const int layers = probe_layers(opt_.probe, L);
   const int probe_rows = !probes_ ? 0 : probe_ ? probe_->rows_left() : (int)tokens_.size();
-  return pass_->rows_left() + (int)(((int64_t)probe_rows * layers + L - 1) / L);
+  return (pass_ ? pass_->rows_left() : 0) + (int)(((int64_t)probe_rows * layers + L - 1) / L);
 }
 
 int ChunkEncoding::step(int work) {
@@ -198,14 +198,16 @@ int ChunkEncoding::step(int work) {
   CT_THROW_IF_NOT(work > 0 && work_left() > 0, "a step of {} rows of a chunk encoding with {} left",
                   work, work_left());
   int done = 0;
-  if (pass_->rows_left() > 0) {
+  if (pass_) {
     const int r = opt_.device ? pass_->rows_left() : std::min(work, pass_->rows_left());
     Timer t;
     pass_->run(r);
     forward_ms_ += t.ms();
     done += r;
+    if (pass_->rows_left() > 0) return done;
+    pass_.reset();  // its cache (or device backend) goes before the probe pass makes its own
   }
-  if (!probes_ || pass_->rows_left() > 0 || (done >= work && !opt_.device)) return done;
+  if (!probes_ || (done >= work && !opt_.device)) return done;
   if (!probe_) {
     probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
                                          layer_rows(v_all_), opt_.probe, opt_.device);
@@ -225,7 +227,6 @@ ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
   CT_THROW_IF_NOT(work_left() == 0, "a chunk encoding finished with {} rows of work left",
                   work_left());
   finished_ = true;
-  pass_.reset();  // its cache is not needed any more
   const ModelConfig& c = m_.config();
   const int n = (int)tokens_.size(), off = off_;
   const int KV = c.kv_dim(), L = c.n_layer;

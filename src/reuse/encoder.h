@@ -97,7 +97,7 @@ class ChunkEncoding {
   bool probes_ = false;                  // a ranking uses the probe pass
   std::vector<float> k_all_, v_all_;     // F32 [n_layer][rows][kv_dim] taps
   std::vector<float> probs_;             // the attention tap (the attn rankings)
-  std::unique_ptr<TappedPass> pass_;
+  std::unique_ptr<TappedPass> pass_;    // until its last row is done
   std::unique_ptr<ProbePass> probe_;     // made once the isolated pass is done
   double forward_ms_ = 0;
   double probe_ms_ = 0;  // the probe pass's steps, charged to the first ranking using it
