@@ -289,18 +289,29 @@ int Engine::stage_chunks(Generation& g, int budget) {
         }
         g.pending_ = std::make_shared<PendingChunk>(*model_, toks, opt_.encode, std::move(info));
         encodings_[id] = g.pending_;
+        ans.lookup_ms += t.ms();
+        t.reset();  // the encoding's time starts here
       }
     }
-    PendingChunk& pc = *g.pending_;
+    const std::shared_ptr<PendingChunk> hold = g.pending_;  // alive through the catch below
+    PendingChunk& pc = *hold;
     if (pc.done || pc.broken) {  // finished, or failed, in another request's step: look again
       g.pending_.reset();
       ans.lookup_ms += t.ms();
       continue;
     }
     try {
-      if (pc.enc.work_left() > 0) {
-        // A device encodes whole; the CPU within what is left of the step's budget.
-        work += pc.enc.step(opt_.encode.device ? pc.enc.work_left() : budget - work);
+      if (const int left = pc.enc.work_left(); left > 0) {
+        // Blocks of prefill_chunk rows of work (the last one shorter), so that the encoding's
+        // slices are its own whoever steps it and whatever shares the step: a block joins a step
+        // that has other work only when it fits. A device encodes whole.
+        const int block = opt_.encode.device ? left : opt_.prefill_chunk;
+        const bool step_empty = work == 0 && budget == opt_.prefill_chunk;
+        if (!step_empty && work + std::min(block, left) > budget) {
+          ans.lookup_ms += t.ms();
+          break;
+        }
+        work += pc.enc.step(block);
       } else {
         ChunkKV rec = pc.enc.finish();
         pc.done = true;
@@ -319,7 +330,7 @@ int Engine::stage_chunks(Generation& g, int budget) {
     } catch (...) {
       pc.broken = true;
       if (auto it = encodings_.find(pc.info.id); it != encodings_.end() &&
-                                                   it->second.lock() == g.pending_)
+                                                   it->second.lock() == hold)
         encodings_.erase(it);
       g.pending_.reset();
       throw;

@@ -284,8 +284,9 @@ class Engine {
   bool stages_chunks(const Generation& g) const;
   // g's next chunks looked up, and missing ones encoded in slices (ChunkEncoding, one shared
   // PendingChunk per chunk id in encodings_), while fewer than `budget` rows were encoded here
-  // (a slice takes what is left of the budget; the record is ranked, packed and stored in the
-  // first step after its last slice); once the last chunk is there, the prefill starts
+  // (an encoding runs in blocks of prefill_chunk rows of work, ChunkEncoding::step, one joining
+  // a step that has other work only when it fits; the record is ranked, packed and stored by
+  // the first call that finds its work done); once the last chunk is there, the prefill starts
   // (start_prefill). Returns the rows of work done.
   int stage_chunks(Generation& g, int budget);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended

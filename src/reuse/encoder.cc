@@ -149,6 +149,7 @@ class Ranker {
 ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
                              const EncodeOptions& opt)
     : m_(m), tokens_(std::move(tokens)), opt_(opt), off_(opt.sink ? 1 : 0) {
+  Timer setup;
   const ModelConfig& c = m.config();
   const int n = (int)tokens_.size();
   CT_THROW_IF_NOT(n > 0, "cannot encode an empty chunk");
@@ -156,11 +157,13 @@ ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
                   kv_dtype_name(opt.dtype));
   CT_THROW_IF_NOT(n + off_ <= c.n_ctx_train, "chunk of {} tokens exceeds the model context of {}",
                   n, c.n_ctx_train);
-  const auto probes = [](RankMode md) {
-    return md == RankMode::kProbe || md == RankMode::kProbeAttn;
-  };
-  probes_ = probes(opt.rank.mode);
-  for (const RankOptions& ro : opt.also) probes_ = probes_ || probes(ro.mode);
+  probes_ = opt.rank.mode == RankMode::kProbe || opt.rank.mode == RankMode::kProbeAttn;
+  if (probes_) {  // refused now rather than after the isolated pass
+    const int P = probe_context_length(m, opt.probe, opt.sink);
+    CT_THROW_IF_NOT(P + n <= c.n_ctx_train,
+                    "probe context ({} tokens) + chunk ({} tokens) exceed the model context of {}",
+                    P, n, c.n_ctx_train);
+  }
   if (opt.sink) toks_.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
   toks_.insert(toks_.end(), tokens_.begin(), tokens_.end());
   const int nt = (int)toks_.size();
@@ -174,6 +177,7 @@ ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
   pass_ = std::make_unique<TappedPass>(m, toks_.data(), nt, opt.device, k_all_.data(),
                                        v_all_.data(), want_attn ? probs_.data() : nullptr,
                                        want_attn ? off_ + attention_first_row(n) : -1);
+  forward_ms_ += setup.ms();
 }
 
 ChunkEncoding::~ChunkEncoding() = default;
@@ -195,8 +199,9 @@ int ChunkEncoding::work_left() const {
 
 int ChunkEncoding::step(int work) {
   CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
-  CT_THROW_IF_NOT(work > 0 && work_left() > 0, "a step of {} rows of a chunk encoding with {} left",
-                  work, work_left());
+  const int before = work_left();
+  CT_THROW_IF_NOT(work > 0 && before > 0, "a step of {} rows of a chunk encoding with {} left",
+                  work, before);
   int done = 0;
   if (pass_) {
     const int r = opt_.device ? pass_->rows_left() : std::min(work, pass_->rows_left());
@@ -204,22 +209,22 @@ int ChunkEncoding::step(int work) {
     pass_->run(r);
     forward_ms_ += t.ms();
     done += r;
-    if (pass_->rows_left() > 0) return done;
+    if (pass_->rows_left() > 0) return before - work_left();
     pass_.reset();  // its cache (or device backend) goes before the probe pass makes its own
   }
-  if (!probes_ || (done >= work && !opt_.device)) return done;
+  if (!probes_ || (done >= work && !opt_.device)) return before - work_left();
+  Timer t;
   if (!probe_) {
     probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
                                          layer_rows(v_all_), opt_.probe, opt_.device);
   }
-  // Probe rows cost layers / n_layer of a row of the whole model each.
+  // A probe row is layers / n_layer of a row of the whole model.
   const int L = m_.config().n_layer, layers = probe_->layers();
   const int left = probe_->rows_left();
   const int r = opt_.device ? left : std::clamp((int)((int64_t)(work - done) * L / layers), 1, left);
-  Timer t;
   probe_->step(r);
   probe_ms_ += t.ms();
-  return done + (int)(((int64_t)r * layers + L - 1) / L);
+  return before - work_left();
 }
 
 ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
@@ -230,14 +235,20 @@ ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {
   const ModelConfig& c = m_.config();
   const int n = (int)tokens_.size(), off = off_;
   const int KV = c.kv_dim(), L = c.n_layer;
+  Timer at;
   const std::vector<float> attn = encode_taps_attention(opt_)
                                       ? attention_received(probs_.data() + off, n, L)
                                       : std::vector<float>();
+  forward_ms_ += at.ms();
   const std::vector<const float*> kl = layer_rows(k_all_), vl = layer_rows(v_all_);
-  Timer rt;
   std::optional<ChunkRanking> probed;
-  if (probe_) probed = probe_->ranking();
-  probe_.reset();
+  if (probe_) {
+    Timer pt;
+    probed = probe_->ranking();
+    probe_.reset();
+    probe_ms_ += pt.ms();
+  }
+  Timer rt;
   Ranker rank_with(m_, tokens_, opt_.sink, kl, vl, KV, attn, opt_.probe, opt_.device,
                    std::move(probed), probe_ms_);
   ChunkRanking rank = rank_with(opt_.rank);

@@ -66,12 +66,15 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
                      EncodeExtras* extras = nullptr);
 
 // encode_chunk in steps, for an encoding that shares engine steps with running requests. Its
-// work is the isolated pass's rows (the chunk and its sink; TappedPass) and then, when a ranking
-// uses the probe, the probe pass's rows (ProbePass) counted in rows of a whole-model pass
-// (ceil(rows * probe layers / n_layer)); step(w) does up to w of it, finish() ranks and packs
-// once none is left. On the CPU a record encoded in slices equals the whole encoding up to the
-// rounding of the row blocks' products (so a near-tie of a ranking may order differently); with
-// EncodeOptions::device each pass runs whole. encode_chunk is step(work_left()) and finish().
+// work is the isolated pass's rows (the chunk and its sink; TappedPass) and then, when the stored
+// ranking uses the probe, the probe pass's rows (ProbePass) counted in rows of a whole-model pass:
+// work_left() = isolated rows left + ceil(probe rows left * probe layers / n_layer). step(w) does
+// up to w of it; finish() ranks and packs once none is left (`also` rankings, with extras, are
+// computed there, as encode_chunk does). The slices' boundaries are the encoding's own: the same
+// w at every step gives the same record whoever steps it. On the CPU a record encoded in slices
+// equals the whole encoding up to the rounding of the row blocks' products (so a near-tie of a
+// ranking may order differently); with EncodeOptions::device each pass runs whole.
+// encode_chunk is step(work_left()) and finish(), bit for bit the encoding in one piece.
 // The model outlives the encoding.
 class ChunkEncoding {
  public:
@@ -82,10 +85,12 @@ class ChunkEncoding {
   ChunkEncoding& operator=(const ChunkEncoding&) = delete;
   int rows() const { return (int)toks_.size(); }  // of the isolated pass: the chunk and its sink
   int work_left() const;
-  // Does at most `work` (>= 1) of what is left, the isolated pass first, and returns what it did
-  // (>= 1 while any is left; with a device, all that is left).
+  // Runs at least one row of what is left, and at most `work` (>= 1) of it as work_left()
+  // counts it (with a device: all of it, each pass whole); returns how much work_left() fell
+  // (it may be 0 for a few probe rows: the probe's rows are charged by the ceiling above).
   int step(int work);
-  // The record, once work_left() is 0 (forward_ms in extras: the isolated pass's steps). Once.
+  // The record, once work_left() is 0. Once. In extras, forward_ms is the isolated pass with its
+  // set-up, and the probe pass's time (its set-up included) belongs to the first ranking using it.
   ChunkKV finish(EncodeExtras* extras = nullptr);
 
  private:
@@ -94,7 +99,7 @@ class ChunkEncoding {
   std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink
   EncodeOptions opt_;
   int off_ = 0;                          // 1 with the sink
-  bool probes_ = false;                  // a ranking uses the probe pass
+  bool probes_ = false;                  // the stored ranking uses the probe pass
   std::vector<float> k_all_, v_all_;     // F32 [n_layer][rows][kv_dim] taps
   std::vector<float> probs_;             // the attention tap (the attn rankings)
   std::unique_ptr<TappedPass> pass_;    // until its last row is done

@@ -107,6 +107,10 @@ double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vecto
 
 }  // namespace
 
+int probe_context_length(const Model& m, const ProbeOptions& o, bool sink) {
+  return probe_prefix(m, o, sink, probe_layers(o, m.config().n_layer))->n;
+}
+
 ProbePass::ProbePass(const Model& m, const std::vector<int32_t>& tokens, bool sink,
                      const std::vector<const float*>& k_iso,
                      const std::vector<const float*>& v_iso, const ProbeOptions& o,

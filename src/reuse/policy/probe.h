@@ -60,6 +60,9 @@ ChunkRanking probe_rank(const Model& m, const std::vector<int32_t>& tokens, bool
                         const std::vector<const float*>& v_iso, const ProbeOptions& o,
                         DeviceSequence* device = nullptr);
 
+// Tokens of the probe context (with the sink when `sink`) that probe_rank places before a chunk.
+int probe_context_length(const Model& m, const ProbeOptions& o, bool sink);
+
 // probe_rank in row slices (a chunk encoding that shares engine steps with running requests):
 // step(r) runs the chunk's next r rows, after the probe context and the rows before them, through
 // the probe's layers, keeping each token's drift norms; ranking() scores them once no row is left
