@@ -34,7 +34,8 @@ def one_round(binary, args, warm, cold, log):
     srv = ServeProcess(binary, ["--model", args.model, "--tiers", "host:4G",
                                 "--prefill-chunk", str(args.prefill_chunk),
                                 "--max-tokens-limit", str(args.decoder_tokens),
-                                "--request-timeout", "0"], log, "cold_chunks_itl")
+                                "--request-timeout", "0"] + shlex.split(args.server_args), log,
+                       "cold_chunks_itl")
     try:
         post_json(srv.port, "/v1/chunks", {"chunks": warm["chunks"]})
         out = {}
@@ -82,6 +83,9 @@ def main():
                     help="seconds between the decoder's start and the first cold request")
     ap.add_argument("--prefill-chunk", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--server-args", default="",
+                    help="more arguments for every server, e.g. '--log-steps' (its step lines "
+                         "go to OUT.server.log)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "cold_chunks_itl"))
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -3,6 +3,7 @@
 // engine step over every running request.
 #include "engine/scheduler.h"
 
+#include "core/timer.h"
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -114,7 +115,7 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-void Scheduler::set_step_observer(std::function<void(int)> f) {
+void Scheduler::set_step_observer(StepObserver f) {
   std::lock_guard<std::mutex> lk(mu_);
   observer_ = std::move(f);
 }
@@ -201,13 +202,15 @@ void Scheduler::loop() {
     for (auto& j : running) gens.push_back(j->g.get());
     std::exception_ptr err;
     StepRows step;
+    const Timer step_time;
     try {
       step = engine_.advance(gens.data(), (int)gens.size());
     } catch (...) {
       err = std::current_exception();  // an engine failure: every request in the step fails
     }
+    const double step_s = step_time.seconds();
     const int rows = step.decode + step.prefill;
-    std::function<void(int)> observer;
+    StepObserver observer;
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (rows > 0) {
@@ -232,9 +235,9 @@ void Scheduler::loop() {
       stats_.running = (int)running.size();
       observer = observer_;
     }
-    if (observer && rows > 0) {
+    if (observer && (rows > 0 || step.encode > 0)) {
       try {
-        observer(rows);
+        observer(step, step_s);
       } catch (...) {  // an observer's failure must not end the scheduler's thread
       }
     }

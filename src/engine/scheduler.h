@@ -84,9 +84,10 @@ class Scheduler {
   void run(const std::function<void()>& fn);
 
   SchedulerStats stats() const;
-  // Called on the scheduler's thread after each step with the step's row count (decode and
-  // prefill rows).
-  void set_step_observer(std::function<void(int rows)> f);
+  // Called on the scheduler's thread after each step that did work (rows of any kind, chunk
+  // encoding included) with the step's rows and its wall time in seconds.
+  using StepObserver = std::function<void(const StepRows& rows, double seconds)>;
+  void set_step_observer(StepObserver f);
   const SchedulerOptions& options() const { return opt_; }
 
  private:
@@ -103,7 +104,7 @@ class Scheduler {
   bool stopping_ = false;
   SchedulerStats stats_;
   mutable uint64_t refused_ = 0;  // under mu_
-  std::function<void(int)> observer_;
+  StepObserver observer_;
   std::thread thread_;
 };
 

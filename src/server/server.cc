@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -105,7 +106,13 @@ struct Server::Impl {
     metrics.collect_server([this] { return cancelled.load(); },
                            [this] { return http.timed_out_connections(); },
                            [this] { return http_rejected.load(); });
-    batcher.set_step_observer([this](int rows) { metrics.batch_rows.observe(rows); });
+    batcher.set_step_observer([this](const StepRows& rows, double seconds) {
+      metrics.record_step(rows, seconds);
+      if (opt.log_steps) {
+        std::fprintf(stderr, "cachetune: step decode=%d prefill=%d encode=%d ms=%.1f\n",
+                     rows.decode, rows.prefill, rows.encode, seconds * 1e3);
+      }
+    });
     metrics.registry.add_collector([this] {
       const SchedulerStats st = batcher.stats();
       metrics.queue_length.set(st.queued);

@@ -35,6 +35,9 @@ struct ServerOptions {
   // Retry-After by a separate overflow worker (server/task_queue.h) instead of waiting unboundedly.
   int http_queue = 256;
   double request_timeout_s = 30;  // longest a connection may take to send a request (0: none)
+  // One stderr line per engine step that did work: its decode, prefill and encoding rows and
+  // its wall time (`serve --log-steps`; for finding what holds up the running requests).
+  bool log_steps = false;
   int listen_backlog = 512;       // pending connections the kernel queues
   // Continuous batching: the K/V budget (bytes), the most requests decoding at once, and the
   // longest admission queue (beyond it: 503 with Retry-After).

@@ -12,6 +12,7 @@ const std::vector<double> kTtftBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 const std::vector<double> kInterTokenBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                 0.1,   0.25,   0.5,   1,    2.5};
 const std::vector<double> kBatchRowBuckets = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048};
+const std::vector<double> kStepBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
 }  // namespace
 
@@ -71,7 +72,20 @@ ServerMetrics::ServerMetrics()
                                             "Bytes of the KV memory budget held by sequences")),
       batch_rows(registry.histogram("cachetune_batch_rows",
                                     "Rows in one engine step: a decode row per generating sequence and prefill rows",
-                                    kBatchRowBuckets)) {}
+                                    kBatchRowBuckets)),
+      step_seconds(registry.histogram("cachetune_step_seconds",
+                                      "Wall time of one engine step that did work (decode rows, "
+                                      "prefill slices, chunk encoding)",
+                                      kStepBuckets)),
+      encode_rows(registry.counter("cachetune_encode_rows_total",
+                                   "Rows of chunk encoding work run in engine steps (the isolated "
+                                   "pass's rows and the probe pass's, in whole-model rows)")) {}
+
+void ServerMetrics::record_step(const StepRows& rows, double seconds) {
+  if (rows.decode + rows.prefill > 0) batch_rows.observe(rows.decode + rows.prefill);
+  step_seconds.observe(seconds);
+  if (rows.encode > 0) encode_rows.inc({}, rows.encode);
+}
 
 std::string ServerMetrics::route_label(const std::string& path) {
   static const char* const kRoutes[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",

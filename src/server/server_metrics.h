@@ -7,6 +7,8 @@
 //   cachetune_running_sequences        gauge      sequences in the running batch
 //   cachetune_kv_budget_bytes_in_use   gauge      bytes of the KV budget held by sequences
 //   cachetune_batch_rows               histogram  rows per engine step (decode and prefill)
+//   cachetune_step_seconds             histogram  wall time of an engine step that did work
+//   cachetune_encode_rows_total        counter    rows of chunk encoding work run in steps
 #pragma once
 
 #include <chrono>
@@ -45,6 +47,10 @@ class ServerMetrics {
   Gauge& running_sequences;
   Gauge& kv_budget_bytes_in_use;
   Histogram& batch_rows;
+  Histogram& step_seconds;
+  Counter& encode_rows;
+  // The scheduler's step observer: the step's rows and time into the series above.
+  void record_step(const StepRows& rows, double seconds);
 
   // The route label of a request path: one of the server's routes, or "other" (so that unknown
   // paths cannot create unbounded series).

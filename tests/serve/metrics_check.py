@@ -36,6 +36,8 @@ EXPECTED = {  # family name as the parser reports it -> type
     "cachetune_running_sequences": "gauge",
     "cachetune_kv_budget_bytes_in_use": "gauge",
     "cachetune_batch_rows": "histogram",
+    "cachetune_step_seconds": "histogram",
+    "cachetune_encode_rows": "counter",
 }
 
 
@@ -108,6 +110,8 @@ def main():
     lookups = sum(s.value for s in families["cachetune_chunk_lookups"].samples
                   if s.name == "cachetune_chunk_lookups_total")
     check(lookups >= 1, f"chunk lookups: {lookups}")
+    steps = value("cachetune_step_seconds", "cachetune_step_seconds_count")
+    check(steps is not None and steps >= 1, f"engine steps timed: {steps}")
     print(f"metrics checks passed ({len(families)} families)")
     return 0
 

@@ -243,6 +243,9 @@ TEST_F(GuardedServerTest, MetricsCountRequestsTokensAndChunks) {
   EXPECT_EQ(sample(t, "cachetune_running_sequences"), 0) << t;
   EXPECT_EQ(sample(t, "cachetune_kv_budget_bytes_in_use"), 0) << t;
   EXPECT_GE(sample(t, "cachetune_batch_rows_count"), 2) << t;
+  EXPECT_GE(sample(t, "cachetune_step_seconds_count"), sample(t, "cachetune_batch_rows_count"))
+      << t;
+  EXPECT_NE(t.find("# TYPE cachetune_encode_rows_total counter"), std::string::npos) << t;
 }
 
 // Text of a streamed response's content deltas and its finish_reason.

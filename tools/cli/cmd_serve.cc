@@ -184,6 +184,9 @@ void register_serve(CLI::App& app) {
                 "Seconds one request (line, headers and body) may take to arrive before its "
                 "connection is closed (0: no limit beyond 5 s per read)")
       ->capture_default_str();
+  c->add_flag("--log-steps", a->server.log_steps,
+              "Print each engine step's decode, prefill and chunk-encoding rows and its time to "
+              "stderr");
   c->add_option("--allow-origin", a->server.allowed_origins,
                 "Browser Origin allowed to call the API (repeatable; '*' for any). Requests "
                 "with any other Origin header are refused (403)");
