@@ -269,73 +269,98 @@ struct PendingChunk {
   bool broken = false;  // a step threw: the requests waiting for it start their own
 };
 
+std::shared_ptr<PendingChunk> Engine::running_encoding(const std::string& id) {
+  auto it = encodings_.find(id);
+  if (it == encodings_.end()) return nullptr;
+  std::shared_ptr<PendingChunk> pc = it->second.lock();
+  if (!pc) encodings_.erase(it);
+  return pc;
+}
+
+std::shared_ptr<PendingChunk> Engine::find_or_start(const std::vector<int32_t>& tokens,
+                                                    ChunkInfo& info, ChunkMeta* meta_out) {
+  const std::string id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
+  if (std::shared_ptr<PendingChunk> pc = running_encoding(id)) return pc;
+  if (find_stored(tokens, info, meta_out)) return nullptr;
+  auto pc = std::make_shared<PendingChunk>(*model_, tokens, opt_.encode, info);
+  encodings_[id] = pc;
+  return pc;
+}
+
+std::optional<ChunkKV> Engine::encoding_step(const std::shared_ptr<PendingChunk>& hold, int block) {
+  PendingChunk& pc = *hold;
+  Timer t;
+  try {
+    if (pc.enc.work_left() > 0) {
+      pc.enc.step(opt_.encode.device ? pc.enc.work_left() : block);
+      pc.info.encode_ms += t.ms();
+      return std::nullopt;
+    }
+    ChunkKV rec = pc.enc.finish();
+    pc.done = true;
+    encodings_.erase(pc.info.id);
+    pc.info.encode_ms += t.ms();
+    return rec;
+  } catch (...) {
+    pc.broken = true;
+    if (auto it = encodings_.find(pc.info.id); it != encodings_.end() &&
+                                                 it->second.lock() == hold)
+      encodings_.erase(it);
+    throw;
+  }
+}
+
 int Engine::stage_chunks(Generation& g, int budget) {
   const RagPromptTokens& p = g.prompt_;
   Answer& ans = g.answer_;
   int work = 0;  // rows of encoding done here
   while (g.staged_ < p.chunks.size() && work < budget) {
-    Timer t;
+    const Timer t;
     const std::vector<int32_t>& toks = p.chunks[g.staged_];
     if (!g.pending_) {
-      const std::string id = join_encoding(g);
-      if (!g.pending_) {
-        ChunkInfo info;
-        ChunkMeta meta;
-        if (find_stored(toks, info, &meta)) {
-          add_chunk(g, std::move(info), std::move(meta), std::nullopt);
-          ++g.staged_;
-          ans.lookup_ms += t.ms();
-          continue;
-        }
-        g.pending_ = std::make_shared<PendingChunk>(*model_, toks, opt_.encode, std::move(info));
-        encodings_[id] = g.pending_;
+      ChunkInfo info;
+      ChunkMeta meta;
+      g.pending_ = find_or_start(toks, info, &meta);
+      if (!g.pending_) {  // stored
+        add_chunk(g, std::move(info), std::move(meta), std::nullopt);
+        ++g.staged_;
         ans.lookup_ms += t.ms();
-        t.reset();  // the encoding's time starts here
+        continue;
       }
     }
-    const std::shared_ptr<PendingChunk> hold = g.pending_;  // alive through the catch below
+    const std::shared_ptr<PendingChunk> hold = g.pending_;  // alive through the calls below
     PendingChunk& pc = *hold;
     if (pc.done || pc.broken) {  // finished, or failed, in another request's step: look again
       g.pending_.reset();
       ans.lookup_ms += t.ms();
       continue;
     }
+    // Blocks of prefill_chunk rows of work (the last one shorter), so that the encoding's
+    // slices are its own whoever steps it and whatever shares the step: a block joins a step
+    // that has other work only when it fits.
+    const int left = pc.enc.work_left();
+    const bool step_empty = work == 0 && budget == opt_.prefill_chunk;
+    if (left > 0 && !step_empty && work + std::min(opt_.prefill_chunk, left) > budget) {
+      ans.lookup_ms += t.ms();
+      break;
+    }
+    std::optional<ChunkKV> rec;
     try {
-      if (const int left = pc.enc.work_left(); left > 0) {
-        // Blocks of prefill_chunk rows of work (the last one shorter), so that the encoding's
-        // slices are its own whoever steps it and whatever shares the step: a block joins a step
-        // that has other work only when it fits. A device encodes whole.
-        const int block = opt_.encode.device ? left : opt_.prefill_chunk;
-        const bool step_empty = work == 0 && budget == opt_.prefill_chunk;
-        if (!step_empty && work + std::min(block, left) > budget) {
-          ans.lookup_ms += t.ms();
-          break;
-        }
-        work += pc.enc.step(block);
-      } else {
-        ChunkKV rec = pc.enc.finish();
-        pc.done = true;
-        encodings_.erase(pc.info.id);
-        ChunkInfo info = pc.info;
-        info.encode_ms += t.ms();
-        ChunkMeta meta;
-        std::optional<ChunkKV> unplaced;
-        store_encoded(std::move(rec), 0, info, &meta, &unplaced);
-        g.pending_.reset();
-        add_chunk(g, std::move(info), std::move(meta), std::move(unplaced));
-        ++g.staged_;
-        ans.lookup_ms += t.ms();
-        continue;
-      }
+      rec = encoding_step(hold, opt_.prefill_chunk);
     } catch (...) {
-      pc.broken = true;
-      if (auto it = encodings_.find(pc.info.id); it != encodings_.end() &&
-                                                   it->second.lock() == hold)
-        encodings_.erase(it);
       g.pending_.reset();
       throw;
     }
-    pc.info.encode_ms += t.ms();
+    work += left - pc.enc.work_left();
+    if (rec) {
+      ChunkInfo info = pc.info;
+      ChunkMeta meta;
+      std::optional<ChunkKV> unplaced;
+      g.pending_.reset();
+      store_encoded(std::move(*rec), 0, info, &meta, &unplaced);
+      add_chunk(g, std::move(info), std::move(meta), std::move(unplaced));
+      ++g.staged_;
+    }
     ans.lookup_ms += t.ms();
   }
   if (g.staged_ == p.chunks.size()) {
@@ -345,13 +370,32 @@ int Engine::stage_chunks(Generation& g, int budget) {
   return work;
 }
 
-std::string Engine::join_encoding(Generation& g) {
-  const std::string id = chunk_id(model_->fingerprint(), g.prompt_.chunks[g.staged_], opt_.encode);
-  if (auto it = encodings_.find(id); it != encodings_.end()) {
-    g.pending_ = it->second.lock();
-    if (!g.pending_) encodings_.erase(it);
+bool Engine::ingest_step(ChunkIngest& in) {
+  const int want = in.tier.empty() ? 0 : tier_index(in.tier);
+  for (;;) {
+    if (!in.pending) {
+      in.pending = find_or_start(in.tokens, in.info, nullptr);
+      if (!in.pending) return true;  // stored
+    }
+    const std::shared_ptr<PendingChunk> hold = in.pending;
+    if (hold->done || hold->broken) {  // finished, or failed, by a request: look again
+      in.pending.reset();
+      in.info = ChunkInfo();
+      continue;
+    }
+    std::optional<ChunkKV> rec;
+    try {
+      rec = encoding_step(hold, opt_.prefill_chunk > 0 ? opt_.prefill_chunk : hold->enc.work_left());
+    } catch (...) {
+      in.pending.reset();
+      throw;
+    }
+    if (!rec) return false;
+    in.info = hold->info;
+    in.pending.reset();
+    store_encoded(std::move(*rec), want, in.info, nullptr, nullptr);
+    return true;
   }
-  return id;
 }
 
 void Engine::add_chunk(Generation& g, ChunkInfo info, ChunkMeta meta,
@@ -508,7 +552,8 @@ StepRows Engine::advance(Generation* const* gens, int n) {
         } else if (!g.pending_ && g.staged_ < g.prompt_.chunks.size()) {
           // No budget left: it holds the running encoding of its next chunk, if another request
           // runs one, so that the encoding goes on should that request leave.
-          join_encoding(g);
+          g.pending_ = running_encoding(
+              chunk_id(model_->fingerprint(), g.prompt_.chunks[g.staged_], opt_.encode));
         }
       } catch (...) {
         fail(g, std::current_exception());

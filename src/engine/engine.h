@@ -220,6 +220,20 @@ class Engine {
   ChunkInfo ensure_chunk(const std::vector<int32_t>& tokens, const std::string& tier = "",
                          ChunkMeta* meta_out = nullptr, std::optional<ChunkKV>* unplaced = nullptr);
 
+  // ensure_chunk in blocks, for the ingest route (POST /v1/chunks): each call looks the chunk up
+  // or runs one block of its encoding (prefill_chunk rows of work; all of it when 0), joining
+  // an encoding of the same chunk that a request runs, and returns true once the chunk is
+  // stored (in.info as ensure_chunk's). Called between engine steps on the thread that drives
+  // the engine, so that running requests decode between two blocks. Throws what ensure_chunk
+  // throws (no tier takes the record: ct::Error).
+  struct ChunkIngest {
+    std::vector<int32_t> tokens;
+    std::string tier;  // as ensure_chunk's (empty: the top tier)
+    ChunkInfo info;
+    std::shared_ptr<PendingChunk> pending;
+  };
+  bool ingest_step(ChunkIngest& in);
+
   // Key of the calibration that applies to tier `tier` (index into options().tiers) for the
   // loaded model on this machine and compute backend `backend` ("cpu" or "cuda": where the
   // prefill runs, Answer::device). `cachetune calibrate` measures backend_name()'s.
@@ -299,9 +313,16 @@ class Engine {
   bool find_stored(const std::vector<int32_t>& tokens, ChunkInfo& info, ChunkMeta* meta_out);
   void store_encoded(ChunkKV rec, int want, ChunkInfo& info, ChunkMeta* meta_out,
                      std::optional<ChunkKV>* unplaced);
-  // g.pending_ set to the running encoding of g's next chunk (staged_) when another request runs
-  // one; returns that chunk's id.
-  std::string join_encoding(Generation& g);
+  // The running encoding of chunk `id`, or null.
+  std::shared_ptr<PendingChunk> running_encoding(const std::string& id);
+  // The running encoding of `tokens` (joined); else null when the pool holds the chunk (info
+  // and meta_out set by find_stored); else a new running encoding (info: the lookup's).
+  std::shared_ptr<PendingChunk> find_or_start(const std::vector<int32_t>& tokens, ChunkInfo& info,
+                                              ChunkMeta* meta_out);
+  // One block of `hold`'s encoding (at most `block` rows of work; with a device all of it), or
+  // when none is left its record (hold done and forgotten by encodings_). A step that throws
+  // marks it broken and forgets it, and the error goes on.
+  std::optional<ChunkKV> encoding_step(const std::shared_ptr<PendingChunk>& hold, int block);
   // g's chunk i, found or encoded: appended to answer_.chunks and srcs_.
   void add_chunk(Generation& g, ChunkInfo info, ChunkMeta meta, std::optional<ChunkKV> unplaced);
   // The encodings running in slices, by chunk id; an entry expires when no request holds it.

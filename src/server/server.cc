@@ -329,10 +329,13 @@ struct Server::Impl {
       }
     }
     json data = json::array();
-    // One scheduler task per chunk, so running requests decode a step between two encodings.
+    // One scheduler task per block of an encoding (Engine::ingest_step), so running requests
+    // decode a step between two blocks.
     for (const std::vector<int32_t>& toks : tokens) {
-      ChunkInfo c;
-      batcher.run([&] { c = engine.ensure_chunk(toks, tier); });
+      Engine::ChunkIngest in{toks, tier, {}, nullptr};
+      bool done = false;
+      while (!done) batcher.run([&] { done = engine.ingest_step(in); });
+      const ChunkInfo& c = in.info;
       metrics.record_chunks({c});
       data.push_back({{"id", c.id},
                       {"n_tok", c.n_tok},

@@ -532,6 +532,49 @@ TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
   }
 }
 
+// The ingest route's encodings (Engine::ingest_step) run in blocks of the budget too, one per
+// call between engine steps, and join a request's running encoding of the same chunk.
+TEST_F(BatchingTest, AnIngestEncodesInBlocksAndJoinsARequestsEncoding) {
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 4;
+  Engine eng(eo);
+  const Tokenizer& tok = eng.model().tokenizer();
+  const std::vector<int32_t> toks =
+      tokenize_chunk(tok, "The harbour master logs every ship that enters after dark.");
+  const int work = ChunkEncoding(eng.model(), toks, eo.encode).work_left();
+  ASSERT_GT(work, 2 * eo.prefill_chunk);
+  Engine::ChunkIngest in{toks, "", {}, nullptr};
+  int blocks = 0;
+  while (!eng.ingest_step(in) && blocks < 1000) ++blocks;
+  EXPECT_EQ(blocks, (work + eo.prefill_chunk - 1) / eo.prefill_chunk);
+  EXPECT_FALSE(in.info.hit);
+  EXPECT_EQ(in.info.tier, "host");
+  EXPECT_TRUE(eng.pool().contains(in.info.id));
+  Engine::ChunkIngest again{toks, "", {}, nullptr};
+  EXPECT_TRUE(eng.ingest_step(again));  // found at once
+  EXPECT_TRUE(again.info.hit);
+
+  // A request starts encoding its new chunk; an ingest of the same chunk goes on from there,
+  // and the request then finds the chunk stored, with the tokens it gets alone.
+  const Req r{{"The lamps along the quay are lit at dusk by a keeper with a long pole."},
+              "Who lights the lamps?", &find_policy("cachetune")};
+  const RagPromptTokens p = build_rag_prompt(tok, r.docs, r.question);
+  const int work2 = ChunkEncoding(eng.model(), p.chunks[0], eo.encode).work_left();
+  std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4));
+  Generation* gp = g.get();
+  EXPECT_EQ(eng.advance(&gp, 1).encode, eo.prefill_chunk);  // the request's first block
+  Engine::ChunkIngest joined{p.chunks[0], "", {}, nullptr};
+  int more = 0;
+  while (!eng.ingest_step(joined) && more < 1000) ++more;
+  EXPECT_EQ(1 + more, (work2 + eo.prefill_chunk - 1) / eo.prefill_chunk);
+  EXPECT_FALSE(joined.info.hit);
+  while (!g->done()) eng.advance(&gp, 1);
+  ASSERT_FALSE(g->error());
+  ASSERT_EQ(g->answer().chunks.size(), 1u);
+  EXPECT_TRUE(g->answer().chunks[0].hit);
+  EXPECT_EQ(g->answer().tokens, alone(eo, {r}, 4)[0]);
+}
+
 // A prefilling request whose client has gone stops between two slices: no token, its error is
 // RequestCancelled, and its cache goes back.
 TEST_F(BatchingTest, ARequestCancelledDuringAChunkedPrefillStopsBetweenSlices) {
