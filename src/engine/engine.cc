@@ -143,9 +143,9 @@ std::string stored_mismatch(const ChunkMeta& meta, const std::vector<int32_t>& t
 
 }  // namespace
 
-bool Engine::find_stored(const std::vector<int32_t>& tokens, ChunkInfo& info,
-                         ChunkMeta* meta_out) {
-  info.id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
+bool Engine::find_stored(const std::string& id, const std::vector<int32_t>& tokens,
+                         ChunkInfo& info, ChunkMeta* meta_out) {
+  info.id = id;
   info.n_tok = (int)tokens.size();
   if (auto meta = pool_->lookup(info.id)) {
     const std::string why = stored_mismatch(*meta, tokens, *model_, opt_.encode);
@@ -193,7 +193,8 @@ ChunkInfo Engine::ensure_chunk(const std::vector<int32_t>& tokens, const std::st
                                ChunkMeta* meta_out, std::optional<ChunkKV>* unplaced) {
   ChunkInfo info;
   const int want = tier.empty() ? 0 : tier_index(tier);
-  if (find_stored(tokens, info, meta_out)) return info;
+  if (find_stored(chunk_id(model_->fingerprint(), tokens, opt_.encode), tokens, info, meta_out))
+    return info;
   Timer t;
   ChunkKV rec = encode_chunk(*model_, tokens, opt_.encode);
   info.encode_ms = t.ms();
@@ -281,7 +282,7 @@ std::shared_ptr<PendingChunk> Engine::find_or_start(const std::vector<int32_t>& 
                                                     ChunkInfo& info, ChunkMeta* meta_out) {
   const std::string id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
   if (std::shared_ptr<PendingChunk> pc = running_encoding(id)) return pc;
-  if (find_stored(tokens, info, meta_out)) return nullptr;
+  if (find_stored(id, tokens, info, meta_out)) return nullptr;
   auto pc = std::make_shared<PendingChunk>(*model_, tokens, opt_.encode, info);
   encodings_[id] = pc;
   return pc;
@@ -344,13 +345,8 @@ int Engine::stage_chunks(Generation& g, int budget) {
       ans.lookup_ms += t.ms();
       break;
     }
-    std::optional<ChunkKV> rec;
-    try {
-      rec = encoding_step(hold, opt_.prefill_chunk);
-    } catch (...) {
-      g.pending_.reset();
-      throw;
-    }
+    // (A step that throws fails g, which drops its pending_: Engine::fail.)
+    std::optional<ChunkKV> rec = encoding_step(hold, opt_.prefill_chunk);
     work += left - pc.enc.work_left();
     if (rec) {
       ChunkInfo info = pc.info;
@@ -383,13 +379,8 @@ bool Engine::ingest_step(ChunkIngest& in) {
       in.info = ChunkInfo();
       continue;
     }
-    std::optional<ChunkKV> rec;
-    try {
-      rec = encoding_step(hold, opt_.prefill_chunk > 0 ? opt_.prefill_chunk : hold->enc.work_left());
-    } catch (...) {
-      in.pending.reset();
-      throw;
-    }
+    std::optional<ChunkKV> rec =
+        encoding_step(hold, opt_.prefill_chunk > 0 ? opt_.prefill_chunk : hold->enc.work_left());
     if (!rec) return false;
     in.info = hold->info;
     in.pending.reset();
@@ -534,7 +525,7 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   std::vector<int32_t> ids, gids;
   std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
-  int work = 0;  // this step's prefill work: tokens encoded and slice rows
+  int work = 0;  // this step's prefill work: rows of encoding work and slice rows
   // Encodings no request holds any more (theirs finished or left) are forgotten.
   std::erase_if(encodings_, [](const auto& e) { return e.second.expired(); });
   for (int i = 0; i < n; ++i) {

@@ -310,7 +310,8 @@ class Engine {
   // record (info.hit, its metadata in meta_out; a mismatching one is dropped, info.replaced).
   // store_encoded: a new record into the pool (tier index `want`), or handed back in `unplaced`
   // when no tier takes it (without `unplaced`, ct::Error); info's tier and note set.
-  bool find_stored(const std::vector<int32_t>& tokens, ChunkInfo& info, ChunkMeta* meta_out);
+  bool find_stored(const std::string& id, const std::vector<int32_t>& tokens, ChunkInfo& info,
+                   ChunkMeta* meta_out);
   void store_encoded(ChunkKV rec, int want, ChunkInfo& info, ChunkMeta* meta_out,
                      std::optional<ChunkKV>* unplaced);
   // The running encoding of chunk `id`, or null.

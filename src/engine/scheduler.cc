@@ -3,12 +3,12 @@
 // engine step over every running request.
 #include "engine/scheduler.h"
 
-#include "core/timer.h"
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/timer.h"
 
 namespace ct {
 

@@ -87,10 +87,8 @@ ChunkRanking ranking_by_scores(std::vector<float> scores) {
                    [&](int32_t a, int32_t b) { return r.scores[a] > r.scores[b]; });
   return r;
 }
-// Per token L2 norm of a - b over kv_dim channels, and the mean of those norms.
-double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vector<double>& out) {
-  out.assign(n, 0.0);
-  double sum = 0;
+// Per token L2 norm of a - b over kv_dim channels, into out[n].
+void drift_norms(const float* a, const float* b, int n, int kv_dim, double* out) {
   for (int t = 0; t < n; ++t) {
     double s = 0;
     const float* pa = a + (size_t)t * kv_dim;
@@ -100,9 +98,7 @@ double drift_norms(const float* a, const float* b, int n, int kv_dim, std::vecto
       s += d * d;
     }
     out[t] = std::sqrt(s);
-    sum += out[t];
   }
-  return n > 0 ? sum / n : 0.0;
 }
 
 }  // namespace
@@ -169,17 +165,14 @@ void ProbePass::step(int rows) {
   be_->begin(tokens_.data() + a, pos_.data() + a, rows);
   if (a == 0) be_->set_reused(ctx_, 0);  // later slices attend over the placed rows
   std::vector<float> kp((size_t)rows * KV), vp((size_t)rows * KV);
-  std::vector<double> d;
   for (int l = 0; l < layers_; ++l) {
     LayerTap tap;
     tap.k_pre_rope = kp.data();
     tap.v = vp.data();
     be_->layer(l, &tap);
     if (l == 0) continue;  // layer 0's K and V depend on the token alone
-    drift_norms(kp.data(), k_iso_[l] + (size_t)a * KV, rows, KV, d);
-    std::copy(d.begin(), d.end(), dk_[l].begin() + a);
-    drift_norms(vp.data(), v_iso_[l] + (size_t)a * KV, rows, KV, d);
-    std::copy(d.begin(), d.end(), dv_[l].begin() + a);
+    drift_norms(kp.data(), k_iso_[l] + (size_t)a * KV, rows, KV, dk_[l].data() + a);
+    drift_norms(vp.data(), v_iso_[l] + (size_t)a * KV, rows, KV, dv_[l].data() + a);
   }
   done_ += rows;
 }
