@@ -109,6 +109,23 @@ TEST(Ops, Exp256IsAccurate) {
   }
 }
 
+TEST(Ops, VecMaxEqualsTheScalarLoop) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 30.0f);
+  for (int n = 0; n <= 70; ++n) {
+    for (int rep = 0; rep < 4; ++rep) {
+      std::vector<float> s(n);
+      for (float& x : s) x = nd(rng);
+      // The largest element anywhere: first, inside a vector, in the tail; or the start value.
+      if (n > 0 && rep < 3) s[rep == 0 ? 0 : rep == 1 ? n / 2 : n - 1] = 1e3f + (float)rep;
+      const float start = rep == 3 ? 2e3f : -1e30f;
+      float want = start;
+      for (float x : s) want = std::max(want, x);
+      ASSERT_EQ(vec_max(s.data(), n, start), want) << n << " " << rep;
+    }
+  }
+}
+
 TEST(Ops, RopeMatchesReferenceBothStyles) {
   for (RopeStyle style : {RopeStyle::kNorm, RopeStyle::kNeox}) {
     Rope rope(16, 16, 10000.0f, style);

@@ -277,8 +277,7 @@ void accumulate_probs(const AttnArgs& a) {
         for (int j = 0; j < nv; ++j) {
           row[j] = vec_dot(qt.data() + (size_t)i * hd, kv_row(a, a.k, j, g, kt.data()), hd);
         }
-        float mx = row[0];
-        for (int j = 1; j < nv; ++j) mx = std::max(mx, row[j]);
+        const float mx = vec_max(row + 1, nv - 1, row[0]);
         const float sum = vec_exp_sub_sum(row, nv, mx);
         w[(size_t)h * nr + i] = 1.0f / (sum * a.n_head);
       }
@@ -366,8 +365,7 @@ void attention_task(const AttnArgs& a, int g, int qb, AttnScratch& t) {
         std::fill(s, s + nk, 0.0f);
         continue;
       }
-      float mx = mt[row];
-      for (int j = 0; j < nv; ++j) mx = std::max(mx, s[j]);
+      const float mx = vec_max(s, nv, mt[row]);
       const float corr = std::exp(mt[row] - mx);
       const float sum = vec_exp_sub_sum(s, nv, mx);
       std::fill(s + nv, s + nk, 0.0f);
@@ -547,8 +545,7 @@ void attention_row(const AttnArgs& a, int g, int r, AttnScratch& t) {
   }
   for (int h = 0; h < n_rep; ++h) {
     float* s = st + (size_t)h * ld;
-    float mx = s[0];
-    for (int j = 1; j < n; ++j) mx = std::max(mx, s[j]);
+    const float mx = vec_max(s + 1, n - 1, s[0]);
     inv[h] = 1.0f / vec_exp_sub_sum(s, n, mx);
   }
   float* out = a.out + (size_t)r * qd + (size_t)g * n_rep * hd;

@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace ct::cpu {
@@ -54,6 +55,27 @@ inline __m256 exp256_ps(__m256 x) {
   __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127));
   e = _mm256_slli_epi32(e, 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// The largest of m and s[0..n). Exact whatever the order, so the vector form gives the scalar
+// loop's value (a zero's sign aside, which exp(s - max) does not see); the scalar loop's
+// dependence on its last maximum costs a max latency per element, most of attention's softmax.
+inline float vec_max(const float* s, int n, float m) {
+  int j = 0;
+  if (n >= 16) {
+    __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+    for (j = 16; j + 16 <= n; j += 16) {
+      a = _mm256_max_ps(a, _mm256_loadu_ps(s + j));
+      b = _mm256_max_ps(b, _mm256_loadu_ps(s + j + 8));
+    }
+    a = _mm256_max_ps(a, b);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    m = std::max(m, _mm_cvtss_f32(h));
+  }
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m;
 }
 
 // s[j] = exp(s[j] - m) for j < n; returns the sum of the new values.
