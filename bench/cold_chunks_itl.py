@@ -30,11 +30,13 @@ from serve_sweep import load_examples, one_request, post_json  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one_round(binary, args, warm, cold, log):
-    srv = ServeProcess(binary, ["--model", args.model, "--tiers", "host:4G",
-                                "--prefill-chunk", str(args.prefill_chunk),
-                                "--max-tokens-limit", str(args.decoder_tokens),
-                                "--request-timeout", "0"] + shlex.split(args.server_args), log,
+def one_round(binary, extra, args, warm, cold, log):
+    more = shlex.split(args.server_args) + shlex.split(extra)
+    # A binary's own --prefill-chunk (BINARY::ARGS) replaces --prefill-chunk's.
+    chunk = [] if "--prefill-chunk" in more else ["--prefill-chunk", str(args.prefill_chunk)]
+    srv = ServeProcess(binary, ["--model", args.model, "--tiers", "host:4G"] + chunk +
+                       ["--max-tokens-limit", str(args.decoder_tokens),
+                        "--request-timeout", "0"] + more, log,
                        "cold_chunks_itl")
     try:
         post_json(srv.port, "/v1/chunks", {"chunks": warm["chunks"]})
@@ -73,7 +75,9 @@ def one_round(binary, args, warm, cold, log):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--binaries", nargs="+", required=True)
+    ap.add_argument("--binaries", nargs="+", required=True,
+                    help="servers to compare; BINARY or BINARY::ARGS (more arguments for that "
+                         "one, e.g. 'build/cachetune::--step-attn-keys 0')")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared", "data"))
     ap.add_argument("--task", default="hotpotqa")
@@ -85,7 +89,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--server-args", default="",
                     help="more arguments for every server, e.g. '--log-steps' (its step lines "
-                         "go to OUT.server.log)")
+                         "go to OUT.server<i>.log, i the binary's index in --binaries)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "cold_chunks_itl"))
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -97,8 +101,10 @@ def main():
         # The same new documents for every binary in a round (each run starts a fresh server, so
         # none has seen them), other ones in each round.
         cold = pool[r * args.cold:(r + 1) * args.cold]
-        for b in args.binaries:
-            m = one_round(b, args, warm, cold, args.out + ".server.log")
+        for i, b in enumerate(args.binaries):
+            binary, _, extra = b.partition("::")
+            # Each binary's server log (the last round's) in OUT.server<i>.log.
+            m = one_round(binary, extra, args, warm, cold, f"{args.out}.server{i}.log")
             m.update({"binary": b, "round": r})
             res["runs"].append(m)
             print(f"round {r} {b}: decoder gap while cold requests ran: max {m['gap_max']:.3f} s, "

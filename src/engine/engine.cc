@@ -17,6 +17,16 @@
 
 namespace ct {
 
+double default_step_attn_keys(const ModelConfig& c) {
+  // Attention's two products (QK and PV) over one key against a row's weights, in multiply-adds,
+  // and the two kernels' rates: `cachetune bench --step-block 512` on the Xeon of
+  // docs/PERFORMANCE.md measured attention's products at about 0.4 of the weights' rate.
+  constexpr double kAttnRate = 0.4;
+  const double E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), F = c.n_ff;
+  const double weights = E * (Q + 2 * KV) + Q * E + 3 * E * F;
+  return kAttnRate * weights / (2 * Q);
+}
+
 Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   if (opt_.model_path.empty()) opt_.model_path = default_model_path();
   if (opt_.calibration_path.empty()) opt_.calibration_path = default_calibration_path();
@@ -34,6 +44,11 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   }
   model_ = Model::load(opt_.model_path);
   model_->check_cache_type(opt_.kv_type);
+  CT_THROW_IF_NOT(std::isfinite(opt_.step_attn_keys),
+                  "engine step_attn_keys = {}: expected a finite number (0: rows alone, "
+                  "negative: the model's estimate)", opt_.step_attn_keys);
+  if (opt_.step_attn_keys < 0) opt_.step_attn_keys = default_step_attn_keys(model_->config());
+  row_work_ = RowWork{opt_.step_attn_keys};
   std::vector<std::unique_ptr<store::Tier>> tiers;
   for (const TierSpec& t : opt_.tiers) tiers.push_back(store::make_tier(t));
   pool_ = std::make_unique<store::CachePool>(std::move(tiers));
@@ -262,8 +277,8 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
 // A chunk encoding run in slices by the requests that need it (whichever stages first steps it).
 struct PendingChunk {
   PendingChunk(const Model& m, const std::vector<int32_t>& tokens, const EncodeOptions& opt,
-               ChunkInfo found)
-      : enc(m, tokens, opt), info(std::move(found)) {}
+               RowWork work, ChunkInfo found)
+      : enc(m, tokens, opt, work), info(std::move(found)) {}
   ChunkEncoding enc;
   ChunkInfo info;     // find_stored's, then encode_ms added up over the steps
   bool done = false;  // stored (or handed to the request that finished it)
@@ -283,12 +298,13 @@ std::shared_ptr<PendingChunk> Engine::find_or_start(const std::vector<int32_t>& 
   const std::string id = chunk_id(model_->fingerprint(), tokens, opt_.encode);
   if (std::shared_ptr<PendingChunk> pc = running_encoding(id)) return pc;
   if (find_stored(id, tokens, info, meta_out)) return nullptr;
-  auto pc = std::make_shared<PendingChunk>(*model_, tokens, opt_.encode, info);
+  auto pc = std::make_shared<PendingChunk>(*model_, tokens, opt_.encode, row_work_, info);
   encodings_[id] = pc;
   return pc;
 }
 
-std::optional<ChunkKV> Engine::encoding_step(const std::shared_ptr<PendingChunk>& hold, int block) {
+std::optional<ChunkKV> Engine::encoding_step(const std::shared_ptr<PendingChunk>& hold,
+                                             double block) {
   PendingChunk& pc = *hold;
   Timer t;
   try {
@@ -311,11 +327,11 @@ std::optional<ChunkKV> Engine::encoding_step(const std::shared_ptr<PendingChunk>
   }
 }
 
-int Engine::stage_chunks(Generation& g, int budget) {
+void Engine::stage_chunks(Generation& g, StepRows& step) {
   const RagPromptTokens& p = g.prompt_;
   Answer& ans = g.answer_;
-  int work = 0;  // rows of encoding done here
-  while (g.staged_ < p.chunks.size() && work < budget) {
+  const double budget = opt_.prefill_chunk;
+  while (g.staged_ < p.chunks.size() && step.work < budget) {
     const Timer t;
     const std::vector<int32_t>& toks = p.chunks[g.staged_];
     if (!g.pending_) {
@@ -339,15 +355,16 @@ int Engine::stage_chunks(Generation& g, int budget) {
     // Blocks of prefill_chunk rows of work (the last one shorter), so that the encoding's
     // slices are its own whoever steps it and whatever shares the step: a block joins a step
     // that has other work only when it fits.
-    const int left = pc.enc.work_left();
-    const bool step_empty = work == 0 && budget == opt_.prefill_chunk;
-    if (left > 0 && !step_empty && work + std::min(opt_.prefill_chunk, left) > budget) {
+    const double left = pc.enc.work_left();
+    if (left > 0 && step.work > 0 && step.work + std::min(budget, left) > budget) {
       ans.lookup_ms += t.ms();
       break;
     }
     // (A step that throws fails g, which drops its pending_: Engine::fail.)
-    std::optional<ChunkKV> rec = encoding_step(hold, opt_.prefill_chunk);
-    work += left - pc.enc.work_left();
+    const int rows_before = pc.enc.rows_done();
+    std::optional<ChunkKV> rec = encoding_step(hold, budget);
+    step.work += left - pc.enc.work_left();
+    step.encode += pc.enc.rows_done() - rows_before;
     if (rec) {
       ChunkInfo info = pc.info;
       ChunkMeta meta;
@@ -363,7 +380,6 @@ int Engine::stage_chunks(Generation& g, int budget) {
     g.staging_ = false;
     start_prefill(g);
   }
-  return work;
 }
 
 bool Engine::ingest_step(ChunkIngest& in) {
@@ -525,7 +541,6 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   std::vector<int32_t> ids, gids;
   std::vector<int> slices;  // rows of each of pre's slices in this step
   StepRows rows;
-  int work = 0;  // this step's prefill work: rows of encoding work and slice rows
   // Encodings no request holds any more (theirs finished or left) are forgotten.
   std::erase_if(encodings_, [](const auto& e) { return e.second.expired(); });
   for (int i = 0; i < n; ++i) {
@@ -536,10 +551,8 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       // first); its prefill starts once every chunk is there, and may join this step.
       if (stop_if_cancelled(g)) continue;
       try {
-        if (work < opt_.prefill_chunk) {
-          const int encoded = stage_chunks(g, opt_.prefill_chunk - work);
-          work += encoded;
-          rows.encode += encoded;
+        if (rows.work < opt_.prefill_chunk) {
+          stage_chunks(g, rows);
         } else if (!g.pending_ && g.staged_ < g.prompt_.chunks.size()) {
           // No budget left: it holds the running encoding of its next chunk, if another request
           // runs one, so that the encoding goes on should that request leave.
@@ -555,13 +568,14 @@ StepRows Engine::advance(Generation* const* gens, int n) {
     if (g.sliced_) {
       // Its next slice joins this step while the step's prefill work stays within the budget
       // (the oldest first; a slice's size depends only on its own request).
-      const int want = std::min(opt_.prefill_chunk, g.sliced_->rows_left());
+      const int want = g.sliced_->rows_within(row_work_, opt_.prefill_chunk);
+      const double want_work = g.sliced_->work_of(row_work_, want);
       if (stop_if_cancelled(g)) continue;
-      if (work == 0 || work + want <= opt_.prefill_chunk) {
+      if (rows.work == 0 || rows.work + want_work <= opt_.prefill_chunk) {
         pre.push_back(&g);
         slices.push_back(want);
         rows.prefill += want;
-        work += want;
+        rows.work += want_work;
       }
       continue;
     }

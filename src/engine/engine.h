@@ -65,6 +65,12 @@ struct EngineOptions {
   // selection (CacheBlend's layer-0 pass over every row, ProphetKV's reuse pass) runs whole in
   // the step where a request's last chunk is there.
   int prefill_chunk = 0;
+  // How the step budget (prefill_chunk) counts a row (RowWork, backend/row_work.h): a row at
+  // position p is 1 + (p + 1) / step_attn_keys rows of work, its attention over the keys before
+  // it counted beside its weights, so that a step late in a long prompt or document takes
+  // fewer rows and the steps stay even. 0 counts rows alone. Negative (the default): the
+  // model's estimate, default_step_attn_keys; `cachetune bench --step-block` measures it.
+  double step_attn_keys = -1;
   // Element type of the live host KV caches (`--cache-type`: requests on the CPU, and a GPU
   // request's host copy for prefix caching): F16 (llama.cpp's default cache type) halves the
   // bytes a request holds against --kv-budget and that each decode step's attention reads; F32
@@ -123,8 +129,16 @@ class RequestCancelled : public std::runtime_error {
 struct StepRows {
   int decode = 0;   // decode rows (one per generating request)
   int prefill = 0;  // prefill rows (slices of chunked prefills)
-  int encode = 0;   // rows of chunk encoding work (ChunkEncoding::step)
+  int encode = 0;   // rows of chunk encodings' passes (ChunkEncoding::rows_done)
+  double work = 0;  // the budgeted work of the prefill and encoding rows (RowWork)
 };
+
+// The keys of attention that cost as much as a row's weights (EngineOptions::step_attn_keys),
+// estimated from the model's shapes: its weights' multiply-adds per row over its attention's
+// per key, times the ratio of the two kernels' rates measured on the Xeon of
+// docs/PERFORMANCE.md ("A step budget in work"; attention's products reach about 0.4 of the
+// weights' rate there).
+double default_step_attn_keys(const ModelConfig& c);
 
 struct AnswerOptions {
   std::string instruction = kQaInstruction;          // empty: plain chat (see build_rag_prompt)
@@ -286,6 +300,7 @@ class Engine {
                      const GenerateOptions& gen, const AnswerOptions& opt, const Timer& ttft);
   EngineOptions opt_;
   std::unique_ptr<Model> model_;
+  RowWork row_work_;  // the step budget's count (EngineOptions::step_attn_keys)
   std::unique_ptr<store::CachePool> pool_;
   PrefixCache prefix_cache_;
   void finish(Generation& g) const;
@@ -297,12 +312,12 @@ class Engine {
   // and tokens to generate).
   bool stages_chunks(const Generation& g) const;
   // g's next chunks looked up, and missing ones encoded in slices (ChunkEncoding, one shared
-  // PendingChunk per chunk id in encodings_), while fewer than `budget` rows were encoded here
-  // (an encoding runs in blocks of prefill_chunk rows of work, ChunkEncoding::step, one joining
-  // a step that has other work only when it fits; the record is ranked, packed and stored by
-  // the first call that finds its work done); once the last chunk is there, the prefill starts
-  // (start_prefill). Returns the rows of work done.
-  int stage_chunks(Generation& g, int budget);
+  // PendingChunk per chunk id in encodings_), while the step's work is below prefill_chunk (an
+  // encoding runs in blocks of prefill_chunk of work, ChunkEncoding::step, one joining a step
+  // that has other work only when it fits; the record is ranked, packed and stored by the first
+  // call that finds its work done); once the last chunk is there, the prefill starts
+  // (start_prefill). Adds the work and the rows done to `step`.
+  void stage_chunks(Generation& g, StepRows& step);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended
   // to answer_.chunks, its source (pinned, or the record no tier took) to srcs_.
   void look_up_chunk(Generation& g, size_t i);
@@ -323,7 +338,7 @@ class Engine {
   // One block of `hold`'s encoding (at most `block` rows of work; with a device all of it), or
   // when none is left its record (hold done and forgotten by encodings_). A step that throws
   // marks it broken and forgets it, and the error goes on.
-  std::optional<ChunkKV> encoding_step(const std::shared_ptr<PendingChunk>& hold, int block);
+  std::optional<ChunkKV> encoding_step(const std::shared_ptr<PendingChunk>& hold, double block);
   // g's chunk i, found or encoded: appended to answer_.chunks and srcs_.
   void add_chunk(Generation& g, ChunkInfo info, ChunkMeta meta, std::optional<ChunkKV> unplaced);
   // The encodings running in slices, by chunk id; an entry expires when no request holds it.

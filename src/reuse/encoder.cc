@@ -147,8 +147,8 @@ class Ranker {
 }  // namespace
 
 ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
-                             const EncodeOptions& opt)
-    : m_(m), tokens_(std::move(tokens)), opt_(opt), off_(opt.sink ? 1 : 0) {
+                             const EncodeOptions& opt, RowWork work)
+    : m_(m), tokens_(std::move(tokens)), opt_(opt), work_(work), off_(opt.sink ? 1 : 0) {
   Timer setup;
   const ModelConfig& c = m.config();
   const int n = (int)tokens_.size();
@@ -159,10 +159,10 @@ ChunkEncoding::ChunkEncoding(const Model& m, std::vector<int32_t> tokens,
                   n, c.n_ctx_train);
   probes_ = opt.rank.mode == RankMode::kProbe || opt.rank.mode == RankMode::kProbeAttn;
   if (probes_) {  // refused now rather than after the isolated pass
-    const int P = probe_context_length(m, opt.probe, opt.sink);
-    CT_THROW_IF_NOT(P + n <= c.n_ctx_train,
+    probe_first_ = probe_context_length(m, opt.probe, opt.sink);
+    CT_THROW_IF_NOT(probe_first_ + n <= c.n_ctx_train,
                     "probe context ({} tokens) + chunk ({} tokens) exceed the model context of {}",
-                    P, n, c.n_ctx_train);
+                    probe_first_, n, c.n_ctx_train);
   }
   if (opt.sink) toks_.push_back(m.tokenizer().bos() >= 0 ? m.tokenizer().bos() : 0);
   toks_.insert(toks_.end(), tokens_.begin(), tokens_.end());
@@ -189,42 +189,50 @@ std::vector<const float*> ChunkEncoding::layer_rows(const std::vector<float>& al
   return out;
 }
 
-int ChunkEncoding::work_left() const {
+double ChunkEncoding::work_left() const {
   if (finished_) return 0;
-  const int L = m_.config().n_layer;
-  const int layers = probe_layers(opt_.probe, L);
-  const int probe_rows = !probes_ ? 0 : probe_ ? probe_->rows_left() : (int)tokens_.size();
-  return (pass_ ? pass_->rows_left() : 0) + (int)(((int64_t)probe_rows * layers + L - 1) / L);
+  const int n = (int)tokens_.size(), L = m_.config().n_layer;
+  const double share = (double)probe_layers(opt_.probe, L) / L;
+  const int probe_left = !probes_ ? 0 : probe_ ? probe_->rows_left() : n;
+  return (pass_ ? work_.rows(rows() - pass_->rows_left(), pass_->rows_left()) : 0) +
+         work_.rows(probe_first_ + n - probe_left, probe_left, share);
 }
 
-int ChunkEncoding::step(int work) {
+double ChunkEncoding::step(double work) {
   CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
-  const int before = work_left();
-  CT_THROW_IF_NOT(work > 0 && before > 0, "a step of {} rows of a chunk encoding with {} left",
-                  work, before);
-  int done = 0;
+  const double before = work_left();
+  CT_THROW_IF_NOT(work > 0 && before > 0, "a step of {} rows of work of a chunk encoding with {} "
+                  "left", work, before);
+  const bool all = opt_.device || work >= before;  // (each pass whole on a device)
+  double done = 0;
   if (pass_) {
-    const int r = opt_.device ? pass_->rows_left() : std::min(work, pass_->rows_left());
+    const int left = pass_->rows_left(), first = rows() - left;
+    const int r = all ? left : std::max(1, work_.fit(first, left, work));
     Timer t;
     pass_->run(r);
     forward_ms_ += t.ms();
-    done += r;
-    if (pass_->rows_left() > 0) return before - work_left();
+    rows_done_ += r;
+    done = work_.rows(first, r);
+    if (pass_->rows_left() > 0) return done;
     pass_.reset();  // its cache (or device backend) goes before the probe pass makes its own
   }
-  if (!probes_ || (done >= work && !opt_.device)) return before - work_left();
+  if (!probes_) return done;
+  const int L = m_.config().n_layer, n = (int)tokens_.size();
+  const double share = (double)probe_layers(opt_.probe, L) / L;
+  const int left = probe_ ? probe_->rows_left() : n, first = probe_first_ + n - left;
+  // Rows of the probe that fit in what the step has left (at least one when the step ran none).
+  int r = all ? left : work_.fit(first, left, work - done, share);
+  if (done == 0) r = std::max(r, 1);
+  if (r == 0) return done;
   Timer t;
   if (!probe_) {
     probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
                                          layer_rows(v_all_), opt_.probe, opt_.device);
   }
-  // A probe row is layers / n_layer of a row of the whole model.
-  const int L = m_.config().n_layer, layers = probe_->layers();
-  const int left = probe_->rows_left();
-  const int r = opt_.device ? left : std::clamp((int)((int64_t)(work - done) * L / layers), 1, left);
   probe_->step(r);
   probe_ms_ += t.ms();
-  return before - work_left();
+  rows_done_ += r;
+  return done + work_.rows(first, r, share);
 }
 
 ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/row_work.h"
 #include "model/model.h"
 #include "reuse/freq_rank.h"
 #include "reuse/policy/probe.h"
@@ -67,9 +68,10 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
 
 // encode_chunk in steps, for an encoding that shares engine steps with running requests. Its
 // work is the isolated pass's rows (the chunk and its sink; TappedPass) and then, when the stored
-// ranking uses the probe, the probe pass's rows (ProbePass) counted in rows of a whole-model pass:
-// work_left() = isolated rows left + ceil(probe rows left * probe layers / n_layer). step(w) does
-// up to w of it; finish() ranks and packs once none is left (`also` rankings, with extras, are
+// ranking uses the probe, the probe pass's rows (ProbePass), counted by RowWork (row_work.h) in
+// rows of a whole-model pass: a probe row is probe layers / n_layer of one, and with
+// RowWork::keys_per_row a row's attention over the keys before it counts too. step(w) does up to
+// w of it; finish() ranks and packs once none is left (`also` rankings, with extras, are
 // computed there, as encode_chunk does). The slices' boundaries are the encoding's own: the same
 // w at every step gives the same record whoever steps it. On the CPU a record encoded in slices
 // equals the whole encoding up to the rounding of the row blocks' products (so a near-tie of a
@@ -79,16 +81,18 @@ ChunkKV encode_chunk(const Model& m, const std::vector<int32_t>& tokens, const E
 class ChunkEncoding {
  public:
   // Throws what encode_chunk throws for these tokens and options.
-  ChunkEncoding(const Model& m, std::vector<int32_t> tokens, const EncodeOptions& opt);
+  ChunkEncoding(const Model& m, std::vector<int32_t> tokens, const EncodeOptions& opt,
+                RowWork work = {});
   ~ChunkEncoding();
   ChunkEncoding(const ChunkEncoding&) = delete;
   ChunkEncoding& operator=(const ChunkEncoding&) = delete;
   int rows() const { return (int)toks_.size(); }  // of the isolated pass: the chunk and its sink
-  int work_left() const;
-  // Runs at least one row of what is left, and at most `work` (>= 1) of it as work_left()
-  // counts it (with a device: all of it, each pass whole); returns how much work_left() fell
-  // (it may be 0 for a few probe rows: the probe's rows are charged by the ceiling above).
-  int step(int work);
+  double work_left() const;  // 0 exactly once every row of both passes is done
+  // Runs the next rows whose work fits in `work` (> 0), and at least one row (with a device:
+  // all of them, each pass whole); returns the work they took (it may exceed `work` by the one
+  // row). rows_done() counts the rows of both passes run so far (a probe row as one).
+  double step(double work);
+  int rows_done() const { return rows_done_; }
   // The record, once work_left() is 0. Once. In extras, forward_ms is the isolated pass with its
   // set-up, and the probe pass's time (its set-up included) belongs to the first ranking using it.
   ChunkKV finish(EncodeExtras* extras = nullptr);
@@ -98,8 +102,11 @@ class ChunkEncoding {
   const Model& m_;
   std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink
   EncodeOptions opt_;
+  RowWork work_;
   int off_ = 0;                          // 1 with the sink
   bool probes_ = false;                  // the stored ranking uses the probe pass
+  int probe_first_ = 0;                  // the probe pass's first row position (its context)
+  int rows_done_ = 0;
   std::vector<float> k_all_, v_all_;     // F32 [n_layer][rows][kv_dim] taps
   std::vector<float> probs_;             // the attention tap (the attn rankings)
   std::unique_ptr<TappedPass> pass_;    // until its last row is done

@@ -508,6 +508,15 @@ SlicedPrefill::~SlicedPrefill() = default;
 
 int SlicedPrefill::rows_left() const { return (int)(s_->act.size() - s_->next); }
 
+int SlicedPrefill::rows_within(const RowWork& w, double work) const {
+  const int left = rows_left();
+  return std::min(left, std::max(1, w.fit_at(s_->act.data() + s_->next, left, work)));
+}
+
+double SlicedPrefill::work_of(const RowWork& w, int rows) const {
+  return w.rows_at(s_->act.data() + s_->next, std::min(rows, rows_left()));
+}
+
 const ReusedRows* SlicedPrefill::add_slice(int n, std::vector<int32_t>& tokens,
                                            std::vector<int32_t>& pos,
                                            std::vector<BatchSeq>& seqs) const {

@@ -9,6 +9,7 @@
 
 #include "backend/backend.h"  // LayerBackend, PipelineOptions
 #include "backend/cpu_forward.h"
+#include "backend/row_work.h"
 #include "model/model.h"
 #include "reuse/chunk_source.h"
 #include "reuse/policy.h"
@@ -133,6 +134,10 @@ class SlicedPrefill {
   SlicedPrefill& operator=(const SlicedPrefill&) = delete;
   int rows_left() const;
   bool done() const { return rows_left() == 0; }
+  // The next slice within `work` as w counts it (at least one row, at most rows_left()), and
+  // what the next `rows` rows cost: the engine's step budget (EngineOptions::prefill_chunk).
+  int rows_within(const RowWork& w, double work) const;
+  double work_of(const RowWork& w, int rows) const;
   int reused_from_layer() const;
   // Appends the next slice of min(n, rows_left()) rows to a pass being assembled: its tokens,
   // positions and sequence (the request's cache, prefill rows). For the first slice, returns the

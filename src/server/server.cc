@@ -109,8 +109,8 @@ struct Server::Impl {
     batcher.set_step_observer([this](const StepRows& rows, double seconds) {
       metrics.record_step(rows, seconds);
       if (opt.log_steps) {
-        std::fprintf(stderr, "cachetune: step decode=%d prefill=%d encode=%d ms=%.1f\n",
-                     rows.decode, rows.prefill, rows.encode, seconds * 1e3);
+        std::fprintf(stderr, "cachetune: step decode=%d prefill=%d encode=%d work=%.0f ms=%.1f\n",
+                     rows.decode, rows.prefill, rows.encode, rows.work, seconds * 1e3);
       }
     });
     metrics.registry.add_collector([this] {

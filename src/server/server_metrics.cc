@@ -78,8 +78,9 @@ ServerMetrics::ServerMetrics()
                                       "prefill slices, chunk encoding)",
                                       kStepBuckets)),
       encode_rows(registry.counter("cachetune_encode_rows_total",
-                                   "Rows of chunk encoding work run in engine steps (the isolated "
-                                   "pass's rows and the probe pass's, in whole-model rows)")) {}
+                                   "Rows of chunk encodings run in engine steps (the isolated "
+                                   "pass's rows and the probe pass's, a probe row counted as "
+                                   "one)")) {}
 
 void ServerMetrics::record_step(const StepRows& rows, double seconds) {
   if (rows.decode + rows.prefill > 0) batch_rows.observe(rows.decode + rows.prefill);

@@ -42,6 +42,9 @@ class BatchingTest : public ::testing::Test {
     EngineOptions eo;
     eo.model_path = *path_;
     eo.tiers = {parse_tier_spec("host:64M")};
+    // Rows alone: the tests below count the steps' rows against the budget. A budget that
+    // counts attention too has its own test (TheStepBudgetCountsEachRowsAttention).
+    eo.step_attn_keys = 0;
     return eo;
   }
   static inline test::TempDir* dir_ = nullptr;
@@ -475,8 +478,11 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
 // need the same new chunks at once encode them once: the first stores them, the other (holding
 // the running encoding meanwhile) finds them stored.
 TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
+  for (double keys : {0.0, 40.0}) {  // rows alone, and rows with their attention
+  SCOPED_TRACE("step_attn_keys " + std::to_string(keys));
   EngineOptions eo = engine_options();
   eo.prefill_chunk = 4;
+  eo.step_attn_keys = keys;
   const Req x = requests()[1];  // full recompute: its new chunks, then every row in slices
   const Req b{{"The museum opens at nine on weekdays and at ten on Sundays.",
                "Its west wing holds a collection of old ship models."},
@@ -496,9 +502,13 @@ TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
   const RagPromptTokens px = build_rag_prompt(tok, x.docs, x.question);
   const std::vector<int32_t> want_tokens = solo.answer(pb, sel_of(b), gen_of(8)).tokens;
   const std::vector<ChunkKV> want = records(solo, pb);
-  int want_work = 0;  // x's chunks and b's, each once
+  int want_rows = 0;  // x's chunks and b's, each once
   for (const RagPromptTokens* p : {&px, &pb}) {
-    for (const auto& c : p->chunks) want_work += ChunkEncoding(solo.model(), c, eo.encode).work_left();
+    for (const auto& c : p->chunks) {
+      ChunkEncoding e(solo.model(), c, eo.encode);
+      e.step(e.work_left());
+      want_rows += e.rows_done();
+    }
   }
 
   Engine eng(eo);
@@ -506,17 +516,22 @@ TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
   std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
   std::unique_ptr<Generation> gb2 = eng.begin(pb, sel_of(b), gen_of(8));
   Generation* all[3] = {gx.get(), gb.get(), gb2.get()};
-  int work = 0;
-  for (int step = 0; step < 500 && (!gx->done() || !gb->done() || !gb2->done()); ++step) {
+  int rows = 0;
+  for (int step = 0; step < 2000 && (!gx->done() || !gb->done() || !gb2->done()); ++step) {
     const StepRows st = eng.advance(all, 3);
-    EXPECT_LE(st.encode + st.prefill, eo.prefill_chunk);
-    work += st.encode;
+    if (st.encode + st.prefill > 1) {
+      EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+    }
+    if (keys == 0) {
+      EXPECT_EQ(st.work, st.encode + st.prefill);
+    }
+    rows += st.encode;
   }
   ASSERT_TRUE(gx->done() && gb->done() && gb2->done());
   ASSERT_FALSE(gx->error());
   ASSERT_FALSE(gb->error());
   ASSERT_FALSE(gb2->error());
-  EXPECT_EQ(work, want_work) << "a chunk encoded twice, or not whole";
+  EXPECT_EQ(rows, want_rows) << "a chunk encoded twice, or not whole";
   for (size_t i = 0; i < pb.chunks.size(); ++i) {
     EXPECT_FALSE(gb->answer().chunks[i].hit) << i;
     EXPECT_TRUE(gb2->answer().chunks[i].hit) << i;
@@ -530,6 +545,59 @@ TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
     EXPECT_EQ(got[i].k, want[i].k) << "chunk " << i << ": K differs from the encoding alone";
     EXPECT_EQ(got[i].v, want[i].v) << "chunk " << i << ": V differs from the encoding alone";
   }
+  }
+}
+
+// With EngineOptions::step_attn_keys the budget counts a row at position p as 1 + (p + 1) /
+// step_attn_keys: a prompt's slices get shorter as its rows get later, each the most rows that
+// fit (the last one what is left), and a step's work (StepRows::work) is what its rows count.
+// A chunk's encoding blocks shrink the same way along the chunk.
+TEST_F(BatchingTest, TheStepBudgetCountsEachRowsAttention) {
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 8;
+  eo.step_attn_keys = 10;
+  const RowWork w{10};
+  const Req r = requests()[1];  // full recompute: the prompt's rows in order, every one a slice row
+  Engine eng(eo);
+  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), r.docs, r.question);
+  std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4));
+  Generation* gp = g.get();
+  std::vector<int> blocks, slices;
+  int pos = 0, chunk_rows = 0;
+  for (int step = 0; step < 500 && g->prefilling(); ++step) {
+    const StepRows st = eng.advance(&gp, 1);
+    if (st.encode > 0) {
+      // The encoding's rows (each chunk's sink first, its positions from 0) within the budget.
+      EXPECT_EQ(st.prefill, 0);
+      if (st.encode > 1) {
+        EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+      }
+      blocks.push_back(st.encode);
+      chunk_rows += st.encode;
+      continue;
+    }
+    if (st.prefill == 0) continue;
+    EXPECT_NEAR(st.work, w.rows(pos, st.prefill), 1e-9) << "slice at " << pos;
+    if (st.prefill > 1) {
+      EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+    }
+    // The most rows that fit, but for the prompt's last slice.
+    if (pos + st.prefill < p.n_tokens()) {
+      EXPECT_GT(w.rows(pos, st.prefill + 1), eo.prefill_chunk) << "slice at " << pos;
+    }
+    slices.push_back(st.prefill);
+    pos += st.prefill;
+  }
+  ASSERT_FALSE(g->prefilling());
+  EXPECT_EQ(pos, p.n_tokens());
+  ASSERT_GE(slices.size(), 3u);
+  for (size_t i = 1; i + 1 < slices.size(); ++i) EXPECT_LE(slices[i], slices[i - 1]) << i;
+  EXPECT_LT(slices[slices.size() - 2], slices[0]);  // later rows, fewer of them
+  ASSERT_FALSE(blocks.empty());
+  EXPECT_LT(*std::min_element(blocks.begin(), blocks.end()), eo.prefill_chunk);
+  while (!g->done()) eng.advance(&gp, 1);
+  ASSERT_FALSE(g->error());
+  EXPECT_EQ(g->answer().tokens, alone(eo, {r}, 4)[0]);
 }
 
 // The ingest route's encodings (Engine::ingest_step) run in blocks of the budget too, one per

@@ -268,7 +268,7 @@ TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
   eo.dtype = KvDtype::F32;
   eo.also = {RankOptions{RankMode::kAttn, 0.5}, RankOptions{RankMode::kProbeAttn, 0.5},
              RankOptions{RankMode::kLowFreq, 0.5}};
-  eo.probe.layers = 3;  // of 4: a probe row is 3/4 of a row, charged by a ceiling
+  eo.probe.layers = 3;  // of 4: a probe row is 3/4 of a row
   ASSERT_EQ(model_->config().n_layer, 4);
   ASSERT_GT(attention_first_row(80), 0);  // the tap starts inside the chunk
   EncodeExtras want_ex;
@@ -281,28 +281,44 @@ TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
     EXPECT_LE(test::max_abs_diff(a, b), tol * scale);
   };
   const int L = model_->config().n_layer, layers = probe_layers(eo.probe, L);
-  // The isolated pass's rows (chunk and sink), then the probe pass's in whole-model rows.
-  const int want_work = 81 + (80 * layers + L - 1) / L;
-  ASSERT_EQ(want_work, 81 + 60);
-  for (int slice : {1, 6, 17, 200}) {
-    SCOPED_TRACE("slices of " + std::to_string(slice) + " rows");
-    ChunkEncoding enc(*model_, toks, eo);
+  ASSERT_EQ(layers, 3);
+  // Rows alone: the isolated pass's rows (chunk and sink), then the probe pass's, each 3/4 of a
+  // whole-model row. With keys_per_row 40, a row at position p counts 1 + (p + 1) / 40: the
+  // isolated rows sit at 0..80, the probe's after its context.
+  const int P = probe_context_length(*model_, eo.probe, eo.sink);
+  double attn_work = 0;
+  for (int p = 0; p <= 80; ++p) attn_work += 1 + (p + 1) / 40.0;
+  for (int p = P; p < P + 80; ++p) attn_work += 0.75 * (1 + (p + 1) / 40.0);
+  for (const auto& [keys, slice] : std::vector<std::pair<double, int>>{
+           {0, 1}, {0, 6}, {0, 17}, {0, 200}, {40, 1}, {40, 6}, {40, 17}, {40, 1000}}) {
+    SCOPED_TRACE("slices of " + std::to_string(slice) + " rows of work, keys_per_row " +
+                 std::to_string(keys));
+    const double want_work = keys > 0 ? attn_work : 81 + 60;
+    ChunkEncoding enc(*model_, toks, eo, RowWork{keys});
     ASSERT_EQ(enc.rows(), 81);  // the chunk and its sink
-    ASSERT_EQ(enc.work_left(), want_work);
+    ASSERT_NEAR(enc.work_left(), want_work, 1e-9 * want_work);
     EXPECT_THROW(enc.finish(), Error);  // work is left
     EXPECT_THROW(enc.step(0), Error);
-    int steps = 0, done = 0;
+    int steps = 0, rows = 0;
+    double done = 0;
     while (enc.work_left() > 0 && steps < 1000) {
-      const int left = enc.work_left();
-      const int did = enc.step(slice);  // 0 for a probe row the ceiling charged already
-      EXPECT_GE(did, 0);
-      EXPECT_LE(did, slice);
-      EXPECT_EQ(enc.work_left(), left - did);
+      const double left = enc.work_left();
+      const int rows_before = enc.rows_done();
+      const double did = enc.step(slice);
+      const int ran = enc.rows_done() - rows_before;
+      EXPECT_GE(ran, 1);
+      // Within the slice, unless one row alone is more (a slice of 1 late in the chunk).
+      if (ran > 1) {
+        EXPECT_LE(did, slice + 1e-9);
+      }
+      EXPECT_NEAR(enc.work_left(), left - did, 1e-9 * want_work);
       done += did;
+      rows += ran;
       ++steps;
     }
-    EXPECT_EQ(done, want_work);
-    if (slice == 200) {
+    EXPECT_NEAR(done, want_work, 1e-9 * want_work);
+    EXPECT_EQ(rows, 81 + 80);
+    if (slice >= want_work) {
       EXPECT_EQ(steps, 1);
     }
     EXPECT_THROW(enc.step(1), Error);
@@ -325,6 +341,39 @@ TEST_P(SelectiveTest, AnEncodingInSlicesEqualsTheWholeEncoding) {
   EncodeOptions spectral;
   spectral.rank = RankOptions{RankMode::kLowFreq, 0.5};
   EXPECT_EQ(ChunkEncoding(*model_, toks, spectral).work_left(), 81);
+  EXPECT_NEAR(ChunkEncoding(*model_, toks, spectral, RowWork{40}).work_left(),
+              81 + 81 * 82 / 2 / 40.0, 1e-9);
+}
+
+// RowWork (the engine's step budget): a row at position p counts 1 + (p + 1) / keys_per_row,
+// rows alone without keys_per_row; fit() is the most rows within a work, contiguous or at given
+// positions, and agrees with rows() by brute force.
+TEST(RowWork, CountsEachRowWithItsAttentionAndFitsTheMostRows) {
+  EXPECT_EQ(RowWork{}.rows(1000, 7), 7.0);
+  EXPECT_EQ(RowWork{}.rows(1000, 8, 0.25), 2.0);
+  EXPECT_DOUBLE_EQ(RowWork{100}.rows(0, 1), 1.01);
+  EXPECT_DOUBLE_EQ(RowWork{100}.rows(99, 1), 2.0);
+  EXPECT_DOUBLE_EQ(RowWork{100}.rows(10, 3), 3 + (11 + 12 + 13) / 100.0);
+  EXPECT_DOUBLE_EQ(RowWork{100}.rows(10, 3, 0.5), 0.5 * (3 + (11 + 12 + 13) / 100.0));
+  EXPECT_EQ(RowWork{100}.rows(10, 0), 0.0);
+  for (double keys : {0.0, 7.0, 300.0}) {
+    const RowWork w{keys};
+    for (int first : {0, 5, 900}) {
+      for (double work : {0.5, 1.0, 8.0, 64.0}) {
+        for (double share : {1.0, 0.25}) {
+          int want = 0;
+          while (want < 50 && w.rows(first, want + 1, share) <= work) ++want;
+          EXPECT_EQ(w.fit(first, 50, work, share), want)
+              << keys << " " << first << " " << work << " " << share;
+        }
+        std::vector<int32_t> pos;  // ascending, with gaps (a selective prefill's active rows)
+        for (int i = 0; i < 50; ++i) pos.push_back(first + 3 * i);
+        int want = 0;
+        while (want < 50 && w.rows_at(pos.data(), want + 1) <= work) ++want;
+        EXPECT_EQ(w.fit_at(pos.data(), 50, work), want) << keys << " " << first << " " << work;
+      }
+    }
+  }
 }
 
 // Chunked prefill (SlicedPrefill, the engine's continuous batching): the active rows stepped in

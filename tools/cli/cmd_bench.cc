@@ -13,6 +13,7 @@
 #include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "engine/engine.h"
 #include "engine/generate.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/engine_flags.h"
@@ -31,7 +32,49 @@ struct BenchArgs {
   std::string json_out;
   std::string cache_type = kv_dtype_name(EngineOptions().kv_type);  // the live K/V caches' type
   int decode_context = 128;  // tokens prefilled before the decode steps (each sequence's)
+  // Prefill of step_context tokens in blocks of step_block rows, each block timed: the cost of
+  // a row as a function of the keys it attends over (the engine's step budget, StepCost).
+  int step_block = 0;
+  int step_context = 4096;
 };
+
+// Times a prefill of n tokens in blocks of `block` rows (best of `repeats` per block) and fits
+// each block's time per row as a + b * (its rows' mean key count): a is a row's weights, b one
+// key of its attention, a / b the keys whose attention costs as much as the row's weights.
+nlohmann::json step_cost(const Model& model, int n, int block, int repeats, KvDtype kv_type,
+                         Workspace& ws, std::mt19937& rng) {
+  const ModelConfig& c = model.config();
+  CT_THROW_IF_NOT(block >= 1 && n >= 2 * block && n <= c.n_ctx_train,
+                  "--step-block {} with --step-context {}: expected two blocks or more within "
+                  "the model's context of {}",
+                  block, n, c.n_ctx_train);
+  std::uniform_int_distribution<int> tok(100, c.n_vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = tok(rng);
+  const int nb = n / block;
+  std::vector<double> best(nb, 1e30);
+  for (int r = 0; r < repeats; ++r) {
+    KVCache kv = model.make_cache(n, kv_type);
+    for (int i = 0; i < nb; ++i) {
+      Timer tm;
+      cpu::prefill(model, t.data() + (size_t)i * block, block, i * block, kv, ws);
+      best[i] = std::min(best[i], tm.seconds());
+    }
+  }
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  nlohmann::json blocks = nlohmann::json::array();
+  for (int i = 0; i < nb; ++i) {
+    const double keys = i * block + (block + 1) / 2.0, per_row = best[i] / block * 1e3;
+    sx += keys;
+    sy += per_row;
+    sxx += keys * keys;
+    sxy += keys * per_row;
+    blocks.push_back({{"first_row", i * block}, {"mean_keys", keys}, {"ms_per_row", per_row}});
+  }
+  const double b = (nb * sxy - sx * sy) / (nb * sxx - sx * sx), a = (sy - b * sx) / nb;
+  return {{"block", block}, {"context", n}, {"blocks", blocks}, {"ms_per_row", a},
+          {"ms_per_key", b}, {"keys_per_row", b > 0 ? a / b : 0.0}};
+}
 
 // FLOPs of one prefill of n tokens: the projections and MLP of every layer, attention's two
 // products (causal: about n^2/2 pairs per head), and one row of the output head.
@@ -109,6 +152,20 @@ void run_bench(const BenchArgs& a) {
     std::printf("decode after %d tokens: %.1f tok/s\n", n, tps);
     out["decode"] = {{"n_context", n}, {"n_tokens", a.decode_tokens}, {"tok_per_s", tps}};
   }
+  if (a.step_block > 0) {
+    nlohmann::json sc = step_cost(*model, a.step_context, a.step_block, a.repeats, kv_type, ws, rng);
+    for (const auto& b : sc["blocks"])
+      std::printf("prefill block from row %5d: %.3f ms a row\n", b["first_row"].get<int>(),
+                  b["ms_per_row"].get<double>());
+    const double est = default_step_attn_keys(c);
+    std::printf("a row costs %.3f ms + %.3g ms a key: its attention over %.0f keys costs as much "
+                "as its weights (the engine's estimate for this model: %.0f; serve "
+                "--step-attn-keys N sets it)\n",
+                sc["ms_per_row"].get<double>(), sc["ms_per_key"].get<double>(),
+                sc["keys_per_row"].get<double>(), est);
+    sc["engine_estimate"] = est;
+    out["step_cost"] = sc;
+  }
   double one_seq = 0;
   for (int b : a.batch_sizes) {
     CT_THROW_IF_NOT(b >= 1, "--batch {}: expected sizes >= 1", b);
@@ -167,6 +224,11 @@ void register_bench(CLI::App& app) {
                 "Also time batched decoding of this many sequences at once (e.g. --batch 1 8); "
                 "give 1 first for the ratios");
   c->add_option("--json", a->json_out, "Also write the results as JSON to this file");
+  c->add_option("--step-block", a->step_block,
+                "Also time a prefill of --step-context tokens in blocks of this many rows and fit "
+                "a row's cost against the keys it attends over (0: skipped)");
+  c->add_option("--step-context", a->step_context, "Tokens of the --step-block prefill")
+      ->capture_default_str();
   add_cache_type_option(c, &a->cache_type);
   c->callback([a] { run_bench(*a); });
 }

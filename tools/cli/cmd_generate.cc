@@ -38,6 +38,7 @@ struct GenerateArgs {
   std::string calibration;
   std::string instruction = kQaInstruction;
   int prefill_chunk = 0;
+  double step_attn_keys = -1;  // the model's estimate
 };
 
 std::string read_file(const std::string& path) {
@@ -58,6 +59,7 @@ void run_chunked(const GenerateArgs& a) {
   eo.calibration_path = a.calibration;
   CT_THROW_IF_NOT(a.prefill_chunk >= 0, "--prefill-chunk {}; expected >= 0", a.prefill_chunk);
   eo.prefill_chunk = a.prefill_chunk;
+  eo.step_attn_keys = a.step_attn_keys;
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &eo.auto_ratio);
   Engine eng(std::move(eo));
   std::vector<std::string> docs;
@@ -198,9 +200,10 @@ void register_generate(CLI::App& app) {
                 "~/.cache/cachetune/calibration.json)");
   c->add_option("--instruction", a->instruction, "Instruction before the documents");
   c->add_option("--prefill-chunk", a->prefill_chunk,
-                "Prefill in slices of this many rows, as `serve` steps them (chunk mode; 0: "
-                "whole)")
+                "Prefill in slices of this many rows of work, as `serve` steps them (chunk "
+                "mode; --step-attn-keys; 0: whole)")
       ->capture_default_str();
+  add_step_attn_keys_option(c, &a->step_attn_keys);
   c->add_option("--tiers", a->engine.tiers, "Cache tiers, top first (see `cachetune ingest`)");
   add_kv_dtype_option(c, &a->engine.dtype);
   add_cache_type_option(c, &a->engine.cache_type);

@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string kv_budget = "4G";
   std::string max_header = "64K";
   int prefill_chunk = 512;
+  double step_attn_keys = -1;  // the model's estimate
 };
 
 std::atomic<bool> g_stop_requested{false};
@@ -41,6 +42,7 @@ void run_serve(ServeArgs a) {
   CT_THROW_IF_NOT(a.prefill_chunk >= 0, "--prefill-chunk {}; expected >= 0 (0: whole prefills)",
                   a.prefill_chunk);
   eo.prefill_chunk = a.prefill_chunk;
+  eo.step_attn_keys = a.step_attn_keys;
   bool auto_ratio = false;
   const double ratio = parse_ratio_flag(a.ratio, eo.r_min, &auto_ratio);
   server::ServerOptions so = a.server;
@@ -121,12 +123,13 @@ void run_serve(ServeArgs a) {
   const ModelConfig& mc = eng.model().config();
   std::fprintf(stderr,
                "cachetune serve: KV budget %zu bytes (%zu bytes per token, %s; %d requests run "
-               "at once, %d may wait; prefill chunk %d rows)\n",
+               "at once, %d may wait; prefill chunk %d rows of work, a row at position p "
+               "counting 1 + p / %.0f)\n",
                so.batching.kv_budget_bytes,
                2 * mc.n_layer * kv_bytes(eng.options().kv_type, mc.kv_dim()),
                kv_dtype_name(eng.options().kv_type),
                eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue,
-               eng.options().prefill_chunk);
+               eng.options().prefill_chunk, eng.options().step_attn_keys);
   srv.serve();
   done = true;
   watcher.join();
@@ -161,9 +164,11 @@ void register_serve(CLI::App& app) {
                 "Most requests running together (prefilling in slices or decoding) in one batch")
       ->capture_default_str();
   c->add_option("--prefill-chunk", a->prefill_chunk,
-                "Chunked prefill: most prompt rows prefilled per engine step, beside the decode "
-                "rows of running requests (0: each prefill runs whole when admitted)")
+                "Chunked prefill: most prompt rows prefilled (and chunk rows encoded) per engine "
+                "step, beside the decode rows of running requests, later rows counting more "
+                "(--step-attn-keys; 0: each prefill runs whole when admitted)")
       ->capture_default_str();
+  add_step_attn_keys_option(c, &a->step_attn_keys);
   c->add_option("--max-queue", a->server.batching.max_queue,
                 "Most requests waiting for admission; more get 503 with Retry-After")
       ->capture_default_str();
