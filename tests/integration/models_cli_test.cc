@@ -140,5 +140,48 @@ TEST_F(ModelsCliTest, AModelsMeasuredFloorIsItsDefaultRatioUnlessTheFlagsSayOthe
   EXPECT_NE(listed.output.find(" 0.3 "), std::string::npos) << listed.output;
 }
 
+// `cachetune bench --step-block` times a prefill in blocks and reports, per block, the first row
+// and the time per row, with the fit of a row's cost against its keys and the engine's estimate
+// (default_step_attn_keys) beside it; too short a context for two blocks is refused. The
+// budget's count (--step-attn-keys) takes a number, 0 for rows alone, and refuses inf.
+TEST_F(ModelsCliTest, BenchFitsAStepsCostAndTheBudgetsCountIsChecked) {
+  test::TinyModelOptions o;
+  o.context_length = 256;
+  const std::string model = test::write_tiny_model((root_ / "tiny.gguf").string(), o);
+  const std::string out = (root_ / "bench.json").string();
+  const std::string bench = "bench --model " + model +
+                            " --prompt-lengths 8 --decode-tokens 1 --decode-context 4 --repeats 1";
+  const auto ran = cli(bench + " --step-block 16 --step-context 64 --json " + out);
+  ASSERT_EQ(ran.rc, 0) << ran.output;
+  EXPECT_NE(ran.output.find("prefill block from row    48:"), std::string::npos) << ran.output;
+  std::ifstream f(out);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string j = ss.str();
+  for (const char* key : {"\"step_cost\"", "\"first_row\": 48", "\"keys_per_row\"",
+                          "\"ms_per_key\"", "\"engine_estimate\""}) {
+    EXPECT_NE(j.find(key), std::string::npos) << key << " in " << j;
+  }
+  EXPECT_EQ(j.find("\"first_row\": 64"), std::string::npos) << j;  // four blocks of 16
+  const auto short_ctx = cli(bench + " --step-block 64 --step-context 64");
+  EXPECT_EQ(short_ctx.rc, 1) << short_ctx.output;
+  EXPECT_NE(short_ctx.output.find("--step-block 64 with --step-context 64: expected two blocks"),
+            std::string::npos)
+      << short_ctx.output;
+
+  std::ofstream(root_ / "doc.txt") << "The lighthouse on the cape was built in 1871 of granite.";
+  const std::string gen = "generate --model " + model + " --tiers host:64M --chunk " +
+                          (root_ / "doc.txt").string() +
+                          " -q 'When was it built?' --max-tokens 2 --prefill-chunk 4";
+  for (const std::string v : {"0", "25"}) {
+    const auto ok = cli(gen + " --step-attn-keys " + v);
+    EXPECT_EQ(ok.rc, 0) << v << ": " << ok.output;
+  }
+  const auto bad = cli(gen + " --step-attn-keys inf");
+  EXPECT_EQ(bad.rc, 1) << bad.output;
+  EXPECT_NE(bad.output.find("step_attn_keys = inf: expected a finite number"), std::string::npos)
+      << bad.output;
+}
+
 }  // namespace
 }  // namespace ct
