@@ -40,6 +40,24 @@ TEST(CudaLibs, CublasAndCufftAreOpenedOnTheirFirstCallOnly) {
     EXPECT_EQ(cufftDestroy(plan), CUFFT_SUCCESS);
   }
   EXPECT_TRUE(mapped("libcufft.so")) << "result " << static_cast<int>(fr);
+
+  // Every other forwarded function resolves: on no handle or plan each library answers with its
+  // error status (a missing symbol would throw ct::Error instead).
+  float x = 0;
+  EXPECT_NE(cublasSetStream(nullptr, nullptr), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasSetMathMode(nullptr, CUBLAS_DEFAULT_MATH), CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasSgemm(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &x, &x, 1, &x, 1, &x, &x, 1),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasSgemmStridedBatched(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &x, &x, 1, 1,
+                                      &x, 1, 1, &x, &x, 1, 1, 1),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(cublasDestroy(nullptr), CUBLAS_STATUS_SUCCESS);
+  cufftReal r = 0;
+  cufftComplex c{};
+  EXPECT_NE(cufftSetStream(0, nullptr), CUFFT_SUCCESS);
+  EXPECT_NE(cufftExecR2C(0, &r, &c), CUFFT_SUCCESS);
+  EXPECT_NE(cufftExecC2R(0, &c, &r), CUFFT_SUCCESS);
+  EXPECT_NE(cufftDestroy(0), CUFFT_SUCCESS);
 }
 
 }  // namespace
