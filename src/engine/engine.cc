@@ -44,9 +44,11 @@ Engine::Engine(EngineOptions opt) : opt_(std::move(opt)), prefix_cache_(2) {
   }
   model_ = Model::load(opt_.model_path);
   model_->check_cache_type(opt_.kv_type);
-  CT_THROW_IF_NOT(std::isfinite(opt_.step_attn_keys),
-                  "engine step_attn_keys = {}: expected a finite number (0: rows alone, "
-                  "negative: the model's estimate)", opt_.step_attn_keys);
+  CT_THROW_IF_NOT(std::isfinite(opt_.step_attn_keys) &&
+                      (opt_.step_attn_keys <= 0 || opt_.step_attn_keys >= 1),
+                  "engine step_attn_keys = {}: expected a finite number, 0 (rows alone), at "
+                  "least 1 (keys), or negative (the model's estimate)",
+                  opt_.step_attn_keys);
   if (opt_.step_attn_keys < 0) opt_.step_attn_keys = default_step_attn_keys(model_->config());
   row_work_ = RowWork{opt_.step_attn_keys};
   std::vector<std::unique_ptr<store::Tier>> tiers;
@@ -356,7 +358,7 @@ void Engine::stage_chunks(Generation& g, StepRows& step) {
     // slices are its own whoever steps it and whatever shares the step: a block joins a step
     // that has other work only when it fits.
     const double left = pc.enc.work_left();
-    if (left > 0 && step.work > 0 && step.work + std::min(budget, left) > budget) {
+    if (left > 0 && step.work > 0 && step.work + pc.enc.block_work(budget) > budget) {
       ans.lookup_ms += t.ms();
       break;
     }

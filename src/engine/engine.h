@@ -55,8 +55,9 @@ struct EngineOptions {
   // once, their decode rows one batched step (cuda::Decoder::decode_batch). The scheduler
   // admits at most this many running requests on a CUDA engine.
   int gpu_seqs = 1;
-  // Chunked prefill: at most this many prefill rows per engine step (advance), so that a long
-  // prompt is prefilled over several steps, each shared with the decode rows of running requests.
+  // Chunked prefill: at most this much prefill work per engine step (advance; rows counted as
+  // step_attn_keys says, below), so that a long prompt is prefilled over several steps, each
+  // shared with the decode rows of running requests.
   // 0: each prefill runs whole in begin(). A prefill on the GPU always runs whole
   // (SlicedPrefill::supports). The same budget spreads a request's chunk lookups and encodings
   // over steps: a step runs slices of the missing chunks' encodings (ChunkEncoding: the
@@ -68,8 +69,10 @@ struct EngineOptions {
   // How the step budget (prefill_chunk) counts a row (RowWork, backend/row_work.h): a row at
   // position p is 1 + (p + 1) / step_attn_keys rows of work, its attention over the keys before
   // it counted beside its weights, so that a step late in a long prompt or document takes
-  // fewer rows and the steps stay even. 0 counts rows alone. Negative (the default): the
-  // model's estimate, default_step_attn_keys; `cachetune bench --step-block` measures it.
+  // fewer rows and the steps stay even. 0 counts rows alone; else at least 1. Negative (the
+  // default): the model's estimate, default_step_attn_keys; `cachetune bench --step-block`
+  // measures it. Like prefill_chunk it sets where an encoding's blocks end, and so the rounding
+  // of the records it stores, which chunk ids do not include.
   double step_attn_keys = -1;
   // Element type of the live host KV caches (`--cache-type`: requests on the CPU, and a GPU
   // request's host copy for prefix caching): F16 (llama.cpp's default cache type) halves the

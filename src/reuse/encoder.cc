@@ -198,41 +198,52 @@ double ChunkEncoding::work_left() const {
          work_.rows(probe_first_ + n - probe_left, probe_left, share);
 }
 
-double ChunkEncoding::step(double work) {
+ChunkEncoding::Block ChunkEncoding::plan(double work) const {
   CT_THROW_IF_NOT(!finished_, "a step of a finished chunk encoding");
   const double before = work_left();
   CT_THROW_IF_NOT(work > 0 && before > 0, "a step of {} rows of work of a chunk encoding with {} "
                   "left", work, before);
   const bool all = opt_.device || work >= before;  // (each pass whole on a device)
-  double done = 0;
+  Block b;
   if (pass_) {
     const int left = pass_->rows_left(), first = rows() - left;
-    const int r = all ? left : std::max(1, work_.fit(first, left, work));
-    Timer t;
-    pass_->run(r);
-    forward_ms_ += t.ms();
-    rows_done_ += r;
-    done = work_.rows(first, r);
-    if (pass_->rows_left() > 0) return done;
-    pass_.reset();  // its cache (or device backend) goes before the probe pass makes its own
+    b.pass_rows = all ? left : std::max(1, work_.fit(first, left, work));
+    b.work = work_.rows(first, b.pass_rows);
+    if (b.pass_rows < left || !probes_) return b;
   }
-  if (!probes_) return done;
+  if (!probes_) return b;
   const int L = m_.config().n_layer, n = (int)tokens_.size();
   const double share = (double)probe_layers(opt_.probe, L) / L;
   const int left = probe_ ? probe_->rows_left() : n, first = probe_first_ + n - left;
   // Rows of the probe that fit in what the step has left (at least one when the step ran none).
-  int r = all ? left : work_.fit(first, left, work - done, share);
-  if (done == 0) r = std::max(r, 1);
-  if (r == 0) return done;
-  Timer t;
-  if (!probe_) {
-    probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
-                                         layer_rows(v_all_), opt_.probe, opt_.device);
+  b.probe_rows = all ? left : work_.fit(first, left, work - b.work, share);
+  if (b.pass_rows == 0) b.probe_rows = std::max(b.probe_rows, 1);
+  b.work += work_.rows(first, b.probe_rows, share);
+  return b;
+}
+
+double ChunkEncoding::step(double work) {
+  const Block b = plan(work);
+  if (b.pass_rows > 0) {
+    Timer t;
+    pass_->run(b.pass_rows);
+    forward_ms_ += t.ms();
+    rows_done_ += b.pass_rows;
+    if (pass_->rows_left() == 0) {
+      pass_.reset();  // its cache (or device backend) goes before the probe pass makes its own
+    }
   }
-  probe_->step(r);
-  probe_ms_ += t.ms();
-  rows_done_ += r;
-  return done + work_.rows(first, r, share);
+  if (b.probe_rows > 0) {
+    Timer t;
+    if (!probe_) {
+      probe_ = std::make_unique<ProbePass>(m_, tokens_, opt_.sink, layer_rows(k_all_),
+                                           layer_rows(v_all_), opt_.probe, opt_.device);
+    }
+    probe_->step(b.probe_rows);
+    probe_ms_ += t.ms();
+    rows_done_ += b.probe_rows;
+  }
+  return b.work;
 }
 
 ChunkKV ChunkEncoding::finish(EncodeExtras* extras) {

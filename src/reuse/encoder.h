@@ -92,12 +92,20 @@ class ChunkEncoding {
   // all of them, each pass whole); returns the work they took (it may exceed `work` by the one
   // row). rows_done() counts the rows of both passes run so far (a probe row as one).
   double step(double work);
+  // The work step(work) would take, without running it (the same rows).
+  double block_work(double work) const { return plan(work).work; }
   int rows_done() const { return rows_done_; }
   // The record, once work_left() is 0. Once. In extras, forward_ms is the isolated pass with its
   // set-up, and the probe pass's time (its set-up included) belongs to the first ranking using it.
   ChunkKV finish(EncodeExtras* extras = nullptr);
 
  private:
+  // The rows step(work) runs of each pass, and their work.
+  struct Block {
+    int pass_rows = 0, probe_rows = 0;
+    double work = 0;
+  };
+  Block plan(double work) const;
   std::vector<const float*> layer_rows(const std::vector<float>& all) const;
   const Model& m_;
   std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink

@@ -551,96 +551,54 @@ TEST_F(BatchingTest, AnEncodingDoesNotDependOnWhatSharesItsSteps) {
 // With EngineOptions::step_attn_keys the budget counts a row at position p as 1 + (p + 1) /
 // step_attn_keys: a prompt's slices get shorter as its rows get later, each the most rows that
 // fit (the last one what is left), and a step's work (StepRows::work) is what its rows count.
-// A chunk's encoding blocks shrink the same way along the chunk.
+// A chunk's encoding blocks count the same way (every row costs more than 1 here, so no block
+// has as many rows as the budget). Where one row costs more than the whole budget, each step
+// still runs one, and the request finishes.
 TEST_F(BatchingTest, TheStepBudgetCountsEachRowsAttention) {
-  EngineOptions eo = engine_options();
-  eo.prefill_chunk = 8;
-  eo.step_attn_keys = 10;
-  const RowWork w{10};
-  const Req r = requests()[1];  // full recompute: the prompt's rows in order, every one a slice row
-  Engine eng(eo);
-  const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), r.docs, r.question);
-  std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4));
-  Generation* gp = g.get();
-  std::vector<int> blocks, slices;
-  int pos = 0, chunk_rows = 0;
-  for (int step = 0; step < 500 && g->prefilling(); ++step) {
-    const StepRows st = eng.advance(&gp, 1);
-    if (st.encode > 0) {
-      // The encoding's rows (each chunk's sink first, its positions from 0) within the budget.
-      EXPECT_EQ(st.prefill, 0);
-      if (st.encode > 1) {
-        EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+  for (const auto& [budget, keys] : std::vector<std::pair<int, double>>{{8, 10}, {2, 1}}) {
+    SCOPED_TRACE("budget " + std::to_string(budget) + ", keys " + std::to_string(keys));
+    EngineOptions eo = engine_options();
+    eo.prefill_chunk = budget;
+    eo.step_attn_keys = keys;
+    const RowWork w{keys};
+    const Req r = requests()[1];  // full recompute: the prompt's rows in order, all slice rows
+    Engine eng(eo);
+    const RagPromptTokens p = build_rag_prompt(eng.model().tokenizer(), r.docs, r.question);
+    std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4));
+    Generation* gp = g.get();
+    std::vector<int> blocks, slices;
+    int pos = 0;
+    for (int step = 0; step < 5000 && g->prefilling(); ++step) {
+      const StepRows st = eng.advance(&gp, 1);
+      if (st.encode + st.prefill > 1) {
+        EXPECT_LE(st.work, budget + 1e-9) << "step " << step;
       }
-      blocks.push_back(st.encode);
-      chunk_rows += st.encode;
-      continue;
+      if (st.encode > 0) blocks.push_back(st.encode);
+      if (st.prefill == 0) continue;
+      // A slice (with the last encoding block, when the first slice joins its step).
+      if (st.encode == 0) {
+        EXPECT_NEAR(st.work, w.rows(pos, st.prefill), 1e-9) << "slice at " << pos;
+      }
+      // The most rows that fit, but for the prompt's last slice.
+      if (pos + st.prefill < p.n_tokens()) {
+        EXPECT_GT(w.rows(pos, st.prefill + 1), budget) << "slice at " << pos;
+      }
+      slices.push_back(st.prefill);
+      pos += st.prefill;
     }
-    if (st.prefill == 0) continue;
-    EXPECT_NEAR(st.work, w.rows(pos, st.prefill), 1e-9) << "slice at " << pos;
-    if (st.prefill > 1) {
-      EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+    ASSERT_FALSE(g->prefilling());
+    EXPECT_EQ(pos, p.n_tokens());
+    ASSERT_GE(slices.size(), 3u);
+    for (size_t i = 1; i + 1 < slices.size(); ++i) EXPECT_LE(slices[i], slices[i - 1]) << i;
+    if (budget > 2) {
+      EXPECT_LT(slices[slices.size() - 2], slices[0]);  // later rows, fewer of them
     }
-    // The most rows that fit, but for the prompt's last slice.
-    if (pos + st.prefill < p.n_tokens()) {
-      EXPECT_GT(w.rows(pos, st.prefill + 1), eo.prefill_chunk) << "slice at " << pos;
-    }
-    slices.push_back(st.prefill);
-    pos += st.prefill;
+    ASSERT_FALSE(blocks.empty());
+    EXPECT_LT(*std::max_element(blocks.begin(), blocks.end()), budget);
+    while (!g->done()) eng.advance(&gp, 1);
+    ASSERT_FALSE(g->error());
+    EXPECT_EQ(g->answer().tokens, alone(eo, {r}, 4)[0]);
   }
-  ASSERT_FALSE(g->prefilling());
-  EXPECT_EQ(pos, p.n_tokens());
-  ASSERT_GE(slices.size(), 3u);
-  for (size_t i = 1; i + 1 < slices.size(); ++i) EXPECT_LE(slices[i], slices[i - 1]) << i;
-  EXPECT_LT(slices[slices.size() - 2], slices[0]);  // later rows, fewer of them
-  ASSERT_FALSE(blocks.empty());
-  EXPECT_LT(*std::min_element(blocks.begin(), blocks.end()), eo.prefill_chunk);
-  while (!g->done()) eng.advance(&gp, 1);
-  ASSERT_FALSE(g->error());
-  EXPECT_EQ(g->answer().tokens, alone(eo, {r}, 4)[0]);
-}
-
-// The ingest route's encodings (Engine::ingest_step) run in blocks of the budget too, one per
-// call between engine steps, and join a request's running encoding of the same chunk.
-TEST_F(BatchingTest, AnIngestEncodesInBlocksAndJoinsARequestsEncoding) {
-  EngineOptions eo = engine_options();
-  eo.prefill_chunk = 4;
-  Engine eng(eo);
-  const Tokenizer& tok = eng.model().tokenizer();
-  const std::vector<int32_t> toks =
-      tokenize_chunk(tok, "The harbour master logs every ship that enters after dark.");
-  const int work = ChunkEncoding(eng.model(), toks, eo.encode).work_left();
-  ASSERT_GT(work, 2 * eo.prefill_chunk);
-  Engine::ChunkIngest in{toks, "", {}, nullptr};
-  int blocks = 0;
-  while (!eng.ingest_step(in) && blocks < 1000) ++blocks;
-  EXPECT_EQ(blocks, (work + eo.prefill_chunk - 1) / eo.prefill_chunk);
-  EXPECT_FALSE(in.info.hit);
-  EXPECT_EQ(in.info.tier, "host");
-  EXPECT_TRUE(eng.pool().contains(in.info.id));
-  Engine::ChunkIngest again{toks, "", {}, nullptr};
-  EXPECT_TRUE(eng.ingest_step(again));  // found at once
-  EXPECT_TRUE(again.info.hit);
-
-  // A request starts encoding its new chunk; an ingest of the same chunk goes on from there,
-  // and the request then finds the chunk stored, with the tokens it gets alone.
-  const Req r{{"The lamps along the quay are lit at dusk by a keeper with a long pole."},
-              "Who lights the lamps?", &find_policy("cachetune")};
-  const RagPromptTokens p = build_rag_prompt(tok, r.docs, r.question);
-  const int work2 = ChunkEncoding(eng.model(), p.chunks[0], eo.encode).work_left();
-  std::unique_ptr<Generation> g = eng.begin(p, sel_of(r), gen_of(4));
-  Generation* gp = g.get();
-  EXPECT_EQ(eng.advance(&gp, 1).encode, eo.prefill_chunk);  // the request's first block
-  Engine::ChunkIngest joined{p.chunks[0], "", {}, nullptr};
-  int more = 0;
-  while (!eng.ingest_step(joined) && more < 1000) ++more;
-  EXPECT_EQ(1 + more, (work2 + eo.prefill_chunk - 1) / eo.prefill_chunk);
-  EXPECT_FALSE(joined.info.hit);
-  while (!g->done()) eng.advance(&gp, 1);
-  ASSERT_FALSE(g->error());
-  ASSERT_EQ(g->answer().chunks.size(), 1u);
-  EXPECT_TRUE(g->answer().chunks[0].hit);
-  EXPECT_EQ(g->answer().tokens, alone(eo, {r}, 4)[0]);
 }
 
 // A prefilling request whose client has gone stops between two slices: no token, its error is

@@ -119,6 +119,10 @@ TEST(Ops, VecMaxEqualsTheScalarLoop) {
       // The largest element anywhere: first, inside a vector, in the tail; or the start value.
       if (n > 0 && rep < 3) s[rep == 0 ? 0 : rep == 1 ? n / 2 : n - 1] = 1e3f + (float)rep;
       const float start = rep == 3 ? 2e3f : -1e30f;
+      if (rep == 2) {  // every score negative but zeros of both signs: the maximum is a zero
+        for (float& x : s) x = -std::fabs(x) - 1.0f;
+        for (int i = 0; i < n; i += 5) s[i] = i % 2 ? -0.0f : 0.0f;
+      }
       float want = start;
       for (float x : s) want = std::max(want, x);
       ASSERT_EQ(vec_max(s.data(), n, start), want) << n << " " << rep;

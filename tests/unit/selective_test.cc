@@ -356,6 +356,8 @@ TEST(RowWork, CountsEachRowWithItsAttentionAndFitsTheMostRows) {
   EXPECT_DOUBLE_EQ(RowWork{100}.rows(10, 3), 3 + (11 + 12 + 13) / 100.0);
   EXPECT_DOUBLE_EQ(RowWork{100}.rows(10, 3, 0.5), 0.5 * (3 + (11 + 12 + 13) / 100.0));
   EXPECT_EQ(RowWork{100}.rows(10, 0), 0.0);
+  const std::vector<int32_t> run = {10, 11, 12, 13, 14};  // contiguous: the closed form's rows
+  EXPECT_NEAR(RowWork{100}.rows_at(run.data(), 5), RowWork{100}.rows(10, 5), 1e-12);
   for (double keys : {0.0, 7.0, 300.0}) {
     const RowWork w{keys};
     for (int first : {0, 5, 900}) {

@@ -103,6 +103,7 @@ void run_bench(const BenchArgs& a) {
   auto model = Model::load(model_path);
   const ModelConfig& c = model->config();
   const KvDtype kv_type = parse_kv_dtype(a.cache_type);
+  CT_THROW_IF_NOT(a.repeats >= 1, "--repeats {}: expected at least 1", a.repeats);
   CT_THROW_IF_NOT(a.decode_context >= 1 && a.decode_context + a.decode_tokens < c.n_ctx_train,
                   "--decode-context {} plus --decode-tokens {}: expected at least 1 and below the "
                   "model's context of {}",

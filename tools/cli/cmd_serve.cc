@@ -123,13 +123,17 @@ void run_serve(ServeArgs a) {
   const ModelConfig& mc = eng.model().config();
   std::fprintf(stderr,
                "cachetune serve: KV budget %zu bytes (%zu bytes per token, %s; %d requests run "
-               "at once, %d may wait; prefill chunk %d rows of work, a row at position p "
-               "counting 1 + p / %.0f)\n",
+               "at once, %d may wait; prefill chunk %d rows of work%s)\n",
                so.batching.kv_budget_bytes,
                2 * mc.n_layer * kv_bytes(eng.options().kv_type, mc.kv_dim()),
                kv_dtype_name(eng.options().kv_type),
                eng.options().cuda ? 1 : so.batching.max_running, so.batching.max_queue,
-               eng.options().prefill_chunk, eng.options().step_attn_keys);
+               eng.options().prefill_chunk,
+               eng.options().step_attn_keys > 0
+                   ? fmt::format(", a row at position p counting 1 + (p + 1) / {:.0f}",
+                                 eng.options().step_attn_keys)
+                         .c_str()
+                   : ", rows counted alone");
   srv.serve();
   done = true;
   watcher.join();

@@ -70,10 +70,11 @@ inline CLI::Option* add_cache_type_option(CLI::App* c, std::string* type) {
 // step_attn_keys; negative: the model's estimate).
 inline CLI::Option* add_step_attn_keys_option(CLI::App* c, double* keys) {
   return c->add_option("--step-attn-keys", *keys,
-                       "How --prefill-chunk counts a row: a row at position p is 1 + p / this "
-                       "many rows of work (its attention beside its weights), so slices late in "
-                       "a long prompt take fewer rows; 0: rows alone. Default: estimated from "
-                       "the model's shapes; `cachetune bench --step-block 512` measures it here");
+                       "How --prefill-chunk counts a row: a row at position p is 1 + (p + 1) / "
+                       "this many rows of work (its attention beside its weights), so slices "
+                       "late in a long prompt take fewer rows; 0: rows alone, else at least 1. "
+                       "Default: estimated from the model's shapes; `cachetune bench "
+                       "--step-block 512` measures it here");
 }
 
 inline CLI::Option* add_rmin_option(CLI::App* c, double* r_min) {

@@ -57,9 +57,10 @@ inline __m256 exp256_ps(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-// The largest of m and s[0..n). Exact whatever the order, so the vector form gives the scalar
-// loop's value (a zero's sign aside, which exp(s - max) does not see); the scalar loop's
-// dependence on its last maximum costs a max latency per element, most of attention's softmax.
+// The largest of m and s[0..n), for input without NaN. Exact whatever the order, so the vector
+// form gives the scalar loop's value (a zero's sign aside, which exp(s - max) does not see); the
+// scalar loop's dependence on its last maximum costs a max latency per element, most of
+// attention's softmax. (A NaN score makes the softmax's sum NaN either way.)
 inline float vec_max(const float* s, int n, float m) {
   int j = 0;
   if (n >= 16) {
