@@ -183,5 +183,19 @@ TEST_F(ModelsCliTest, BenchFitsAStepsCostAndTheBudgetsCountIsChecked) {
       << bad.output;
 }
 
+// `generate` with a plain prompt runs on the CPU: --device cuda or --rank-device cuda there is
+// refused with what runs on the GPU instead, not ignored.
+TEST_F(ModelsCliTest, APlainPromptRefusesAGpuInsteadOfIgnoringIt) {
+  test::TinyModelOptions o;
+  const std::string model = test::write_tiny_model((root_ / "tiny.gguf").string(), o);
+  for (const std::string flag : {"--device cuda", "--rank-device cuda"}) {
+    const auto r = cli("generate --model " + model + " -p hi --max-tokens 1 " + flag);
+    EXPECT_EQ(r.rc, 1) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find("a plain prompt runs on the CPU"), std::string::npos) << r.output;
+  }
+  const auto cpu = cli("generate --model " + model + " -p hi --max-tokens 1 --device cpu");
+  EXPECT_EQ(cpu.rc, 0) << cpu.output;
+}
+
 }  // namespace
 }  // namespace ct

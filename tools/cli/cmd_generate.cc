@@ -129,6 +129,11 @@ void run_generate(const GenerateArgs& a) {
   if (!a.chunks.empty()) return run_chunked(a);
   CT_THROW_IF_NOT(!a.prompt.empty() || !a.prompt_file.empty(),
                   "give a prompt with --prompt TEXT or --prompt-file FILE");
+  // A plain prompt runs on the CPU: a GPU asked for is refused rather than ignored.
+  CT_THROW_IF_NOT(a.engine.device == "cpu" && a.engine.rank_device == "cpu",
+                  "--device {} --rank-device {}: a plain prompt runs on the CPU; the GPU runs "
+                  "chunk mode (--chunk FILE ... -q QUESTION) or `cachetune serve --device cuda`",
+                  a.engine.device, a.engine.rank_device);
   std::string text = a.prompt.empty() ? read_file(a.prompt_file) : a.prompt;
   Timer load_t;
   const std::string model_path = resolve_model(a.model);
