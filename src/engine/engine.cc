@@ -311,7 +311,7 @@ std::optional<ChunkKV> Engine::encoding_step(const std::shared_ptr<PendingChunk>
   Timer t;
   try {
     if (pc.enc.work_left() > 0) {
-      pc.enc.step(opt_.encode.device ? pc.enc.work_left() : block);
+      pc.enc.step(block);  // (on a device each pass runs whole: ChunkEncoding::step)
       pc.info.encode_ms += t.ms();
       return std::nullopt;
     }

@@ -189,13 +189,17 @@ std::vector<const float*> ChunkEncoding::layer_rows(const std::vector<float>& al
   return out;
 }
 
+double ChunkEncoding::probe_share() const {
+  const int L = m_.config().n_layer;
+  return (double)probe_layers(opt_.probe, L) / L;
+}
+
 double ChunkEncoding::work_left() const {
   if (finished_) return 0;
-  const int n = (int)tokens_.size(), L = m_.config().n_layer;
-  const double share = (double)probe_layers(opt_.probe, L) / L;
+  const int n = (int)tokens_.size();
   const int probe_left = !probes_ ? 0 : probe_ ? probe_->rows_left() : n;
   return (pass_ ? work_.rows(rows() - pass_->rows_left(), pass_->rows_left()) : 0) +
-         work_.rows(probe_first_ + n - probe_left, probe_left, share);
+         work_.rows(probe_first_ + n - probe_left, probe_left, probe_share());
 }
 
 ChunkEncoding::Block ChunkEncoding::plan(double work) const {
@@ -209,11 +213,11 @@ ChunkEncoding::Block ChunkEncoding::plan(double work) const {
     const int left = pass_->rows_left(), first = rows() - left;
     b.pass_rows = all ? left : std::max(1, work_.fit(first, left, work));
     b.work = work_.rows(first, b.pass_rows);
-    if (b.pass_rows < left || !probes_) return b;
+    if (b.pass_rows < left) return b;
   }
   if (!probes_) return b;
-  const int L = m_.config().n_layer, n = (int)tokens_.size();
-  const double share = (double)probe_layers(opt_.probe, L) / L;
+  const int n = (int)tokens_.size();
+  const double share = probe_share();
   const int left = probe_ ? probe_->rows_left() : n, first = probe_first_ + n - left;
   // Rows of the probe that fit in what the step has left (at least one when the step ran none).
   b.probe_rows = all ? left : work_.fit(first, left, work - b.work, share);

@@ -106,6 +106,7 @@ class ChunkEncoding {
     double work = 0;
   };
   Block plan(double work) const;
+  double probe_share() const;  // a probe row's part of a whole-model row: probe layers / n_layer
   std::vector<const float*> layer_rows(const std::vector<float>& all) const;
   const Model& m_;
   std::vector<int32_t> tokens_, toks_;  // the chunk, and with its sink

@@ -33,7 +33,7 @@ struct BenchArgs {
   std::string cache_type = kv_dtype_name(EngineOptions().kv_type);  // the live K/V caches' type
   int decode_context = 128;  // tokens prefilled before the decode steps (each sequence's)
   // Prefill of step_context tokens in blocks of step_block rows, each block timed: the cost of
-  // a row as a function of the keys it attends over (the engine's step budget, StepCost).
+  // a row as a function of the keys it attends over (the engine's step budget, RowWork).
   int step_block = 0;
   int step_context = 4096;
 };

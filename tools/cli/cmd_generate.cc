@@ -38,7 +38,7 @@ struct GenerateArgs {
   std::string calibration;
   std::string instruction = kQaInstruction;
   int prefill_chunk = 0;
-  double step_attn_keys = -1;  // the model's estimate
+  double step_attn_keys = EngineOptions().step_attn_keys;  // the model's estimate
 };
 
 std::string read_file(const std::string& path) {

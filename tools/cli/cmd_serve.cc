@@ -30,7 +30,7 @@ struct ServeArgs {
   std::string kv_budget = "4G";
   std::string max_header = "64K";
   int prefill_chunk = 512;
-  double step_attn_keys = -1;  // the model's estimate
+  double step_attn_keys = EngineOptions().step_attn_keys;  // the model's estimate
 };
 
 std::atomic<bool> g_stop_requested{false};

@@ -78,7 +78,6 @@ class ProbePass {
   ProbePass(const ProbePass&) = delete;
   ProbePass& operator=(const ProbePass&) = delete;
   int rows_left() const { return (int)tokens_.size() - done_; }
-  int layers() const { return layers_; }  // probe_layers()
   void step(int rows);                    // 1 .. rows_left() (on a device: every row)
   ChunkRanking ranking() const;
 
