@@ -75,4 +75,35 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
   return out;
 }
 
+namespace {
+
+// The raw prompt's prefix and documents; the query is the caller's.
+RagPromptTokens raw_head(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                         const std::string& instruction, bool bos) {
+  RagPromptTokens out;
+  if (bos && tok.add_bos() && tok.bos() >= 0) out.prefix.push_back(tok.bos());
+  const std::vector<int32_t> ins = tok.encode(instruction, /*parse_special=*/true);
+  out.prefix.insert(out.prefix.end(), ins.begin(), ins.end());
+  for (const auto& c : chunks) out.chunks.push_back(tokenize_chunk(tok, c));
+  return out;
+}
+
+}  // namespace
+
+RagPromptTokens build_raw_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& instruction, const std::string& prompt) {
+  RagPromptTokens out = raw_head(tok, chunks, instruction, true);
+  // The prompt starts the text when nothing precedes it (SPM then prefixes its space).
+  out.query = tok.encode(prompt, /*parse_special=*/true,
+                         /*starts_text=*/instruction.empty() && chunks.empty());
+  return out;
+}
+
+RagPromptTokens build_raw_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& instruction, const std::vector<int32_t>& ids) {
+  RagPromptTokens out = raw_head(tok, chunks, instruction, !instruction.empty() || !chunks.empty());
+  out.query = ids;
+  return out;
+}
+
 }  // namespace ct

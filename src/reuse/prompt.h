@@ -39,4 +39,14 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
                                  const std::string& instruction = kQaInstruction,
                                  const std::vector<ChatMessage>& history = {});
 
+// A raw prompt (the /v1/completions route): no chat template. prefix = BOS (where the model's
+// tokenizer adds one) + the instruction, then the documents (tokenize_chunk), then query = the
+// prompt. The instruction and the prompt text are tokenised with control tokens parsed, as
+// llama-server and vLLM do for completions: a raw prompt may spell out a template. Token ids are
+// used as given, and with no instruction and no documents before them no BOS is added either.
+RagPromptTokens build_raw_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& instruction, const std::string& prompt);
+RagPromptTokens build_raw_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& instruction, const std::vector<int32_t>& ids);
+
 }  // namespace ct

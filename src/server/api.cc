@@ -83,58 +83,25 @@ std::string message_content(const json& m, const std::string& where) {
   return text;
 }
 
-}  // namespace
-
-json parse_json_body(const std::string& text) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {  // parse errors, and numbers a double cannot hold
-    throw RequestError(400, "", fmt::format("request body is not valid JSON: {}", e.what()));
-  }
-}
-
-ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
+void expect_object(const json& body) {
   if (!body.is_object())
     bad("", "request body is a JSON " + type_name(body) + "; expected an object");
-  ChatRequest r;
+}
+
+// The fields both routes share: model, the chunk extension, generation. r.completion is set
+// before (it changes the default instruction).
+void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) bad("model", "'model' is a " + type_name(*m) + "; expected a string");
     r.model = m->get<std::string>();
   }
-
-  // Messages: everything before the final user message is history; that message is the question.
-  const json* msgs = field(body, "messages");
-  if (!msgs || !msgs->is_array() || msgs->empty()) {
-    bad("messages", "'messages' must be a non-empty array of {role, content} objects");
-  }
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const json& m = (*msgs)[i];
-    const std::string where = fmt::format("messages[{}]", i);
-    if (!m.is_object()) bad("messages", where + " is a " + type_name(m) + "; expected an object");
-    const std::string role = string_field(m, "role", where);
-    if (role != "system" && role != "user" && role != "assistant") {
-      bad("messages",
-          fmt::format("{}.role = \"{}\"; expected system, user or assistant", where, role));
-    }
-    const std::string content = message_content(m, where);
-    if (i + 1 == msgs->size()) {
-      if (role != "user") {
-        bad("messages", fmt::format("the last message has role \"{}\"; expected \"user\" (the "
-                                    "question the answer is for)",
-                                    role));
-      }
-      r.question = content;
-    } else {
-      r.answer.history.push_back({role, content});
-    }
-  }
-
   // Chunk-aware extension: documents reused from the chunk cache.
   if (const json* chunks = field(body, "chunks")) r.chunks = parse_chunks(*chunks, limits);
 
   r.sel.policy = limits.default_policy;
   r.answer.auto_ratio = limits.default_auto_ratio;
-  r.answer.instruction = r.chunks.empty() ? "" : kQaInstruction;
+  // A chat request with documents gets the QA instruction; a completion's prompt is raw.
+  r.answer.instruction = r.chunks.empty() || r.completion ? "" : kQaInstruction;
   if (const json* ct = field(body, "cachetune")) {
     if (!ct->is_object())
       bad("cachetune", "'cachetune' is a " + type_name(*ct) + "; expected an object");
@@ -210,7 +177,152 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
       bad("ignore_eos", "'ignore_eos' is a " + type_name(*s) + "; expected a boolean");
     r.gen.stop_at_eog = !s->get<bool>();
   }
+}
+
+
+}  // namespace
+
+json parse_json_body(const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {  // parse errors, and numbers a double cannot hold
+    throw RequestError(400, "", fmt::format("request body is not valid JSON: {}", e.what()));
+  }
+}
+
+ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
+  expect_object(body);
+  ChatRequest r;
+
+  // Messages: everything before the final user message is history; that message is the question.
+  const json* msgs = field(body, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty()) {
+    bad("messages", "'messages' must be a non-empty array of {role, content} objects");
+  }
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad("messages", where + " is a " + type_name(m) + "; expected an object");
+    const std::string role = string_field(m, "role", where);
+    if (role != "system" && role != "user" && role != "assistant") {
+      bad("messages",
+          fmt::format("{}.role = \"{}\"; expected system, user or assistant", where, role));
+    }
+    const std::string content = message_content(m, where);
+    if (i + 1 == msgs->size()) {
+      if (role != "user") {
+        bad("messages", fmt::format("the last message has role \"{}\"; expected \"user\" (the "
+                                    "question the answer is for)",
+                                    role));
+      }
+      r.question = content;
+    } else {
+      r.answer.history.push_back({role, content});
+    }
+  }
+
+  parse_shared(body, limits, r);
   return r;
+}
+
+namespace {
+
+// A token-id prompt: a non-empty array of integers in [0, 2^31); `where` names it in errors.
+std::vector<int32_t> prompt_ids(const json& a, const std::string& where) {
+  if (a.empty()) bad("prompt", where + " is an empty array; expected token ids");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const json& v = a[i];
+    const bool in_range =
+        v.is_number_unsigned()
+            ? v.get<uint64_t>() <= (uint64_t)INT32_MAX
+            : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+    if (!in_range) {
+      bad("prompt", fmt::format("{}[{}] = {}; expected a token id (a non-negative integer)", where,
+                                i, v.dump()));
+    }
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
+
+ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) {
+  expect_object(body);
+  ChatRequest r;
+  if (field(body, "messages")) {
+    bad("messages", "/v1/completions takes a 'prompt'; send messages to /v1/chat/completions");
+  }
+  const json* p = field(body, "prompt");
+  if (!p) bad("prompt", "'prompt' is missing; expected a string or an array of token ids");
+  CompletionPrompt cp;
+  // OpenAI's forms: a string, an array of strings, token ids, or an array of token-id arrays.
+  // Each prompt is a choice of its own there; here one request is one prompt (n = 1).
+  const json* one = p;
+  if (p->is_array() && !p->empty() && !(*p)[0].is_number()) {
+    if (p->size() != 1) {
+      bad("prompt", fmt::format("'prompt' holds {} prompts; this server answers one prompt per "
+                                "request: send them as separate requests",
+                                p->size()));
+    }
+    one = &(*p)[0];
+  }
+  if (one->is_string()) {
+    cp.text = one->get<std::string>();
+    if (cp.text.empty()) bad("prompt", "'prompt' is an empty string; expected text");
+  } else if (one->is_array()) {
+    cp.ids = prompt_ids(*one, one == p ? "prompt" : "prompt[0]");
+  } else {
+    bad("prompt", fmt::format("'prompt' is a {}; expected a string or an array of token ids",
+                              type_name(*one)));
+  }
+  r.completion = std::move(cp);
+  if (const json* e = field(body, "echo")) {
+    if (!e->is_boolean()) bad("echo", "'echo' is a " + type_name(*e) + "; expected a boolean");
+    if (e->get<bool>()) bad("echo", "'echo' = true is not supported: the response holds the "
+                                    "completion only");
+  }
+  if (const json* sfx = field(body, "suffix");
+      sfx && !(sfx->is_string() && sfx->get_ref<const std::string&>().empty())) {
+    bad("suffix", "'suffix' is not supported (no insertion mode)");
+  }
+  if (field(body, "logprobs")) bad("logprobs", "'logprobs' is not supported");
+  if (const json* b = field(body, "best_of");
+      b && !(b->is_number_integer() && b->get<int64_t>() == 1)) {
+    bad("best_of", "'best_of' must be 1: one choice per request");
+  }
+  parse_shared(body, limits, r);
+  return r;
+}
+
+RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_ctx) {
+  RagPromptTokens p;
+  const char* param = r.completion ? "prompt" : "messages";
+  if (!r.completion) {
+    p = build_rag_prompt(tok, r.chunks, r.question, r.answer.instruction, r.answer.history);
+  } else {
+    const CompletionPrompt& c = *r.completion;
+    for (size_t i = 0; i < c.ids.size(); ++i) {
+      if (c.ids[i] >= tok.n_vocab()) {
+        bad("prompt", fmt::format("prompt token {} is id {}; this model's ids are [0, {})", i,
+                                  c.ids[i], tok.n_vocab()));
+      }
+    }
+    p = c.text.empty() ? build_raw_prompt(tok, r.chunks, r.answer.instruction, c.ids)
+                       : build_raw_prompt(tok, r.chunks, r.answer.instruction, c.text);
+    if (p.query.empty()) {
+      bad("prompt", "the prompt has no tokens after tokenisation (only bytes the model's "
+                    "vocabulary lacks)");
+    }
+  }
+  const int n = p.n_tokens();
+  if (n + r.gen.max_tokens > n_ctx) {
+    bad(param, fmt::format("prompt of {} tokens plus max_tokens {} exceeds the model context of {} "
+                           "tokens",
+                           n, r.gen.max_tokens, n_ctx));
+  }
+  return p;
 }
 
 std::vector<std::string> parse_stop(const json& stop) {
@@ -306,6 +418,37 @@ json usage(const Answer& a) {
   return {{"prompt_tokens", a.n_prompt},
           {"completion_tokens", n_out},
           {"total_tokens", a.n_prompt + n_out}};
+}
+
+json response_body(const Answer& a, const ChatRequest& r, const std::string& id,
+                   const std::string& model_id, int64_t created) {
+  if (!r.completion) return chat_response(a, r, id, model_id, created);
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model_id},
+          {"choices",
+           {{{"index", 0},
+             {"text", a.text},
+             {"logprobs", nullptr},
+             {"finish_reason", finish_reason(a, r)}}}},
+          {"usage", usage(a)},
+          {"cachetune", answer_stats(a, r)}};
+}
+
+json stream_event(const ChatRequest& r, const std::string& id, const std::string& model_id,
+                  int64_t created, const std::optional<std::string>& text,
+                  const std::string& finish_reason) {
+  if (!r.completion) return chat_chunk(id, model_id, created, text, std::nullopt, finish_reason);
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model_id},
+          {"choices",
+           {{{"index", 0},
+             {"text", text.value_or("")},
+             {"logprobs", nullptr},
+             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
 }
 
 json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,

@@ -1,7 +1,8 @@
 // The OpenAI-compatible request/response format of `cachetune serve`, kept apart from the HTTP
-// transport so it can be tested without sockets. A chat completion request may carry the
-// chunk-aware extension: "chunks" (documents, each cached and reused on its own) and a
-// "cachetune" object (policy, ratio, instruction). docs/SERVER.md describes the wire format.
+// transport so it can be tested without sockets. A chat completion or a (legacy, raw-prompt)
+// completion request may carry the chunk-aware extension: "chunks" (documents, each cached and
+// reused on its own) and a "cachetune" object (policy, ratio, instruction). docs/SERVER.md
+// describes the wire format.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "reuse/prompt.h"
 
 namespace ct::server {
 
@@ -37,9 +39,18 @@ struct ApiLimits {
   bool default_auto_ratio = false;   // `serve --ratio auto`
 };
 
+// /v1/completions' prompt, used as the client wrote it (no chat template): text, or token ids.
+struct CompletionPrompt {
+  std::string text;          // tokenised with control tokens parsed (it may spell out a template)
+  std::vector<int32_t> ids;  // token ids as given, when the prompt was ids (text then empty)
+};
+
+// A request of either route. A chat request has the question and history; a completion request
+// has `completion` instead (and answer.instruction is raw text before the documents).
 struct ChatRequest {
   std::vector<std::string> chunks;  // documents, in prompt order
   std::string question;             // content of the final user message
+  std::optional<CompletionPrompt> completion;  // set for /v1/completions only
   AnswerOptions answer;             // instruction, history, auto ratio (no on_piece)
   SelectiveOptions sel;             // policy and ratio
   GenerateOptions gen;
@@ -54,6 +65,18 @@ std::vector<std::string> parse_chunks(const nlohmann::json& chunks, const ApiLim
 // Parses and validates a /v1/chat/completions body. Throws RequestError (400) naming the field,
 // the value and what was expected.
 ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
+
+// Parses and validates a /v1/completions body: "prompt" (a string, one token-id array, or an
+// array holding one of those) in place of "messages", and the same generation fields and
+// chunk extension; refuses (400, naming the field) what it does not do: several prompts, echo,
+// suffix, logprobs, best_of other than 1. Token ids are range-checked by prompt_tokens.
+ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
+
+// The prompt the engine runs for a request: the chat template's (build_rag_prompt) or a
+// completion's raw one (build_raw_prompt). Throws RequestError (400, param "prompt" or
+// "messages") for a token id outside the vocabulary, an empty prompt after tokenisation, or a
+// prompt that leaves no room for max_tokens in the model's context of n_ctx tokens.
+RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_ctx);
 
 // Parses the request body text as JSON; malformed JSON is a RequestError (400) with the parser's
 // position.
@@ -73,6 +96,18 @@ nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
 
 // OpenAI's usage object: prompt, completion and total token counts.
 nlohmann::json usage(const Answer& a);
+
+// A whole (non-streamed) response: chat.completion, or text_completion for a completion request.
+nlohmann::json response_body(const Answer& a, const ChatRequest& r, const std::string& id,
+                             const std::string& model_id, int64_t created);
+
+// One event of a streamed response in the request's shape: chat.completion.chunk (a content
+// delta) or text_completion (a text delta); with finish_reason set (delta empty) the last event,
+// to which the caller adds usage and the cachetune figures.
+nlohmann::json stream_event(const ChatRequest& r, const std::string& id,
+                            const std::string& model_id, int64_t created,
+                            const std::optional<std::string>& text,
+                            const std::string& finish_reason = "");
 
 // A whole (non-streamed) chat.completion response.
 nlohmann::json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,

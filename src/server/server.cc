@@ -223,7 +223,7 @@ struct Server::Impl {
       } else if (res.status == 404) {
         msg = fmt::format(
             "no route for {} {}; expected GET /health, GET /metrics, GET /v1/models, POST "
-            "/v1/chat/completions or POST /v1/chunks",
+            "/v1/chat/completions, POST /v1/completions or POST /v1/chunks",
             req.method, req.path);
       } else {
         msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
@@ -262,7 +262,10 @@ struct Server::Impl {
       if (!key_refused(req, res)) handle(res, [&] { ingest(req, res); });
     });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      if (!key_refused(req, res)) handle(res, [&] { chat(req, res); });
+      if (!key_refused(req, res)) handle(res, [&] { complete(req, res, false); });
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!key_refused(req, res)) handle(res, [&] { complete(req, res, true); });
     });
   }
 
@@ -288,16 +291,7 @@ struct Server::Impl {
   // tokenizer are immutable, so no engine lock is needed). The engine answers from these tokens.
   RagPromptTokens prompt_of(const ChatRequest& r) const {
     const Model& m = engine.model();
-    RagPromptTokens p = build_rag_prompt(m.tokenizer(), r.chunks, r.question, r.answer.instruction,
-                                         r.answer.history);
-    const int n = p.n_tokens(), ctx = m.config().n_ctx_train;
-    if (n + r.gen.max_tokens > ctx) {
-      throw RequestError(400, "messages",
-                         fmt::format("prompt of {} tokens plus max_tokens {} exceeds the model "
-                                     "context of {} tokens",
-                                     n, r.gen.max_tokens, ctx));
-    }
-    return p;
+    return prompt_tokens(r, m.tokenizer(), m.config().n_ctx_train);
   }
 
   void ingest(const httplib::Request& req, httplib::Response& res) {
@@ -347,13 +341,15 @@ struct Server::Impl {
     send_json(res, 200, {{"object", "list"}, {"data", data}});
   }
 
-  void chat(const httplib::Request& req, httplib::Response& res) {
-    auto r =
-        std::make_shared<ChatRequest>(parse_chat_request(parse_json_body(req.body), opt.limits));
+  // A chat completion, or with `raw` a completion of a raw prompt (/v1/completions).
+  void complete(const httplib::Request& req, httplib::Response& res, bool raw) {
+    const json body = parse_json_body(req.body);
+    auto r = std::make_shared<ChatRequest>(raw ? parse_completion_request(body, opt.limits)
+                                               : parse_chat_request(body, opt.limits));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     // Refused now (400 / 503) rather than as an event after a stream's headers.
     batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens);
-    const std::string id = new_id("chatcmpl");
+    const std::string id = new_id(raw ? "cmpl" : "chatcmpl");
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
     // instead of holding the engine until max_tokens.
@@ -379,10 +375,10 @@ struct Server::Impl {
         res.status = 499;  // nobody reads it; the connection is closed
         return;
       }
-      send_json(res, 200, chat_response(a, *r, id, opt.model_id, created));
+      send_json(res, 200, response_body(a, *r, id, opt.model_id, created));
       return;
     }
-    // Server-sent events: a role delta, content deltas as tokens arrive (whole UTF-8 characters
+    // Server-sent events: (chat) a role delta, content deltas as tokens arrive (whole UTF-8 characters
     // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
     // The provider runs on this connection's worker, so fd stays this connection's until it ends.
     res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd](
@@ -440,7 +436,9 @@ struct Server::Impl {
     auto send = [&](const json& j) { send_raw("data: " + dump(j) + "\n\n"); };
     bool client_gone = false;
     try {
-      send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
+      if (!r.completion) {
+        send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
+      }
       std::string pending;
       for (bool finished = false; !finished;) {
         std::deque<std::string> batch;
@@ -453,14 +451,13 @@ struct Server::Impl {
         for (const std::string& piece : batch) {
           pending += piece;
           const std::string ready = take_complete_utf8(pending);
-          if (!ready.empty()) send(chat_chunk(id, opt.model_id, created, ready, std::nullopt));
+          if (!ready.empty()) send(stream_event(r, id, opt.model_id, created, ready));
         }
       }
       if (st->error) std::rethrow_exception(st->error);
-      if (!pending.empty()) send(chat_chunk(id, opt.model_id, created, pending, std::nullopt));
+      if (!pending.empty()) send(stream_event(r, id, opt.model_id, created, pending));
       const Answer& a = st->answer;
-      json last =
-          chat_chunk(id, opt.model_id, created, std::nullopt, std::nullopt, finish_reason(a, r));
+      json last = stream_event(r, id, opt.model_id, created, std::nullopt, finish_reason(a, r));
       last["usage"] = usage(a);
       last["cachetune"] = answer_stats(a, r);
       send(last);

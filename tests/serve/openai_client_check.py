@@ -104,6 +104,31 @@ def main():
             got = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
             check(got == want, f"streamed stop {s!r}: {got!r} != {want!r}")
 
+    # The legacy completions route with a raw prompt, whole and streamed (the text deltas spell
+    # the same greedy answer); documents through extra_body are reused; two prompts are refused.
+    cmpl = client.completions.create(model=args.model, prompt="Who kept the lighthouse?",
+                                     max_tokens=8, temperature=0)
+    check(cmpl.object == "text_completion", f"object {cmpl.object}")
+    check(len(cmpl.choices) == 1 and isinstance(cmpl.choices[0].text, str), f"{cmpl.choices}")
+    check(cmpl.choices[0].finish_reason in ("stop", "length"), cmpl.choices[0].finish_reason)
+    check(cmpl.usage.total_tokens == cmpl.usage.prompt_tokens + cmpl.usage.completion_tokens,
+          "completion total_tokens")
+    got = "".join(c.choices[0].text for c in client.completions.create(
+        model=args.model, prompt="Who kept the lighthouse?", max_tokens=8, temperature=0,
+        stream=True) if c.choices)
+    check(got == cmpl.choices[0].text, f"streamed completion {got!r} != {cmpl.choices[0].text!r}")
+    hits = []
+    for _ in range(2):
+        r = client.completions.create(model=args.model, prompt="Question: who kept it?\nAnswer:",
+                                      max_tokens=4, extra_body={"chunks": docs})
+        hits.append([c["hit"] for c in (r.model_extra or {})["cachetune"]["chunks"]])
+    check(hits[1] == [True, True], f"completion's chunks were not hits the second time: {hits}")
+    try:
+        client.completions.create(model=args.model, prompt=["one", "two"], max_tokens=2)
+        check(False, "two prompts were accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "prompt", f"param {e.param}")
+
     # Error paths map onto the client's exception classes.
     wrong = openai.OpenAI(base_url=args.base_url, api_key="sk-wrong", max_retries=0)
     try:

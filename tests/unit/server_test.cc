@@ -28,12 +28,13 @@ using nlohmann::json;
 
 json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
 
-// Expects parse_chat_request to refuse `body` with status 400, naming `param`, with a message
-// containing `needle`.
+// Expects `parse` (parse_chat_request unless given) to refuse `body` with status 400, naming
+// `param`, with a message containing `needle`.
 void expect_refused(const json& body, const std::string& param, const std::string& needle,
-                    const ApiLimits& limits = {}) {
+                    const ApiLimits& limits = {},
+                    ChatRequest (*parse)(const json&, const ApiLimits&) = parse_chat_request) {
   try {
-    parse_chat_request(body, limits);
+    parse(body, limits);
     ADD_FAILURE() << "accepted: " << body.dump();
   } catch (const RequestError& e) {
     EXPECT_EQ(e.status(), 400) << body.dump();
@@ -165,6 +166,107 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   EXPECT_THROW(parse_json_body("{\"temperature\": 1e400}"), RequestError);  // beyond a double
   expect_refused({{"messages", {user("q")}}, {"max_tokens", 18446744073709551615ull}}, "max_tokens",
                  "= 18446744073709551615");
+}
+
+// /v1/completions: OpenAI's prompt forms that hold one prompt, the shared fields, and refusals of
+// what this server does not do, each naming the field.
+TEST(ServerApi, ParsesACompletionPromptInEachForm) {
+  const ChatRequest t = parse_completion_request(
+      {{"prompt", "Once upon"}, {"max_tokens", 5}, {"stop", "\n"}, {"stream", true},
+       {"echo", false}, {"suffix", ""}, {"best_of", 1}},
+      {});
+  ASSERT_TRUE(t.completion.has_value());
+  EXPECT_EQ(t.completion->text, "Once upon");
+  EXPECT_TRUE(t.completion->ids.empty());
+  EXPECT_EQ(t.gen.max_tokens, 5);
+  EXPECT_EQ(t.gen.stop, std::vector<std::string>{"\n"});
+  EXPECT_TRUE(t.stream);
+  EXPECT_EQ(t.answer.instruction, "");
+  EXPECT_FALSE(parse_chat_request({{"messages", {user("q")}}}, {}).completion.has_value());
+
+  EXPECT_EQ(parse_completion_request({{"prompt", {"one"}}}, {}).completion->text, "one");
+  EXPECT_EQ(parse_completion_request({{"prompt", {3, 0, 7}}}, {}).completion->ids,
+            (std::vector<int32_t>{3, 0, 7}));
+  EXPECT_EQ(parse_completion_request({{"prompt", {{5, 6}}}}, {}).completion->ids,
+            (std::vector<int32_t>{5, 6}));
+  // Documents: raw, with no QA instruction unless the request gives one.
+  const ChatRequest d = parse_completion_request(
+      {{"prompt", "Q:"}, {"chunks", {"doc"}}, {"cachetune", {{"policy", "full"}}}}, {});
+  EXPECT_EQ(d.chunks, std::vector<std::string>{"doc"});
+  EXPECT_EQ(d.answer.instruction, "");
+  EXPECT_EQ(d.sel.policy.kind, &find_policy("full"));
+  EXPECT_EQ(parse_completion_request(
+                {{"prompt", "Q:"}, {"chunks", {"doc"}}, {"cachetune", {{"instruction", "Read."}}}},
+                {})
+                .answer.instruction,
+            "Read.");
+
+  const auto refused = [](const json& body, const std::string& param, const std::string& needle) {
+    expect_refused(body, param, needle, {}, parse_completion_request);
+  };
+  refused(json::object(), "prompt", "missing");
+  refused({{"messages", {user("q")}}}, "messages", "/v1/chat/completions");
+  refused({{"prompt", ""}}, "prompt", "empty string");
+  refused({{"prompt", json::array()}}, "prompt", "empty array");
+  refused({{"prompt", {"a", "b"}}}, "prompt", "2 prompts");
+  refused({{"prompt", {{1}, {2}}}}, "prompt", "2 prompts");
+  refused({{"prompt", {1, -2}}}, "prompt", "prompt[1] = -2");
+  refused({{"prompt", {1, 2.5}}}, "prompt", "prompt[1] = 2.5");
+  refused({{"prompt", {{1, "x"}}}}, "prompt", "prompt[0][1]");
+  refused({{"prompt", {1, 4294967296ll}}}, "prompt", "non-negative integer");
+  refused({{"prompt", 3}}, "prompt", "expected a string or an array");
+  refused({{"prompt", "x"}, {"echo", true}}, "echo", "not supported");
+  refused({{"prompt", "x"}, {"echo", 1}}, "echo", "boolean");
+  refused({{"prompt", "x"}, {"suffix", "end"}}, "suffix", "not supported");
+  refused({{"prompt", "x"}, {"logprobs", 2}}, "logprobs", "not supported");
+  refused({{"prompt", "x"}, {"best_of", 3}}, "best_of", "must be 1");
+  refused({{"prompt", "x"}, {"n", 2}}, "n", "must be 1");
+  refused({{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens", "[1, 1024]");
+  refused({{"prompt", "x"}, {"chunks", "doc"}}, "chunks", "array of strings");
+}
+
+// The prompt a request runs: token ids outside the vocabulary, a prompt with no tokens and one
+// that leaves no room for max_tokens are refused (400) before anything runs.
+TEST(ServerApi, CompletionPromptTokensAreCheckedAgainstTheModel) {
+  test::TempDir dir;
+  const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
+  const Tokenizer& tok = m->tokenizer();
+  const auto refused = [&](const json& body, int n_ctx, const std::string& needle) {
+    try {
+      prompt_tokens(parse_completion_request(body, {}), tok, n_ctx);
+      ADD_FAILURE() << "accepted: " << body.dump();
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "prompt");
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused({{"prompt", {1, tok.n_vocab()}}}, 512,
+          fmt::format("prompt token 1 is id {}; this model's ids are [0, {})", tok.n_vocab(),
+                      tok.n_vocab()));
+  refused({{"prompt", {1, 2, 3}}, {"max_tokens", 10}}, 12, "exceeds the model context of 12");
+  {
+    VocabSpec few;  // byte-level BPE with tokens for 'a' and 'b' only: other bytes are dropped
+    few.pre = "gpt2";
+    few.tokens = {"a", "b"};
+    const Tokenizer ab = Tokenizer::from_vocab(few);
+    try {
+      prompt_tokens(parse_completion_request({{"prompt", "xyz"}}, {}), ab, 512);
+      ADD_FAILURE() << "a prompt with no tokens was accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.param(), "prompt");
+      EXPECT_NE(std::string(e.what()).find("no tokens"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(prompt_tokens(parse_completion_request({{"prompt", "xab"}}, {}), ab, 512).query,
+              (std::vector<int32_t>{0, 1}));
+  }
+  const RagPromptTokens ok =
+      prompt_tokens(parse_completion_request({{"prompt", {1, 2, 3}}, {"max_tokens", 9}}, {}), tok, 12);
+  EXPECT_EQ(ok.query, (std::vector<int32_t>{1, 2, 3}));
+  // A chat request's prompt is the template's, as build_rag_prompt makes it.
+  const ChatRequest chat = parse_chat_request({{"messages", {user("hi")}}}, {});
+  const RagPromptTokens c = prompt_tokens(chat, tok, 512);
+  EXPECT_EQ(c.query, build_rag_prompt(tok, {}, "hi", "", {}).query);
 }
 
 TEST(ServerApi, StreamsWholeUtf8CharactersOnly) {
@@ -341,6 +443,107 @@ TEST_F(LiveServerTest, StreamedDeltasConcatenateToTheAnswer) {
   EXPECT_EQ(text, direct(chat_body(true)).text);
   EXPECT_TRUE(last.contains("usage"));
   EXPECT_TRUE(last.contains("cachetune"));
+}
+
+// The server-sent events of a streamed response: each event's JSON, [DONE] last.
+std::vector<json> sse_events(const std::string& body, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    if (end == std::string::npos) break;
+    const std::string payload = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (payload == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    EXPECT_FALSE(*done) << "event after [DONE]";
+    out.push_back(json::parse(payload));
+  }
+  return out;
+}
+
+// /v1/completions runs a raw prompt: the chat template's text written out as the prompt (control
+// tokens parsed) is the chat request's prompt token for token, so the greedy answers are equal;
+// so is the same prompt as token ids. Streamed, the text deltas spell the same answer.
+TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
+  const json msgs = {{{"role", "system"}, {"content", "Be brief."}}, user("Who kept it?")};
+  auto chat = post("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 6}}.dump());
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  const json c = json::parse(chat->body);
+  const std::string want = c["choices"][0]["message"]["content"];
+  const Tokenizer& tok = engine_->model().tokenizer();
+  const std::string raw =
+      tok.apply_chat_template({{"system", "Be brief."}, {"user", "Who kept it?"}}, true);
+
+  auto whole = post("/v1/completions", json{{"prompt", raw}, {"max_tokens", 6}}.dump());
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  EXPECT_EQ(w["object"], "text_completion");
+  EXPECT_EQ(w["model"], "tiny");
+  EXPECT_EQ(w["id"].get<std::string>().rfind("cmpl-", 0), 0u) << w["id"];
+  EXPECT_EQ(w["choices"][0]["text"], want);
+  EXPECT_TRUE(w["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(w["choices"][0]["finish_reason"], c["choices"][0]["finish_reason"]);
+  EXPECT_EQ(w["usage"], c["usage"]);
+
+  const RagPromptTokens p = build_rag_prompt(tok, {}, "Who kept it?", "", {{"system", "Be brief."}});
+  std::vector<int32_t> ids = p.prefix;
+  ids.insert(ids.end(), p.query.begin(), p.query.end());
+  auto by_ids = post("/v1/completions", json{{"prompt", ids}, {"max_tokens", 6}}.dump());
+  ASSERT_TRUE(by_ids);
+  ASSERT_EQ(by_ids->status, 200) << by_ids->body;
+  EXPECT_EQ(json::parse(by_ids->body)["choices"][0]["text"], want);
+
+  auto streamed =
+      post("/v1/completions", json{{"prompt", raw}, {"max_tokens", 6}, {"stream", true}}.dump());
+  ASSERT_TRUE(streamed);
+  ASSERT_EQ(streamed->status, 200) << streamed->body;
+  bool done = false;
+  const std::vector<json> events = sse_events(streamed->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_FALSE(events.empty());
+  std::string text;
+  for (const json& e : events) {
+    EXPECT_EQ(e["object"], "text_completion") << e.dump();
+    EXPECT_FALSE(e["choices"][0].contains("delta")) << e.dump();
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, want);
+  const json& last = events.back();
+  EXPECT_EQ(last["choices"][0]["finish_reason"], c["choices"][0]["finish_reason"]);
+  EXPECT_EQ(last["usage"], c["usage"]);
+  EXPECT_TRUE(last.contains("cachetune"));
+}
+
+// Documents in a completion request are chunks like a chat request's: the answer is the engine's
+// for the raw prompt, and the second request finds both documents cached.
+TEST_F(LiveServerTest, ACompletionReusesItsDocuments) {
+  const json body = {{"prompt", "Question: who kept it?\nAnswer:"},
+                     {"chunks", {"A diary of storms was kept at Gull Point.", kDocs[1]}},
+                     {"cachetune", {{"instruction", "Read these.\n\n"}}},
+                     {"max_tokens", 5}};
+  auto first = post("/v1/completions", body.dump());
+  ASSERT_TRUE(first);
+  ASSERT_EQ(first->status, 200) << first->body;
+  const json f = json::parse(first->body);
+  const ChatRequest r = parse_completion_request(body, ApiLimits{});
+  Answer a;
+  server_->scheduler().run([&] {
+    a = engine_->answer(prompt_tokens(r, engine_->model().tokenizer(), 512), r.sel, r.gen);
+  });
+  EXPECT_EQ(f["choices"][0]["text"], a.text);
+  EXPECT_EQ(f["usage"]["prompt_tokens"], a.n_prompt);
+  auto again = post("/v1/completions", body.dump());
+  ASSERT_TRUE(again);
+  const json g = json::parse(again->body);
+  ASSERT_EQ(g["cachetune"]["chunks"].size(), 2u);
+  for (const auto& ch : g["cachetune"]["chunks"]) EXPECT_TRUE(ch["hit"].get<bool>());
+  EXPECT_EQ(g["choices"][0]["text"], a.text);
 }
 
 TEST_F(LiveServerTest, IngestEndpointEncodesOnceThenHits) {
