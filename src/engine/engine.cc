@@ -255,6 +255,9 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   CT_THROW_IF_NOT(n_total + gen.max_tokens <= model_->config().n_ctx_train,
                   "prompt of {} tokens plus {} new tokens exceeds the model context of {}", n_total,
                   gen.max_tokens, model_->config().n_ctx_train);
+  CT_THROW_IF_NOT(gen.logprobs >= -1 && gen.logprobs <= kMaxTopLogprobs,
+                  "logprobs = {}; expected -1 (none) or 0 to {} alternatives per token",
+                  gen.logprobs, kMaxTopLogprobs);
   auto g = std::make_unique<Generation>();
   g->ttft_ = ttft;
   g->gen_ = gen;
@@ -592,6 +595,9 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       continue;
     }
     g.answer_.tokens.push_back(id);
+    if (g.gen_.logprobs >= 0) {
+      g.answer_.logprobs.push_back(token_logprob(g.logits_.data(), V, id, g.gen_.logprobs));
+    }
     // With stop sequences, on_piece gets only text decided not to be part of one.
     std::string piece = tok.token_to_piece(id);
     bool stopped = false;

@@ -118,6 +118,8 @@ struct Answer {
   double ratio = 0;            // recompute ratio the prefill ran with (auto mode: the chosen one)
   std::string ratio_note;      // auto mode: RatioChoice::note; empty otherwise
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
+  // GenerateOptions::logprobs >= 0: one entry per token of `tokens`, in order.
+  std::vector<TokenLogprob> logprobs;
 };
 
 // A request whose AnswerOptions::cancelled said so before (Scheduler::answer) or during

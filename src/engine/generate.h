@@ -19,6 +19,9 @@ struct GenerateOptions {
   // Stop sequences (StopMatcher, at most 4): generation ends before the first occurrence, which
   // is left out of the text and of what on_piece receives.
   std::vector<std::string> stop;
+  // >= 0 (at most kMaxTopLogprobs): the engine records each generated token's log-probability
+  // and its `logprobs` most likely alternatives in Answer::logprobs; -1: none.
+  int logprobs = -1;
 };
 
 struct DecodeResult {

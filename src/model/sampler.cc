@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
+
 namespace ct {
 
 int32_t argmax(const float* logits, int n) {
@@ -31,6 +33,33 @@ int32_t argmax(const float* logits, int n) {
     if (logits[i] == mx) return i;
   }
   return 0;  // not reached: mx is one of the values
+}
+
+TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t id, int k) {
+  CT_ASSERT(id >= 0 && id < n_vocab && k >= 0 && k <= kMaxTopLogprobs,
+            "token_logprob: id {} of {}, k {}", id, n_vocab, k);
+  // log sum exp, in double, around the largest logit.
+  float mx = logits[0];
+  for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp((double)logits[i] - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprob out;
+  out.id = id;
+  out.logprob = (float)(logits[id] - lse);
+  // The k best in one pass: a sorted list of at most k (k <= 20, so insertion is cheap).
+  const auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  for (int32_t i = 0; i < n_vocab && k > 0; ++i) {
+    if ((int)best.size() == k && !better(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+    if ((int)best.size() > k) best.pop_back();
+  }
+  for (int32_t t : best) out.top.push_back({t, (float)(logits[t] - lse)});
+  return out;
 }
 
 int32_t argmax_ref(const float* logits, int n) {

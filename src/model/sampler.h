@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace ct {
@@ -24,6 +25,18 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
 };
+
+// A generated token's log-probability under the model (the log-softmax of its raw logits, before
+// temperature and top-k/top-p, as OpenAI's and vLLM's logprobs report it) and the k most
+// likely tokens with theirs, most likely first (ties: the lower id first).
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+inline constexpr int kMaxTopLogprobs = 20;
+// k in [0, kMaxTopLogprobs]; logits must be finite.
+TokenLogprob token_logprob(const float* logits, int n_vocab, int32_t id, int k);
 
 // The first index of the largest logit (a NaN is never the largest, unless at index 0), by
 // vector passes; argmax_ref is the plain loop the tests hold it to.

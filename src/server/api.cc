@@ -88,6 +88,15 @@ void expect_object(const json& body) {
     bad("", "request body is a JSON " + type_name(body) + "; expected an object");
 }
 
+// Log-probabilities come with whole responses only: a streamed response's deltas are text cut at
+// UTF-8 and stop-sequence boundaries, which do not line up with tokens.
+void refuse_streamed_logprobs(const ChatRequest& r) {
+  if (r.stream && r.gen.logprobs >= 0) {
+    bad("logprobs", "'logprobs' with \"stream\": true is not supported; ask for a whole "
+                    "response to get them");
+  }
+}
+
 // The fields both routes share: model, the chunk extension, generation. r.completion is set
 // before (it changes the default instruction).
 void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
@@ -222,6 +231,17 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
   }
 
   parse_shared(body, limits, r);
+  if (const json* lp = field(body, "logprobs")) {
+    if (!lp->is_boolean())
+      bad("logprobs", "'logprobs' is a " + type_name(*lp) + "; expected a boolean");
+    if (lp->get<bool>()) r.gen.logprobs = 0;
+  }
+  if (field(body, "top_logprobs")) {
+    const int k = int_field(body, "top_logprobs", 0, kMaxTopLogprobs, 0);
+    if (r.gen.logprobs < 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    r.gen.logprobs = k;
+  }
+  refuse_streamed_logprobs(r);
   return r;
 }
 
@@ -287,12 +307,13 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
       sfx && !(sfx->is_string() && sfx->get_ref<const std::string&>().empty())) {
     bad("suffix", "'suffix' is not supported (no insertion mode)");
   }
-  if (field(body, "logprobs")) bad("logprobs", "'logprobs' is not supported");
   if (const json* b = field(body, "best_of");
       b && !(b->is_number_integer() && b->get<int64_t>() == 1)) {
     bad("best_of", "'best_of' must be 1: one choice per request");
   }
   parse_shared(body, limits, r);
+  if (field(body, "logprobs")) r.gen.logprobs = int_field(body, "logprobs", 0, kMaxTopLogprobs, 0);
+  refuse_streamed_logprobs(r);
   return r;
 }
 
@@ -420,9 +441,65 @@ json usage(const Answer& a) {
           {"total_tokens", a.n_prompt + n_out}};
 }
 
-json response_body(const Answer& a, const ChatRequest& r, const std::string& id,
-                   const std::string& model_id, int64_t created) {
-  if (!r.completion) return chat_response(a, r, id, model_id, created);
+namespace {
+
+// OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
+json chat_logprobs(const Answer& a, const Tokenizer& tok) {
+  const auto entry = [&](int32_t id, float lp) {
+    const std::string piece = tok.token_to_piece(id, /*render_special=*/true);
+    json bytes = json::array();
+    for (unsigned char b : piece) bytes.push_back((int)b);
+    return json{{"token", piece}, {"logprob", lp}, {"bytes", bytes}};
+  };
+  json content = json::array();
+  for (const TokenLogprob& t : a.logprobs) {
+    json e = entry(t.id, t.logprob);
+    json top = json::array();
+    for (const auto& [id, lp] : t.top) top.push_back(entry(id, lp));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return {{"content", content}};
+}
+
+// The completions route's: parallel lists of tokens, their logprobs, a {token: logprob} object of
+// the alternatives each, and each token's byte offset in the generated text.
+json completion_logprobs(const Answer& a, const Tokenizer& tok) {
+  json tokens = json::array(), lps = json::array(), top = json::array(), offset = json::array();
+  size_t at = 0;
+  for (const TokenLogprob& t : a.logprobs) {
+    const std::string piece = tok.token_to_piece(t.id, /*render_special=*/true);
+    tokens.push_back(piece);
+    lps.push_back(t.logprob);
+    json alt = json::object();
+    for (const auto& [id, lp] : t.top) alt[tok.token_to_piece(id, true)] = lp;
+    top.push_back(std::move(alt));
+    offset.push_back(at);
+    at += piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offset}};
+}
+
+json chat_response(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
+                   const std::string& id, const std::string& model_id, int64_t created) {
+  return {{"id", id},
+          {"object", "chat.completion"},
+          {"created", created},
+          {"model", model_id},
+          {"choices",
+           {{{"index", 0},
+             {"message", {{"role", "assistant"}, {"content", a.text}}},
+             {"logprobs", r.gen.logprobs >= 0 ? chat_logprobs(a, tok) : json(nullptr)},
+             {"finish_reason", finish_reason(a, r)}}}},
+          {"usage", usage(a)},
+          {"cachetune", answer_stats(a, r)}};
+}
+
+}  // namespace
+
+json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
+                   const std::string& id, const std::string& model_id, int64_t created) {
+  if (!r.completion) return chat_response(a, r, tok, id, model_id, created);
   return {{"id", id},
           {"object", "text_completion"},
           {"created", created},
@@ -430,7 +507,7 @@ json response_body(const Answer& a, const ChatRequest& r, const std::string& id,
           {"choices",
            {{{"index", 0},
              {"text", a.text},
-             {"logprobs", nullptr},
+             {"logprobs", r.gen.logprobs >= 0 ? completion_logprobs(a, tok) : json(nullptr)},
              {"finish_reason", finish_reason(a, r)}}}},
           {"usage", usage(a)},
           {"cachetune", answer_stats(a, r)}};
@@ -449,20 +526,6 @@ json stream_event(const ChatRequest& r, const std::string& id, const std::string
              {"text", text.value_or("")},
              {"logprobs", nullptr},
              {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
-}
-
-json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
-                   const std::string& model_id, int64_t created) {
-  return {{"id", id},
-          {"object", "chat.completion"},
-          {"created", created},
-          {"model", model_id},
-          {"choices",
-           {{{"index", 0},
-             {"message", {{"role", "assistant"}, {"content", a.text}}},
-             {"finish_reason", finish_reason(a, r)}}}},
-          {"usage", usage(a)},
-          {"cachetune", answer_stats(a, r)}};
 }
 
 json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,

@@ -97,9 +97,11 @@ nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
 // OpenAI's usage object: prompt, completion and total token counts.
 nlohmann::json usage(const Answer& a);
 
-// A whole (non-streamed) response: chat.completion, or text_completion for a completion request.
-nlohmann::json response_body(const Answer& a, const ChatRequest& r, const std::string& id,
-                             const std::string& model_id, int64_t created);
+// A whole (non-streamed) response: chat.completion, or text_completion for a completion request,
+// with the tokens' log-probabilities in OpenAI's shape of that route when the request asked for
+// them (tok renders their text).
+nlohmann::json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
+                             const std::string& id, const std::string& model_id, int64_t created);
 
 // One event of a streamed response in the request's shape: chat.completion.chunk (a content
 // delta) or text_completion (a text delta); with finish_reason set (delta empty) the last event,
@@ -108,10 +110,6 @@ nlohmann::json stream_event(const ChatRequest& r, const std::string& id,
                             const std::string& model_id, int64_t created,
                             const std::optional<std::string>& text,
                             const std::string& finish_reason = "");
-
-// A whole (non-streamed) chat.completion response.
-nlohmann::json chat_response(const Answer& a, const ChatRequest& r, const std::string& id,
-                             const std::string& model_id, int64_t created);
 
 // One chat.completion.chunk event of a streamed response: a content delta, or (finish_reason
 // set, delta empty) the last event, which also carries usage and the cachetune figures.

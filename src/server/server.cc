@@ -375,7 +375,7 @@ struct Server::Impl {
         res.status = 499;  // nobody reads it; the connection is closed
         return;
       }
-      send_json(res, 200, response_body(a, *r, id, opt.model_id, created));
+      send_json(res, 200, response_body(a, *r, engine.model().tokenizer(), id, opt.model_id, created));
       return;
     }
     // Server-sent events: (chat) a role delta, content deltas as tokens arrive (whole UTF-8 characters

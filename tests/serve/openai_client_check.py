@@ -129,6 +129,20 @@ def main():
     except openai.BadRequestError as e:
         check(e.param == "prompt", f"param {e.param}")
 
+    # Log-probabilities through the client's own types: one entry per generated token, the
+    # greedy token the most likely of its alternatives.
+    lp = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=4,
+                                        logprobs=True, top_logprobs=2)
+    content = lp.choices[0].logprobs.content
+    check(len(content) == lp.usage.completion_tokens, f"{len(content)} logprobs entries")
+    for e in content:
+        check(e.logprob <= 0 and len(e.top_logprobs) == 2, f"logprob entry {e}")
+        check(e.top_logprobs[0].token == e.token, f"greedy token {e.token!r} not the top one")
+    clp = client.completions.create(model=args.model, prompt="Who kept the lighthouse?",
+                                    max_tokens=4, logprobs=2).choices[0].logprobs
+    check(len(clp.tokens) == len(clp.token_logprobs) == len(clp.top_logprobs),
+          f"completion logprobs {clp}")
+
     # Error paths map onto the client's exception classes.
     wrong = openai.OpenAI(base_url=args.base_url, api_key="sk-wrong", max_retries=0)
     try:

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "backend/cpu_forward.h"
@@ -451,6 +452,37 @@ TEST(SamplerTest, ArgmaxEqualsThePlainLoop) {
     if (trial % 5 == 0) v[rng() % n] = NAN;
     if (trial % 11 == 0) v[0] = NAN;
     ASSERT_EQ(argmax(v.data(), n), argmax_ref(v.data(), n)) << "trial " << trial << " n " << n;
+  }
+}
+
+// token_logprob against the plain double-precision log-softmax and a full sort: the chosen token's
+// log-probability, the k best (most likely first, ties to the lower id), k = 0 giving none.
+TEST(ModelTest, TokenLogprobIsTheLogSoftmaxAndItsBest) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 1 + (int)(rng() % 3000);
+    std::vector<float> v(n);
+    std::normal_distribution<float> g(0.0f, 4.0f);
+    for (float& x : v) x = g(rng);
+    if (trial % 3 == 0) {  // ties: repeated values
+      for (int i = 0; i < n; i += 5) v[i] = v[0];
+    }
+    const int k = (int)(rng() % (kMaxTopLogprobs + 1));
+    const int32_t id = (int32_t)(rng() % n);
+    const TokenLogprob t = token_logprob(v.data(), n, id, k);
+    double sum = 0;
+    for (float x : v) sum += std::exp((double)x);
+    const auto want = [&](int32_t i) { return (double)v[i] - std::log(sum); };
+    EXPECT_EQ(t.id, id);
+    EXPECT_NEAR(t.logprob, want(id), 1e-4) << "trial " << trial;
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return v[a] > v[b]; });
+    ASSERT_EQ((int)t.top.size(), std::min(k, n)) << "trial " << trial;
+    for (size_t j = 0; j < t.top.size(); ++j) {
+      EXPECT_EQ(t.top[j].first, order[j]) << "trial " << trial << " rank " << j;
+      EXPECT_NEAR(t.top[j].second, want(order[j]), 1e-4);
+    }
   }
 }
 

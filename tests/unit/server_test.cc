@@ -166,6 +166,22 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   EXPECT_THROW(parse_json_body("{\"temperature\": 1e400}"), RequestError);  // beyond a double
   expect_refused({{"messages", {user("q")}}, {"max_tokens", 18446744073709551615ull}}, "max_tokens",
                  "= 18446744073709551615");
+  expect_refused({{"messages", {user("q")}}, {"logprobs", 1}}, "logprobs", "boolean");
+  expect_refused({{"messages", {user("q")}}, {"top_logprobs", 2}}, "top_logprobs",
+                 "needs 'logprobs': true");
+  expect_refused({{"messages", {user("q")}}, {"logprobs", true}, {"top_logprobs", 21}},
+                 "top_logprobs", "[0, 20]");
+  expect_refused({{"messages", {user("q")}}, {"logprobs", true}, {"stream", true}}, "logprobs",
+                 "not supported");
+  const json q = {{"messages", {user("q")}}};
+  EXPECT_EQ(parse_chat_request(q, {}).gen.logprobs, -1);
+  json lp = q;
+  lp["logprobs"] = false;
+  EXPECT_EQ(parse_chat_request(lp, {}).gen.logprobs, -1);
+  lp["logprobs"] = true;
+  EXPECT_EQ(parse_chat_request(lp, {}).gen.logprobs, 0);
+  lp["top_logprobs"] = 3;
+  EXPECT_EQ(parse_chat_request(lp, {}).gen.logprobs, 3);
 }
 
 // /v1/completions: OpenAI's prompt forms that hold one prompt, the shared fields, and refusals of
@@ -218,8 +234,13 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   refused({{"prompt", "x"}, {"echo", true}}, "echo", "not supported");
   refused({{"prompt", "x"}, {"echo", 1}}, "echo", "boolean");
   refused({{"prompt", "x"}, {"suffix", "end"}}, "suffix", "not supported");
-  refused({{"prompt", "x"}, {"logprobs", 2}}, "logprobs", "not supported");
+  refused({{"prompt", "x"}, {"logprobs", 21}}, "logprobs", "[0, 20]");
+  refused({{"prompt", "x"}, {"logprobs", true}}, "logprobs", "integer");
+  refused({{"prompt", "x"}, {"logprobs", 1}, {"stream", true}}, "logprobs", "not supported");
   refused({{"prompt", "x"}, {"best_of", 3}}, "best_of", "must be 1");
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, {}).gen.logprobs, -1);
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 0}}, {}).gen.logprobs, 0);
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 5}}, {}).gen.logprobs, 5);
   refused({{"prompt", "x"}, {"n", 2}}, "n", "must be 1");
   refused({{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens", "[1, 1024]");
   refused({{"prompt", "x"}, {"chunks", "doc"}}, "chunks", "array of strings");
@@ -518,6 +539,71 @@ TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
   EXPECT_EQ(last["choices"][0]["finish_reason"], c["choices"][0]["finish_reason"]);
   EXPECT_EQ(last["usage"], c["usage"]);
   EXPECT_TRUE(last.contains("cachetune"));
+}
+
+// Log-probabilities, in each route's OpenAI shape: one entry per generated token, the engine's
+// own figures (Answer::logprobs, the log-softmax of the logits each token was sampled from),
+// the greedy token first among the alternatives, the tokens spelling the text.
+TEST_F(LiveServerTest, LogprobsAreTheEnginesInEachRoutesShape) {
+  const json chat_req = {{"messages", {user("Who kept it?")}},
+                         {"max_tokens", 5},
+                         {"ignore_eos", true},
+                         {"logprobs", true},
+                         {"top_logprobs", 3}};
+  auto res = post("/v1/chat/completions", chat_req.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json c = json::parse(res->body)["choices"][0];
+  const ChatRequest r = parse_chat_request(chat_req, ApiLimits{});
+  Answer a;
+  server_->scheduler().run([&] {
+    a = engine_->answer(prompt_tokens(r, engine_->model().tokenizer(), 512), r.sel, r.gen);
+  });
+  ASSERT_EQ(a.logprobs.size(), a.tokens.size());
+  const json& content = c["logprobs"]["content"];
+  ASSERT_EQ(content.size(), a.tokens.size());
+  const Tokenizer& tok = engine_->model().tokenizer();
+  std::string spelled;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& e = content[i];
+    EXPECT_EQ(e["token"], tok.token_to_piece(a.tokens[i], true));
+    EXPECT_FLOAT_EQ(e["logprob"].get<float>(), a.logprobs[i].logprob);
+    EXPECT_LE(e["logprob"].get<float>(), 0.0f);
+    ASSERT_EQ(e["top_logprobs"].size(), 3u);
+    // Greedy: the token is the most likely one; the alternatives come most likely first.
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]);
+    EXPECT_FLOAT_EQ(e["top_logprobs"][0]["logprob"].get<float>(), e["logprob"].get<float>());
+    EXPECT_GE(e["top_logprobs"][1]["logprob"].get<float>(),
+              e["top_logprobs"][2]["logprob"].get<float>());
+    std::string bytes;
+    for (int b : e["bytes"]) bytes.push_back((char)b);
+    EXPECT_EQ(bytes, e["token"].get<std::string>());
+    spelled += bytes;
+  }
+  EXPECT_EQ(spelled, c["message"]["content"].get<std::string>());
+  // Without the field: null, as OpenAI sends.
+  auto plain = post("/v1/chat/completions", json{{"messages", {user("Who kept it?")}}, {"max_tokens", 2}}.dump());
+  ASSERT_TRUE(plain);
+  EXPECT_TRUE(json::parse(plain->body)["choices"][0]["logprobs"].is_null());
+
+  const json cmpl_req = {{"prompt", "Who kept"}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 2}};
+  auto cr = post("/v1/completions", cmpl_req.dump());
+  ASSERT_TRUE(cr);
+  ASSERT_EQ(cr->status, 200) << cr->body;
+  const json cc = json::parse(cr->body)["choices"][0];
+  const json& l = cc["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), 4u);
+  ASSERT_EQ(l["token_logprobs"].size(), 4u);
+  ASSERT_EQ(l["top_logprobs"].size(), 4u);
+  std::string text;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(l["text_offset"][i].get<size_t>(), text.size());
+    text += l["tokens"][i].get<std::string>();
+    EXPECT_EQ(l["top_logprobs"][i].size(), 2u);
+    EXPECT_FLOAT_EQ(l["top_logprobs"][i][l["tokens"][i].get<std::string>()].get<float>(),
+                    l["token_logprobs"][i].get<float>());
+  }
+  EXPECT_EQ(text, cc["text"].get<std::string>());
 }
 
 // Documents in a completion request are chunks like a chat request's: the answer is the engine's
