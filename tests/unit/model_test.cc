@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "backend/cpu_forward.h"
 #include "core/fp16.h"
@@ -432,6 +434,62 @@ TEST(SamplerTest, TopKOneIsGreedyAndTopPKeepsTheNucleus) {
   for (int i = 0; i < 200; ++i) {
     const int id = p.sample(logits.data(), 4);
     EXPECT_TRUE(id == 1 || id == 2) << id;
+  }
+}
+
+// The fast candidates against the sorting reference: the same tokens with the same weights
+// (normalised, to a relative 1e-6 plus 1e-12: without top-k and top-p the fast weights are float
+// exponentials), for top-k, top-p,
+// both and neither, on flat and peaked logits with ties, vocabularies up to 152k.
+TEST(SamplerTest, CandidatesAreTheSortingReferences) {
+  std::mt19937 rng(5);
+  const int ks[] = {0, 1, 7, 40, 1000};
+  const float ps[] = {1.0f, 0.95f, 0.9f, 0.5f, 0.01f};
+  for (int trial = 0; trial < 120; ++trial) {
+    const int n = trial % 4 == 0 ? 151936 : 1 + (int)(rng() % 5000);
+    std::vector<float> v(n);
+    const float spread = trial % 3 == 0 ? 1.0f : trial % 3 == 1 ? 4.0f : 12.0f;
+    std::normal_distribution<float> g(0.0f, spread);
+    for (float& x : v) x = g(rng);
+    if (trial % 5 == 0) {  // ties, the best one included
+      for (int i = 0; i < n; i += 3) v[i] = std::round(v[i]);
+    }
+    SamplingParams sp;
+    sp.temperature = trial % 2 == 0 ? 0.7f : 1.3f;
+    sp.top_k = ks[trial % 5];
+    sp.top_p = ps[(trial / 5) % 5];
+    Sampler fast(sp);
+    const SampleCandidates got = fast.candidates(v.data(), n);
+    const SampleCandidates want = sample_candidates_ref(v.data(), n, sp);
+    const auto normalised = [](const SampleCandidates& c) {
+      double t = 0;
+      for (double w : c.w) t += w;
+      std::map<int32_t, double> m;
+      for (size_t i = 0; i < c.ids.size(); ++i) m[c.ids[i]] = c.w[i] / t;
+      return m;
+    };
+    const std::map<int32_t, double> a = normalised(got), b = normalised(want);
+    ASSERT_EQ(a.size(), b.size()) << "trial " << trial << " n " << n << " k " << sp.top_k
+                                  << " p " << sp.top_p;
+    for (const auto& [id, w] : b) {
+      ASSERT_TRUE(a.count(id)) << "trial " << trial << ": token " << id << " missing";
+      EXPECT_NEAR(a.at(id), w, 1e-6 * w + 1e-12) << "trial " << trial << " token " << id;
+    }
+  }
+  // Every draw comes from the candidates, seeded: the same seed, the same tokens.
+  std::vector<float> v(3000);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  for (float& x : v) x = g(rng);
+  for (const SamplingParams sp : {SamplingParams{1.0f, 0, 0.9f, 3}, SamplingParams{1.0f, 0, 1.0f, 3},
+                                  SamplingParams{0.8f, 40, 0.95f, 3}}) {
+    const SampleCandidates ref = sample_candidates_ref(v.data(), 3000, sp);
+    const std::set<int32_t> allowed(ref.ids.begin(), ref.ids.end());
+    Sampler a(sp), b(sp);
+    for (int i = 0; i < 300; ++i) {
+      const int32_t t = a.sample(v.data(), 3000);
+      EXPECT_TRUE(allowed.count(t)) << t;
+      EXPECT_EQ(t, b.sample(v.data(), 3000));
+    }
   }
 }
 

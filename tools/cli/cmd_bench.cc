@@ -152,6 +152,22 @@ void run_bench(const BenchArgs& a) {
     const double tps = a.decode_tokens / tm.seconds();
     std::printf("decode after %d tokens: %.1f tok/s\n", n, tps);
     out["decode"] = {{"n_context", n}, {"n_tokens", a.decode_tokens}, {"tok_per_s", tps}};
+    // Sampling one token from the last logits as the server samples (OpenAI's fields: top-p,
+    // no top-k), against the reference that sorts the vocabulary.
+    const SamplingParams sp{0.8f, 0, 0.95f, 1};
+    Sampler sampler(sp);
+    Timer ts;
+    size_t kept = 0;
+    for (int i = 0; i < 20; ++i) kept = sampler.candidates(logits.data(), c.n_vocab).ids.size();
+    const double fast_ms = ts.ms() / 20;
+    Timer tr;
+    for (int i = 0; i < 3; ++i) sample_candidates_ref(logits.data(), c.n_vocab, sp);
+    const double ref_ms = tr.ms() / 3;
+    std::printf("sampling (temperature 0.8, top-p 0.95) from %d logits: %.3f ms a token, %zu "
+                "candidates (sorting the vocabulary: %.3f ms)\n",
+                c.n_vocab, fast_ms, kept, ref_ms);
+    out["sampling"] = {{"n_vocab", c.n_vocab}, {"ms", fast_ms}, {"candidates", kept},
+                       {"sort_ms", ref_ms}};
   }
   if (a.step_block > 0) {
     nlohmann::json sc = step_cost(*model, a.step_context, a.step_block, a.repeats, kv_type, ws, rng);
