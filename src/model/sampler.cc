@@ -210,8 +210,36 @@ const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
   return c;
 }
 
-int32_t Sampler::sample(const float* logits, int n_vocab) {
-  if (p_.temperature <= 0.0f) return argmax(logits, n_vocab);
+const float* Sampler::adjust(const float* logits, int n_vocab) {
+  const bool penalties = p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f;
+  if (p_.logit_bias.empty() && (!penalties || counts_.empty())) return logits;
+  adjusted_.assign(logits, logits + n_vocab);
+  for (const auto& [id, bias] : p_.logit_bias) {
+    CT_THROW_IF_NOT(id >= 0 && id < n_vocab, "logit_bias for token {}: the vocabulary has {}", id,
+                    n_vocab);
+    adjusted_[id] += bias;
+  }
+  for (const auto& [id, n] : counts_) {
+    adjusted_[id] -= (float)n * p_.frequency_penalty + p_.presence_penalty;
+  }
+  return adjusted_.data();
+}
+
+int32_t Sampler::sample(const float* raw, int n_vocab) {
+  const float* logits = adjust(raw, n_vocab);
+  const int32_t id = p_.temperature <= 0.0f ? argmax(logits, n_vocab) : draw(logits, n_vocab);
+  if (p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f) {
+    auto it = std::find_if(counts_.begin(), counts_.end(), [&](const auto& c) { return c.first == id; });
+    if (it == counts_.end()) {
+      counts_.push_back({id, 1});
+    } else {
+      ++it->second;
+    }
+  }
+  return id;
+}
+
+int32_t Sampler::draw(const float* logits, int n_vocab) {
   const SampleCandidates& c = candidates(logits, n_vocab);
   double total = 0;
   for (double w : c.w) total += w;

@@ -13,6 +13,12 @@ struct SamplingParams {
   int top_k = 40;            // 0 = no limit
   float top_p = 0.95f;       // 1 = no limit
   uint64_t seed = 0;
+  // OpenAI's adjustments of the logits before greedy choice or sampling: token j's logit minus
+  // count_j * frequency_penalty minus presence_penalty if count_j > 0, count_j its occurrences in
+  // the tokens this sampler has chosen so far; plus logit_bias's value for j.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // The tokens a draw chooses among (top-k, then top-p, of softmax(logits / temperature)) and
@@ -25,6 +31,7 @@ struct SampleCandidates {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // The next token from `logits` (adjusted as SamplingParams says); counts it for the penalties.
   int32_t sample(const float* logits, int n_vocab);
   // The candidates of a draw at temperature > 0: the reference's set and weights (a weight may
   // differ in its last bits), without sorting the vocabulary (which cost 23 ms a token on a 152k
@@ -41,6 +48,12 @@ class Sampler {
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> bucket_;
   SampleCandidates cand_;
+  std::vector<float> adjusted_;                   // the logits after penalties and bias
+  std::vector<std::pair<int32_t, int>> counts_;  // chosen tokens and their counts
+  // logits, or adjusted_ holding them with the penalties and bias applied.
+  const float* adjust(const float* logits, int n_vocab);
+  // A draw from the candidates (temperature > 0).
+  int32_t draw(const float* logits, int n_vocab);
 };
 
 // The reference the fast candidates are held to: sort the whole vocabulary by logit (ties to

@@ -1,6 +1,7 @@
 // Parsing and formatting of the OpenAI-compatible chat API (see api.h).
 #include "server/api.h"
 
+#include <cctype>
 #include <cmath>
 
 #include "model/stop_matcher.h"
@@ -165,6 +166,34 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   r.gen.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 1.0));
   if (r.gen.sampling.top_p <= 0.0f) bad("top_p", "'top_p' = 0; expected a number in (0, 1]");
   r.gen.sampling.top_k = 0;  // OpenAI has no top_k: nucleus sampling alone
+  r.gen.sampling.frequency_penalty =
+      static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));
+  r.gen.sampling.presence_penalty =
+      static_cast<float>(number_field(body, "presence_penalty", -2.0, 2.0, 0.0));
+  if (const json* lb = field(body, "logit_bias")) {
+    if (!lb->is_object()) {
+      bad("logit_bias", "'logit_bias' is a " + type_name(*lb) +
+                            "; expected an object of token ids and biases in [-100, 100]");
+    }
+    for (const auto& [key, v] : lb->items()) {
+      // A token id in decimal, as OpenAI's keys are; its range is checked against the model.
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+      }
+      if (key.empty() || used != key.size() || id < 0 || id > INT32_MAX || !std::isdigit((unsigned char)key[0])) {
+        bad("logit_bias", fmt::format("logit_bias key \"{}\" is not a token id (a non-negative "
+                                      "integer)", key));
+      }
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 100) {
+        bad("logit_bias", fmt::format("logit_bias[\"{}\"] = {}; expected a number in [-100, 100]",
+                                      key, v.dump()));
+      }
+      r.gen.sampling.logit_bias.push_back({(int32_t)id, v.get<float>()});
+    }
+  }
   if (const json* s = field(body, "seed")) {
     if (!s->is_number_integer())
       bad("seed", "'seed' is a " + type_name(*s) + "; expected an integer");
@@ -335,6 +364,12 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
     if (p.query.empty()) {
       bad("prompt", "the prompt has no tokens after tokenisation (only bytes the model's "
                     "vocabulary lacks)");
+    }
+  }
+  for (const auto& [id, bias] : r.gen.sampling.logit_bias) {
+    if (id >= tok.n_vocab()) {
+      bad("logit_bias", fmt::format("logit_bias names token {}; this model's ids are [0, {})", id,
+                                    tok.n_vocab()));
     }
   }
   const int n = p.n_tokens();

@@ -75,7 +75,8 @@ ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits
 // The prompt the engine runs for a request: the chat template's (build_rag_prompt) or a
 // completion's raw one (build_raw_prompt). Throws RequestError (400, param "prompt" or
 // "messages") for a token id outside the vocabulary, an empty prompt after tokenisation, or a
-// prompt that leaves no room for max_tokens in the model's context of n_ctx tokens.
+// prompt that leaves no room for max_tokens in the model's context of n_ctx tokens; (param
+// "logit_bias") for a biased token outside the vocabulary.
 RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_ctx);
 
 // Parses the request body text as JSON; malformed JSON is a RequestError (400) with the parser's

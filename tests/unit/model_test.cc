@@ -402,6 +402,15 @@ INSTANTIATE_TEST_SUITE_P(AllQuantisedTypes, QuantisedModelTest,
                                            GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16),
                          [](const auto& info) { return ggml_type_name(info.param); });
 
+SamplingParams sampling(float temperature, int top_k, float top_p, uint64_t seed) {
+  SamplingParams s;
+  s.temperature = temperature;
+  s.top_k = top_k;
+  s.top_p = top_p;
+  s.seed = seed;
+  return s;
+}
+
 TEST(ModelTest, GreedyDecodeIsDeterministicAndSamplingIsSeeded) {
   const std::string path = tmp_path("dec.gguf");
   test::write_tiny_model(path, {});
@@ -419,18 +428,18 @@ TEST(ModelTest, GreedyDecodeIsDeterministicAndSamplingIsSeeded) {
   };
   EXPECT_EQ(gen({}), gen({}));
   EXPECT_EQ(gen({}).size(), 20u);
-  SamplingParams s1{1.0f, 0, 1.0f, 42}, s2{1.0f, 0, 1.0f, 43};
+  const SamplingParams s1 = sampling(1.0f, 0, 1.0f, 42), s2 = sampling(1.0f, 0, 1.0f, 43);
   EXPECT_EQ(gen(s1), gen(s1));
   EXPECT_NE(gen(s1), gen(s2));
 }
 
 TEST(SamplerTest, TopKOneIsGreedyAndTopPKeepsTheNucleus) {
   std::vector<float> logits = {0.0f, 5.0f, 4.9f, -3.0f};
-  Sampler greedy({0.0f, 0, 1.0f, 1});
+  Sampler greedy(sampling(0.0f, 0, 1.0f, 1));
   EXPECT_EQ(greedy.sample(logits.data(), 4), 1);
-  Sampler k1({1.0f, 1, 1.0f, 1});
+  Sampler k1(sampling(1.0f, 1, 1.0f, 1));
   for (int i = 0; i < 20; ++i) EXPECT_EQ(k1.sample(logits.data(), 4), 1);
-  Sampler p({1.0f, 0, 0.9f, 7});
+  Sampler p(sampling(1.0f, 0, 0.9f, 7));
   for (int i = 0; i < 200; ++i) {
     const int id = p.sample(logits.data(), 4);
     EXPECT_TRUE(id == 1 || id == 2) << id;
@@ -480,8 +489,8 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
   std::vector<float> v(3000);
   std::normal_distribution<float> g(0.0f, 3.0f);
   for (float& x : v) x = g(rng);
-  for (const SamplingParams sp : {SamplingParams{1.0f, 0, 0.9f, 3}, SamplingParams{1.0f, 0, 1.0f, 3},
-                                  SamplingParams{0.8f, 40, 0.95f, 3}}) {
+  for (const SamplingParams& sp :
+       {sampling(1.0f, 0, 0.9f, 3), sampling(1.0f, 0, 1.0f, 3), sampling(0.8f, 40, 0.95f, 3)}) {
     const SampleCandidates ref = sample_candidates_ref(v.data(), 3000, sp);
     const std::set<int32_t> allowed(ref.ids.begin(), ref.ids.end());
     Sampler a(sp), b(sp);
@@ -491,6 +500,36 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
       EXPECT_EQ(t, b.sample(v.data(), 3000));
     }
   }
+}
+
+// OpenAI's penalties and logit_bias, greedy and sampled: a presence penalty moves greedy decoding
+// off a token it chose (the logits stay the same), a frequency penalty grows with the count, a
+// bias of -100 rules a token out and one of +100 makes it certain.
+TEST(SamplerTest, PenaltiesAndLogitBiasAdjustTheLogits) {
+  const std::vector<float> logits = {0.0f, 5.0f, 4.9f, -3.0f};
+  SamplingParams presence = sampling(0.0f, 0, 1.0f, 1);
+  presence.presence_penalty = 0.5f;
+  Sampler pr(presence);
+  // 1 (5.0), then 2 (4.9 against 4.5), then 1 again for good (4.5 against 4.4: a presence
+  // penalty does not grow with the count).
+  for (int32_t w : {1, 2, 1, 1}) EXPECT_EQ(pr.sample(logits.data(), 4), w);
+  SamplingParams freq = sampling(0.0f, 0, 1.0f, 1);
+  freq.frequency_penalty = 0.06f;
+  Sampler fr(freq);
+  // 1 (5.0), 1 (4.94 against 4.9), then 2 (4.88 against 4.9), then 1 (4.88 against 4.84).
+  for (int32_t w : {1, 1, 2, 1}) EXPECT_EQ(fr.sample(logits.data(), 4), w);
+  SamplingParams bias = sampling(0.0f, 0, 1.0f, 1);
+  bias.logit_bias = {{1, -100.0f}};
+  Sampler b(bias);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(b.sample(logits.data(), 4), 2);
+  SamplingParams up = sampling(1.0f, 0, 1.0f, 9);
+  up.logit_bias = {{3, 100.0f}};
+  Sampler u(up);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(u.sample(logits.data(), 4), 3);
+  SamplingParams out_of_range = sampling(0.0f, 0, 1.0f, 1);
+  out_of_range.logit_bias = {{4, 1.0f}};
+  Sampler o(out_of_range);
+  EXPECT_THROW(o.sample(logits.data(), 4), Error);
 }
 
 // The vector argmax against the plain loop: ties (values from a small set), NaN anywhere (index

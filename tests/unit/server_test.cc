@@ -173,7 +173,32 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                  "top_logprobs", "[0, 20]");
   expect_refused({{"messages", {user("q")}}, {"logprobs", true}, {"stream", true}}, "logprobs",
                  "not supported");
+  expect_refused({{"messages", {user("q")}}, {"frequency_penalty", 2.5}}, "frequency_penalty",
+                 "[-2, 2]");
+  expect_refused({{"messages", {user("q")}}, {"presence_penalty", "1"}}, "presence_penalty",
+                 "number");
+  expect_refused({{"messages", {user("q")}}, {"logit_bias", {1, 2}}}, "logit_bias",
+                 "expected an object");
+  for (const char* key : {"abc", "-1", "1.5", "", " 7", "99999999999"}) {
+    expect_refused({{"messages", {user("q")}}, {"logit_bias", {{key, 1}}}}, "logit_bias",
+                   "is not a token id");
+  }
+  expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", 101}}}}, "logit_bias",
+                 "[-100, 100]");
+  expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", "up"}}}}, "logit_bias",
+                 "[-100, 100]");
   const json q = {{"messages", {user("q")}}};
+  const ChatRequest adj = parse_chat_request(
+      {{"messages", {user("q")}},
+       {"frequency_penalty", 0.5},
+       {"presence_penalty", -1},
+       {"logit_bias", {{"5", -100}, {"17", 2.5}}}},
+      {});
+  EXPECT_FLOAT_EQ(adj.gen.sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(adj.gen.sampling.presence_penalty, -1.0f);
+  std::vector<std::pair<int32_t, float>> bias = adj.gen.sampling.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  EXPECT_EQ(bias, (std::vector<std::pair<int32_t, float>>{{5, -100.0f}, {17, 2.5f}}));
   EXPECT_EQ(parse_chat_request(q, {}).gen.logprobs, -1);
   json lp = q;
   lp["logprobs"] = false;
@@ -280,6 +305,15 @@ TEST(ServerApi, CompletionPromptTokensAreCheckedAgainstTheModel) {
     }
     EXPECT_EQ(prompt_tokens(parse_completion_request({{"prompt", "xab"}}, {}), ab, 512).query,
               (std::vector<int32_t>{0, 1}));
+  }
+  try {
+    prompt_tokens(parse_completion_request(
+                      {{"prompt", "x"}, {"logit_bias", {{std::to_string(tok.n_vocab()), 1}}}}, {}),
+                  tok, 512);
+    ADD_FAILURE() << "a bias for a token outside the vocabulary was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param(), "logit_bias");
+    EXPECT_NE(std::string(e.what()).find(fmt::format("token {}", tok.n_vocab())), std::string::npos);
   }
   const RagPromptTokens ok =
       prompt_tokens(parse_completion_request({{"prompt", {1, 2, 3}}, {"max_tokens", 9}}, {}), tok, 12);
@@ -581,6 +615,18 @@ TEST_F(LiveServerTest, LogprobsAreTheEnginesInEachRoutesShape) {
     spelled += bytes;
   }
   EXPECT_EQ(spelled, c["message"]["content"].get<std::string>());
+  // A bias of -100 on the greedy first token (the logprobs are the raw model's, before it) moves
+  // the answer off it.
+  json biased = chat_req;
+  biased["logit_bias"] = {{std::to_string(a.tokens[0]), -100}};
+  auto b = post("/v1/chat/completions", biased.dump());
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->status, 200) << b->body;
+  const json bj = json::parse(b->body);
+  const json& bc = bj["choices"][0]["logprobs"]["content"];
+  ASSERT_FALSE(bc.empty()) << b->body;
+  EXPECT_NE(bc[0]["token"], content[0]["token"]);
+  EXPECT_EQ(bc[0]["token"], content[0]["top_logprobs"][1]["token"]);  // the runner-up
   // Without the field: null, as OpenAI sends.
   auto plain = post("/v1/chat/completions", json{{"messages", {user("Who kept it?")}}, {"max_tokens", 2}}.dump());
   ASSERT_TRUE(plain);

@@ -154,7 +154,11 @@ void run_bench(const BenchArgs& a) {
     out["decode"] = {{"n_context", n}, {"n_tokens", a.decode_tokens}, {"tok_per_s", tps}};
     // Sampling one token from the last logits as the server samples (OpenAI's fields: top-p,
     // no top-k), against the reference that sorts the vocabulary.
-    const SamplingParams sp{0.8f, 0, 0.95f, 1};
+    SamplingParams sp;
+    sp.temperature = 0.8f;
+    sp.top_k = 0;
+    sp.top_p = 0.95f;
+    sp.seed = 1;
     Sampler sampler(sp);
     Timer ts;
     size_t kept = 0;

@@ -24,10 +24,7 @@ struct GenerateArgs {
   std::string system;
   bool raw = false;
   int max_tokens = 128;
-  float temperature = 0.0f;
-  int top_k = 40;
-  float top_p = 0.95f;
-  uint64_t seed = 0;
+  SamplingParams sampling;  // --temperature, --top-k, --top-p, --seed, the two penalties
   // Chunk mode
   EngineFlags engine;
   std::vector<std::string> chunks;
@@ -88,7 +85,7 @@ void run_chunked(const GenerateArgs& a) {
                  n_unstored);
   GenerateOptions gen;
   gen.max_tokens = a.max_tokens;
-  gen.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  gen.sampling = a.sampling;
   double first_ttft = 0;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     SelectiveOptions sel;
@@ -166,7 +163,7 @@ void run_generate(const GenerateArgs& a) {
   const double prefill_s = t.seconds();
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
-  opt.sampling = {a.temperature, a.top_k, a.top_p, a.seed};
+  opt.sampling = a.sampling;
   double ttft = -1;
   DecodeResult r = decode(*model, kv, ws, std::move(logits), opt, [&](const std::string& piece) {
     if (ttft < 0) ttft = t.seconds();
@@ -226,10 +223,19 @@ void register_generate(CLI::App& app) {
   c->add_option("--system", a->system, "System message (chat mode)");
   c->add_flag("--raw", a->raw, "Use the prompt as is, without the chat template");
   c->add_option("-n,--max-tokens", a->max_tokens, "Maximum new tokens")->capture_default_str();
-  c->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
-  c->add_option("--top-k", a->top_k, "Top-k (0 = off)")->capture_default_str();
-  c->add_option("--top-p", a->top_p, "Top-p (1 = off)")->capture_default_str();
-  c->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  SamplingParams& sp = a->sampling;
+  c->add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();
+  c->add_option("--top-k", sp.top_k, "Top-k (0 = off)")->capture_default_str();
+  c->add_option("--top-p", sp.top_p, "Top-p (1 = off)")->capture_default_str();
+  c->add_option("--seed", sp.seed, "Sampling seed")->capture_default_str();
+  c->add_option("--frequency-penalty", sp.frequency_penalty,
+                "Subtracted from a token's logit per earlier occurrence in the answer")
+      ->check(CLI::Range(-2.0, 2.0))
+      ->capture_default_str();
+  c->add_option("--presence-penalty", sp.presence_penalty,
+                "Subtracted from the logit of a token the answer already holds")
+      ->check(CLI::Range(-2.0, 2.0))
+      ->capture_default_str();
   c->callback([a] { run_generate(*a); });
 }
 
