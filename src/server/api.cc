@@ -1,6 +1,7 @@
 // Parsing and formatting of the OpenAI-compatible chat API (see api.h).
 #include "server/api.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 
@@ -165,7 +166,9 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   r.gen.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0, 0.0));
   r.gen.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 1.0));
   if (r.gen.sampling.top_p <= 0.0f) bad("top_p", "'top_p' = 0; expected a number in (0, 1]");
-  r.gen.sampling.top_k = 0;  // OpenAI has no top_k: nucleus sampling alone
+  // OpenAI has no top_k (nucleus sampling alone); vLLM's and llama-server's extension sets it
+  // (-1 or 0: off).
+  r.gen.sampling.top_k = std::max(0, int_field(body, "top_k", -1, INT32_MAX, 0));
   r.gen.sampling.frequency_penalty =
       static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));
   r.gen.sampling.presence_penalty =
@@ -205,6 +208,14 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");
+  // Structured output is not done: asking for JSON must not get free text silently.
+  if (const json* rf = field(body, "response_format")) {
+    const json* t = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (!t || !t->is_string() || t->get<std::string>() != "text") {
+      bad("response_format", "'response_format' other than {\"type\": \"text\"} is not supported "
+                             "(no JSON or schema-constrained output)");
+    }
+  }
   if (const json* s = field(body, "stream")) {
     if (!s->is_boolean()) bad("stream", "'stream' is a " + type_name(*s) + "; expected a boolean");
     r.stream = s->get<bool>();

@@ -187,6 +187,17 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                  "[-100, 100]");
   expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", "up"}}}}, "logit_bias",
                  "[-100, 100]");
+  expect_refused({{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}},
+                 "response_format", "not supported");
+  expect_refused({{"messages", {user("q")}}, {"response_format", "text"}}, "response_format",
+                 "not supported");
+  expect_refused({{"messages", {user("q")}}, {"top_k", -2}}, "top_k", "[-1, ");
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}},
+                               {})
+                .gen.sampling.top_k,
+            0);
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", 40}}, {}).gen.sampling.top_k, 40);
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", -1}}, {}).gen.sampling.top_k, 0);
   const json q = {{"messages", {user("q")}}};
   const ChatRequest adj = parse_chat_request(
       {{"messages", {user("q")}},
