@@ -1,12 +1,72 @@
 // libFuzzer target: the HTTP API's request parsing (server/api.h) on arbitrary body text, the way
-// the server runs it: parse_json_body, then parse_chat_request (/v1/chat/completions) and
+// the server runs it: parse_json_body, then parse_chat_request (/v1/chat/completions),
+// parse_completion_request (/v1/completions) and prompt_tokens on a byte-level vocabulary, and
 // parse_chunks on the "chunks" member (/v1/chunks). A bad request must be a RequestError (a 400
 // naming the field); any other exception, crash or sanitizer report is a finding.
 #include <cstdint>
 #include <string>
 
 #include "fuzz_common.h"
+#include "model/tokenizer.h"
 #include "server/api.h"
+
+namespace {
+
+// A byte-level BPE vocabulary of the 256 bytes (GPT-2's byte-to-unicode form) and two control
+// tokens, so that prompts tokenise and ids are range-checked against 258.
+const ct::Tokenizer& byte_vocab() {
+  static const ct::Tokenizer tok = [] {
+    ct::VocabSpec s;
+    s.pre = "gpt2";
+    for (int b = 0; b < 256; ++b) {
+      int cp = b;
+      if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae))) {
+        static int next = 256;
+        cp = next++;
+      }
+      std::string u;
+      if (cp < 0x80) {
+        u.push_back((char)cp);
+      } else {
+        u.push_back((char)(0xc0 | (cp >> 6)));
+        u.push_back((char)(0x80 | (cp & 0x3f)));
+      }
+      s.tokens.push_back(u);
+    }
+    s.tokens.push_back("<|im_start|>");
+    s.tokens.push_back("<|im_end|>");
+    s.token_types.assign(256, 1);
+    s.token_types.push_back(3);
+    s.token_types.push_back(3);
+    s.eos = 257;
+    return ct::Tokenizer::from_vocab(s);
+  }();
+  return tok;
+}
+
+// The checks both routes' parsed requests must pass.
+void check_request(const ct::server::ChatRequest& r, const ct::server::ApiLimits& limits) {
+  if (r.chunks.size() > (size_t)limits.max_chunks) ct::fuzz::finding("chunk limit not enforced");
+  if (r.gen.max_tokens < 1 || r.gen.max_tokens > limits.max_tokens_limit) {
+    ct::fuzz::finding("max_tokens outside its limits");
+  }
+  if (r.gen.logprobs < -1 || r.gen.logprobs > ct::kMaxTopLogprobs) ct::fuzz::finding("logprobs");
+  if (r.gen.logprobs >= 0 && r.stream) ct::fuzz::finding("streamed logprobs accepted");
+  for (const auto& [id, bias] : r.gen.sampling.logit_bias) {
+    if (id < 0 || !(bias >= -100 && bias <= 100)) ct::fuzz::finding("logit_bias entry");
+  }
+  // The prompt: a RequestError or tokens that fit the context.
+  try {
+    const ct::RagPromptTokens p = ct::server::prompt_tokens(r, byte_vocab(), 4096);
+    if (p.n_tokens() + r.gen.max_tokens > 4096 || p.query.empty()) ct::fuzz::finding("prompt");
+    for (int32_t id : p.query) {
+      if (id < 0 || id >= byte_vocab().n_vocab()) ct::fuzz::finding("prompt id out of range");
+    }
+  } catch (const ct::server::RequestError&) {
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
@@ -21,11 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   try {
-    const ct::server::ChatRequest r = ct::server::parse_chat_request(body, limits);
-    if (r.chunks.size() > (size_t)limits.max_chunks) ct::fuzz::finding("chunk limit not enforced");
-    if (r.gen.max_tokens < 1 || r.gen.max_tokens > limits.max_tokens_limit) {
-      ct::fuzz::finding("max_tokens outside its limits");
-    }
+    check_request(ct::server::parse_chat_request(body, limits), limits);
+  } catch (const ct::server::RequestError&) {
+  }
+  try {
+    check_request(ct::server::parse_completion_request(body, limits), limits);
   } catch (const ct::server::RequestError&) {
   }
   try {
