@@ -384,12 +384,60 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
     }
   }
   const int n = p.n_tokens();
-  if (n + r.gen.max_tokens > n_ctx) {
+  if (n_ctx > 0 && n + r.gen.max_tokens > n_ctx) {
     bad(param, fmt::format("prompt of {} tokens plus max_tokens {} exceeds the model context of {} "
                            "tokens",
                            n, r.gen.max_tokens, n_ctx));
   }
   return p;
+}
+
+json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& tok, int n_ctx) {
+  expect_object(body);
+  ChatRequest r;
+  if (field(body, "messages")) {
+    r = parse_chat_request(body, limits);
+  } else {
+    json b = body;
+    if (!field(b, "prompt") && field(b, "content")) b["prompt"] = b["content"];  // llama-server
+    b.erase("content");
+    r = parse_completion_request(b, limits);
+  }
+  const RagPromptTokens p = prompt_tokens(r, tok, 0);
+  std::vector<int32_t> ids = p.prefix;
+  for (const auto& c : p.chunks) ids.insert(ids.end(), c.begin(), c.end());
+  ids.insert(ids.end(), p.query.begin(), p.query.end());
+  json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", n_ctx}};
+  if (const json* wp = field(body, "with_pieces")) {
+    if (!wp->is_boolean())
+      bad("with_pieces", "'with_pieces' is a " + type_name(*wp) + "; expected a boolean");
+    if (wp->get<bool>()) {
+      json pieces = json::array();
+      for (int32_t id : ids) pieces.push_back(tok.token_to_piece(id, /*render_special=*/true));
+      out["pieces"] = std::move(pieces);
+    }
+  }
+  return out;
+}
+
+json detokenize_body(const json& body, const Tokenizer& tok) {
+  expect_object(body);
+  const json* t = field(body, "tokens");
+  if (!t || !t->is_array()) bad("tokens", "'tokens' must be an array of token ids");
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& v = (*t)[i];
+    const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < (uint64_t)tok.n_vocab()
+                                           : v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                                                 v.get<int64_t>() < tok.n_vocab();
+    if (!ok) {
+      bad("tokens", fmt::format("tokens[{}] = {}; this model's ids are [0, {})", i, v.dump(),
+                                tok.n_vocab()));
+    }
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  const std::string text = tok.decode(ids, /*render_special=*/true);
+  return {{"prompt", text}, {"content", text}};
 }
 
 std::vector<std::string> parse_stop(const json& stop) {

@@ -76,8 +76,19 @@ ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits
 // completion's raw one (build_raw_prompt). Throws RequestError (400, param "prompt" or
 // "messages") for a token id outside the vocabulary, an empty prompt after tokenisation, or a
 // prompt that leaves no room for max_tokens in the model's context of n_ctx tokens; (param
-// "logit_bias") for a biased token outside the vocabulary.
+// "logit_bias") for a biased token outside the vocabulary. n_ctx = 0 skips the context check
+// (the tokenize route reports the length instead).
 RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_ctx);
+
+// POST /tokenize (vLLM's and llama-server's route): the tokens a request's prompt runs as, from
+// {"prompt": text or ids} (or llama-server's "content") as /v1/completions tokenises it, or from
+// {"messages": [...], "chunks": [...]} as /v1/chat/completions lays it out; with
+// "with_pieces": true also each token's text. Returns {"tokens", "count", "max_model_len"}.
+nlohmann::json tokenize_body(const nlohmann::json& body, const ApiLimits& limits,
+                             const Tokenizer& tok, int n_ctx);
+// POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (and llama-server's "content"); an id
+// outside the vocabulary is a RequestError (400, param "tokens").
+nlohmann::json detokenize_body(const nlohmann::json& body, const Tokenizer& tok);
 
 // Parses the request body text as JSON; malformed JSON is a RequestError (400) with the parser's
 // position.

@@ -223,7 +223,8 @@ struct Server::Impl {
       } else if (res.status == 404) {
         msg = fmt::format(
             "no route for {} {}; expected GET /health, GET /metrics, GET /v1/models, POST "
-            "/v1/chat/completions, POST /v1/completions or POST /v1/chunks",
+            "/v1/chat/completions, POST /v1/completions, POST /v1/chunks, POST /tokenize or POST "
+            "/detokenize",
             req.method, req.path);
       } else {
         msg = fmt::format("HTTP {} for {} {}", res.status, req.method, req.path);
@@ -266,6 +267,22 @@ struct Server::Impl {
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
       if (!key_refused(req, res)) handle(res, [&] { complete(req, res, true); });
+    });
+    // Tokenisation as the two routes above lay prompts out (vLLM's and llama-server's paths).
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      if (key_refused(req, res)) return;
+      handle(res, [&] {
+        const Model& m = engine.model();
+        send_json(res, 200,
+                  tokenize_body(parse_json_body(req.body), opt.limits, m.tokenizer(),
+                                m.config().n_ctx_train));
+      });
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      if (key_refused(req, res)) return;
+      handle(res, [&] {
+        send_json(res, 200, detokenize_body(parse_json_body(req.body), engine.model().tokenizer()));
+      });
     });
   }
 

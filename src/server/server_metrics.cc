@@ -89,9 +89,9 @@ void ServerMetrics::record_step(const StepRows& rows, double seconds) {
 }
 
 std::string ServerMetrics::route_label(const std::string& path) {
-  static const char* const kRoutes[] = {"/health",         "/metrics",
-                                        "/v1/models",      "/v1/chat/completions",
-                                        "/v1/completions", "/v1/chunks"};
+  static const char* const kRoutes[] = {
+      "/health",          "/metrics",   "/v1/models", "/v1/chat/completions",
+      "/v1/completions",  "/v1/chunks", "/tokenize",  "/detokenize"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   return "other";

@@ -175,6 +175,7 @@ TEST(ServerMetrics, RegistersTheSchedulerSeriesAndRecordsAnswers) {
 
   EXPECT_EQ(ServerMetrics::route_label("/v1/chat/completions"), "/v1/chat/completions");
   EXPECT_EQ(ServerMetrics::route_label("/v1/completions"), "/v1/completions");
+  EXPECT_EQ(ServerMetrics::route_label("/tokenize"), "/tokenize");
   EXPECT_EQ(ServerMetrics::route_label("/v1/chat/completions/../x"), "other");
   m.count_request("/metrics", 200);
   m.count_request("/random/path", 404);

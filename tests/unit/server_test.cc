@@ -689,6 +689,52 @@ TEST_F(LiveServerTest, ACompletionReusesItsDocuments) {
   EXPECT_EQ(g["choices"][0]["text"], a.text);
 }
 
+// /tokenize counts what a request runs: a prompt as /v1/completions tokenises it, messages with
+// documents as /v1/chat/completions lays them out (usage.prompt_tokens of each); /detokenize
+// spells ids back and refuses one outside the vocabulary.
+TEST_F(LiveServerTest, TokenizeCountsWhatARequestRunsAndDetokenizeSpellsIt) {
+  const std::string text = "Who kept the lighthouse?";
+  auto cmpl = post("/v1/completions", json{{"prompt", text}, {"max_tokens", 1}}.dump());
+  ASSERT_TRUE(cmpl);
+  ASSERT_EQ(cmpl->status, 200) << cmpl->body;
+  auto t = post("/tokenize", json{{"prompt", text}, {"with_pieces", true}}.dump());
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->status, 200) << t->body;
+  const json tj = json::parse(t->body);
+  EXPECT_EQ(tj["count"], json::parse(cmpl->body)["usage"]["prompt_tokens"]);
+  EXPECT_EQ(tj["tokens"].size(), tj["count"].get<size_t>());
+  EXPECT_EQ(tj["max_model_len"], 512);
+  std::string spelled;
+  for (const auto& p : tj["pieces"]) spelled += p.get<std::string>();
+  auto d = post("/detokenize", json{{"tokens", tj["tokens"]}}.dump());
+  ASSERT_TRUE(d);
+  ASSERT_EQ(d->status, 200) << d->body;
+  EXPECT_EQ(json::parse(d->body)["prompt"], spelled);
+  EXPECT_NE(spelled.find(text), std::string::npos) << spelled;
+  // llama-server's field name gives the same tokens.
+  auto content = post("/tokenize", json{{"content", text}}.dump());
+  ASSERT_TRUE(content);
+  EXPECT_EQ(json::parse(content->body)["tokens"], tj["tokens"]);
+
+  auto chat = post("/v1/chat/completions", chat_body(false).dump());
+  ASSERT_TRUE(chat);
+  ASSERT_EQ(chat->status, 200) << chat->body;
+  auto tc = post("/tokenize", chat_body(false).dump());
+  ASSERT_TRUE(tc);
+  ASSERT_EQ(tc->status, 200) << tc->body;
+  EXPECT_EQ(json::parse(tc->body)["count"], json::parse(chat->body)["usage"]["prompt_tokens"]);
+
+  const int n_vocab = engine_->model().tokenizer().n_vocab();
+  auto bad = post("/detokenize", json{{"tokens", {1, n_vocab}}}.dump());
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "tokens");
+  auto none = post("/tokenize", json{{"max_tokens", 3}}.dump());
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 400);
+  EXPECT_EQ(json::parse(none->body)["error"]["param"], "prompt");
+}
+
 TEST_F(LiveServerTest, IngestEndpointEncodesOnceThenHits) {
   const json body = {{"chunks", {"A note about the storm of 1911, which flooded the harbour."}}};
   auto first = post("/v1/chunks", body.dump());
