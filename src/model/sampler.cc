@@ -75,7 +75,10 @@ int32_t argmax_ref(const float* logits, int n) {
 SampleCandidates sample_candidates_ref(const float* logits, int n_vocab,
                                        const SamplingParams& p) {
   std::vector<std::pair<float, int32_t>> cand(n_vocab);
-  for (int i = 0; i < n_vocab; ++i) cand[i] = {logits[i] / p.temperature, i};
+  for (int i = 0; i < n_vocab; ++i) {
+    const float z = logits[i] / p.temperature;
+    cand[i] = {std::isnan(z) ? -INFINITY : z, i};  // NaN counts as -inf, as in the fast path
+  }
   const int k = (p.top_k > 0 && p.top_k < n_vocab) ? p.top_k : n_vocab;
   std::partial_sort(cand.begin(), cand.begin() + k, cand.end(),
                     [](const auto& a, const auto& b) {
@@ -105,19 +108,37 @@ SampleCandidates sample_candidates_ref(const float* logits, int n_vocab,
   return out;
 }
 
+namespace {
+
+// A thread's sampling scratch (the engine samples on one thread).
+struct Scratch {
+  std::vector<float> z, e;
+  std::vector<int32_t> sorted;
+  std::vector<uint16_t> bucket;
+  SampleCandidates cand;
+};
+
+}  // namespace
+
 const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
-  SampleCandidates& c = cand_;
+  thread_local Scratch t;
+  SampleCandidates& c = t.cand;
+  std::vector<float>& z = t.z;
   c.ids.clear();
   c.w.clear();
-  z_.resize(n_vocab);
-  for (int i = 0; i < n_vocab; ++i) z_[i] = logits[i] / p_.temperature;
-  const float mx = cpu::vec_max(z_.data(), n_vocab, z_[0]);
-  const auto weight = [&](int32_t i) { return std::exp((double)z_[i] - mx); };
+  z.resize(n_vocab);
+  for (int i = 0; i < n_vocab; ++i) {
+    const float x = logits[i] / p_.temperature;
+    z[i] = std::isnan(x) ? -INFINITY : x;
+  }
+  const float mx = cpu::vec_max(z.data(), n_vocab, z[0]);
+  if (!std::isfinite(mx)) return c;  // +inf from a tiny temperature, or nothing finite
+  const auto weight = [&](int32_t i) { return std::exp((double)z[i] - mx); };
   const auto before = [&](int32_t a, int32_t b) {
-    return z_[a] > z_[b] || (z_[a] == z_[b] && a < b);
+    return z[a] > z[b] || (z[a] == z[b] && a < b);
   };
-  // The smallest prefix of c (sorted, weights set) whose share of `total` reaches top-p, after
-  // `cum` of mass ahead of it; false when it does not get there.
+  // Appends `ids` (sorted) to c, then keeps the smallest prefix of c from `from` whose share of
+  // `total` reaches top-p after `cum` of mass ahead of it; false when it does not get there.
   const auto cut_top_p = [&](size_t from, double cum, double total) {
     for (size_t i = from; i < c.ids.size(); ++i) {
       cum += c.w[i] / total;
@@ -135,15 +156,15 @@ const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
     // are k or more, then sort those alone. Top-p then within the k, as the reference does.
     for (float margin = 8.0f;; margin *= 2.0f) {
       const float floor = mx - margin;
-      sorted_.clear();
+      t.sorted.clear();
       for (int32_t i = 0; i < n_vocab; ++i) {
-        if (z_[i] >= floor) sorted_.push_back(i);
+        if (z[i] >= floor) t.sorted.push_back(i);
       }
-      if ((int)sorted_.size() >= k || !std::isfinite(floor)) break;
+      if ((int)t.sorted.size() >= k || !std::isfinite(floor)) break;
     }
-    const int n = std::min<int>(k, (int)sorted_.size());
-    std::partial_sort(sorted_.begin(), sorted_.begin() + n, sorted_.end(), before);
-    c.ids.assign(sorted_.begin(), sorted_.begin() + n);
+    const int n = std::min<int>(k, (int)t.sorted.size());
+    std::partial_sort(t.sorted.begin(), t.sorted.begin() + n, t.sorted.end(), before);
+    c.ids.assign(t.sorted.begin(), t.sorted.begin() + n);
     double sum = 0;
     for (int32_t id : c.ids) {
       c.w.push_back(weight(id));
@@ -152,61 +173,78 @@ const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
     if (p_.top_p < 1.0f) cut_top_p(0, 0.0, sum);
     return c;
   }
-  e_.assign(z_.begin(), z_.end());
-  cpu::vec_exp_sub_sum(e_.data(), n_vocab, mx);
+  t.e.assign(z.begin(), z.end());
+  cpu::vec_exp_sub_sum(t.e.data(), n_vocab, mx);
   if (p_.top_p >= 1.0f) {  // every token, in id order
     c.ids.resize(n_vocab);
     c.w.resize(n_vocab);
     for (int i = 0; i < n_vocab; ++i) {
       c.ids[i] = i;
-      c.w[i] = e_[i];
+      c.w[i] = t.e[i];
     }
     return c;
   }
   // Top-p over the vocabulary: the mass by logit in buckets of 1/32 below the best (the last
   // bucket takes everything 32 or more below), in one pass. The buckets before the one where
-  // the mass reaches top-p are in the nucleus whole (in id order); that bucket's tokens are
-  // sorted and cut as the reference cuts.
+  // the mass nears top-p are in the nucleus whole (in id order); from that bucket on, each
+  // bucket's tokens are sorted and cut as the reference cuts, going on into the next bucket
+  // when the exact (double) mass has not got there yet. "Nears": the float masses that pick the
+  // bucket differ from the double weights by rounding, so the bucket is picked 1e-5 early.
   constexpr int kBuckets = 1024;
   constexpr float kRange = 32.0f;
   double total = 0;
   std::vector<double> mass(kBuckets + 1, 0.0);
-  bucket_.resize(n_vocab);
+  t.bucket.resize(n_vocab);
   for (int i = 0; i < n_vocab; ++i) {
-    const float d = (mx - z_[i]) * (kBuckets / kRange);  // monotone in z: ties share a bucket
+    const float d = (mx - z[i]) * (kBuckets / kRange);  // monotone in z: ties share a bucket
     const int b = d < (float)kBuckets ? (int)d : kBuckets;
-    bucket_[i] = (uint16_t)b;
-    mass[b] += e_[i];
-    total += e_[i];
+    t.bucket[i] = (uint16_t)b;
+    mass[b] += t.e[i];
+    total += t.e[i];
   }
-  int cut = kBuckets;
-  double before_cut = 0;
+  int first = kBuckets;
+  double ahead = 0;
   for (int b = 0; b <= kBuckets; ++b) {
-    if ((before_cut + mass[b]) / total >= p_.top_p) {
-      cut = b;
+    if ((ahead + mass[b]) / total >= p_.top_p - 1e-5) {
+      first = b;
       break;
     }
-    before_cut += mass[b];
+    ahead += mass[b];
   }
-  sorted_.clear();
+  // The tokens of buckets `first` on, grouped by bucket in one counting pass (each group in id
+  // order), so that each bucket after the first costs its own tokens only.
+  std::vector<int> start(kBuckets + 2, 0);
   for (int32_t i = 0; i < n_vocab; ++i) {
-    if (bucket_[i] < cut) {
+    if (t.bucket[i] < first) {
       c.ids.push_back(i);
       c.w.push_back(weight(i));
-    } else if (bucket_[i] == cut) {
-      sorted_.push_back(i);
+    } else {
+      ++start[t.bucket[i] + 1];
+    }
+  }
+  for (int b = first; b <= kBuckets; ++b) start[b + 1] += start[b];
+  t.sorted.resize(start[kBuckets + 1]);
+  {
+    std::vector<int> fill(start.begin(), start.end());
+    for (int32_t i = 0; i < n_vocab; ++i) {
+      if (t.bucket[i] >= first) t.sorted[fill[t.bucket[i]]++] = i;
     }
   }
   double cum = 0;
   for (double w : c.w) cum += w / total;
-  std::sort(sorted_.begin(), sorted_.end(), before);
-  const size_t from = c.ids.size();
-  for (int32_t id : sorted_) {
-    c.ids.push_back(id);
-    c.w.push_back(weight(id));
+  for (int b = first; b <= kBuckets; ++b) {
+    const auto lo = t.sorted.begin() + start[b], hi = t.sorted.begin() + start[b + 1];
+    if (lo == hi) continue;
+    std::sort(lo, hi, before);
+    const size_t from = c.ids.size();
+    for (auto it = lo; it != hi; ++it) {
+      c.ids.push_back(*it);
+      c.w.push_back(weight(*it));
+    }
+    if (cut_top_p(from, cum, total)) break;
+    for (size_t i = from; i < c.ids.size(); ++i) cum += c.w[i] / total;
   }
-  // Rounding can leave the mass a hair short with every token in: then keep them all.
-  cut_top_p(from, cum, total);
+  // Rounding can leave the mass a hair short with every token in: then they all stay.
   return c;
 }
 
@@ -227,7 +265,22 @@ const float* Sampler::adjust(const float* logits, int n_vocab) {
 
 int32_t Sampler::sample(const float* raw, int n_vocab) {
   const float* logits = adjust(raw, n_vocab);
-  const int32_t id = p_.temperature <= 0.0f ? argmax(logits, n_vocab) : draw(logits, n_vocab);
+  int32_t id = -1;
+  if (p_.temperature > 0.0f) {
+    const SampleCandidates& c = candidates(logits, n_vocab);
+    if (!c.ids.empty()) {
+      double total = 0;
+      for (double w : c.w) total += w;
+      std::uniform_real_distribution<double> u(0.0, total);
+      double r = u(rng_);
+      for (size_t i = 0; i < c.ids.size() && id < 0; ++i) {
+        r -= c.w[i];
+        if (r <= 0) id = c.ids[i];
+      }
+      if (id < 0) id = c.ids.back();
+    }
+  }
+  if (id < 0) id = argmax(logits, n_vocab);  // greedy, or no finite scaled logit
   if (p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f) {
     auto it = std::find_if(counts_.begin(), counts_.end(), [&](const auto& c) { return c.first == id; });
     if (it == counts_.end()) {
@@ -237,19 +290,6 @@ int32_t Sampler::sample(const float* raw, int n_vocab) {
     }
   }
   return id;
-}
-
-int32_t Sampler::draw(const float* logits, int n_vocab) {
-  const SampleCandidates& c = candidates(logits, n_vocab);
-  double total = 0;
-  for (double w : c.w) total += w;
-  std::uniform_real_distribution<double> u(0.0, total);
-  double r = u(rng_);
-  for (size_t i = 0; i < c.ids.size(); ++i) {
-    r -= c.w[i];
-    if (r <= 0) return c.ids[i];
-  }
-  return c.ids.back();
 }
 
 }  // namespace ct

@@ -38,31 +38,28 @@ class Sampler {
   // vocabulary). Without top-k and top-p every token, in id order; with top-k the k best,
   // sorted, found among the tokens within a logit margin of the best; with top-p alone the
   // nucleus from one pass of the mass in logit buckets, the buckets wholly inside it in id order,
-  // then the sorted cut of the bucket where it ends.
+  // then the sorted cut where it ends. NaN logits count as -inf. Empty when no logit is finite
+  // after scaling (a temperature so small that the best overflows: sample() then takes the
+  // argmax). The result lives in this thread's scratch until its next call (sampling runs on one
+  // thread per engine, so a request holds no vocabulary-sized buffers of its own).
   const SampleCandidates& candidates(const float* logits, int n_vocab);
 
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
-  std::vector<float> z_, e_;
-  std::vector<int32_t> sorted_;
-  std::vector<uint16_t> bucket_;
-  SampleCandidates cand_;
   std::vector<float> adjusted_;                   // the logits after penalties and bias
   std::vector<std::pair<int32_t, int>> counts_;  // chosen tokens and their counts
   // logits, or adjusted_ holding them with the penalties and bias applied.
   const float* adjust(const float* logits, int n_vocab);
-  // A draw from the candidates (temperature > 0).
-  int32_t draw(const float* logits, int n_vocab);
 };
 
 // The reference the fast candidates are held to: sort the whole vocabulary by logit (ties to
-// the lower id), cut to top-k, then to the smallest prefix with top-p of the mass, weights
-// exp(z - max) in double.
+// the lower id; NaN as -inf), cut to top-k, then to the smallest prefix with top-p of the mass,
+// weights exp(z - max) in double. Needs a finite largest scaled logit.
 SampleCandidates sample_candidates_ref(const float* logits, int n_vocab, const SamplingParams& p);
 
 // A generated token's log-probability under the model (the log-softmax of its raw logits, before
-// temperature and top-k/top-p, as OpenAI's and vLLM's logprobs report it) and the k most
+// logit bias, penalties, temperature and top-k/top-p, as vLLM's logprobs report it) and the k most
 // likely tokens with theirs, most likely first (ties: the lower id first).
 struct TokenLogprob {
   int32_t id = -1;

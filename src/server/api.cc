@@ -194,6 +194,9 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
         bad("logit_bias", fmt::format("logit_bias[\"{}\"] = {}; expected a number in [-100, 100]",
                                       key, v.dump()));
       }
+      for (const auto& [seen, _] : r.gen.sampling.logit_bias) {
+        if (seen == id) bad("logit_bias", fmt::format("logit_bias names token {} twice", id));
+      }
       r.gen.sampling.logit_bias.push_back({(int32_t)id, v.get<float>()});
     }
   }
@@ -537,13 +540,42 @@ json usage(const Answer& a) {
 
 namespace {
 
+// Whether s is well-formed UTF-8 (shortest forms, no surrogates, at most U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = s[i];
+    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (int j = 1; j < n; ++j) {
+      const unsigned char d = s[i + j];
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
+// A token's text as logprobs show it: its piece (special tokens as their text), or, when the
+// piece is part of a UTF-8 character, OpenAI's "bytes:\xNN..." spelling, so that no two such
+// tokens collide as one key (the exact bytes are in chat's "bytes" too).
+std::string logprob_token(const Tokenizer& tok, int32_t id) {
+  const std::string piece = tok.token_to_piece(id, /*render_special=*/true);
+  if (valid_utf8(piece)) return piece;
+  std::string out = "bytes:";
+  for (unsigned char b : piece) out += fmt::format("\\x{:02x}", b);
+  return out;
+}
+
 // OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
 json chat_logprobs(const Answer& a, const Tokenizer& tok) {
   const auto entry = [&](int32_t id, float lp) {
-    const std::string piece = tok.token_to_piece(id, /*render_special=*/true);
     json bytes = json::array();
-    for (unsigned char b : piece) bytes.push_back((int)b);
-    return json{{"token", piece}, {"logprob", lp}, {"bytes", bytes}};
+    for (unsigned char b : tok.token_to_piece(id, /*render_special=*/true)) bytes.push_back((int)b);
+    return json{{"token", logprob_token(tok, id)}, {"logprob", lp}, {"bytes", bytes}};
   };
   json content = json::array();
   for (const TokenLogprob& t : a.logprobs) {
@@ -557,19 +589,20 @@ json chat_logprobs(const Answer& a, const Tokenizer& tok) {
 }
 
 // The completions route's: parallel lists of tokens, their logprobs, a {token: logprob} object of
-// the alternatives each, and each token's byte offset in the generated text.
+// the alternatives each (with the chosen token, as OpenAI's has), and each token's byte offset in
+// the generated text (which leaves special tokens out: their offsets do not advance).
 json completion_logprobs(const Answer& a, const Tokenizer& tok) {
   json tokens = json::array(), lps = json::array(), top = json::array(), offset = json::array();
   size_t at = 0;
   for (const TokenLogprob& t : a.logprobs) {
-    const std::string piece = tok.token_to_piece(t.id, /*render_special=*/true);
-    tokens.push_back(piece);
+    tokens.push_back(logprob_token(tok, t.id));
     lps.push_back(t.logprob);
     json alt = json::object();
-    for (const auto& [id, lp] : t.top) alt[tok.token_to_piece(id, true)] = lp;
+    for (const auto& [id, lp] : t.top) alt[logprob_token(tok, id)] = lp;
+    alt[logprob_token(tok, t.id)] = t.logprob;
     top.push_back(std::move(alt));
     offset.push_back(at);
-    at += piece.size();
+    at += tok.token_to_piece(t.id).size();
   }
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offset}};
 }

@@ -68,8 +68,9 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limi
 
 // Parses and validates a /v1/completions body: "prompt" (a string, one token-id array, or an
 // array holding one of those) in place of "messages", and the same generation fields and
-// chunk extension; refuses (400, naming the field) what it does not do: several prompts, echo,
-// suffix, logprobs, best_of other than 1. Token ids are range-checked by prompt_tokens.
+// chunk extension, and its integer "logprobs"; refuses (400, naming the field) what it does not
+// do: several prompts, echo, suffix, best_of other than 1. Token ids are range-checked by
+// prompt_tokens.
 ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
 
 // The prompt the engine runs for a request: the chat template's (build_rag_prompt) or a

@@ -463,6 +463,11 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
     if (trial % 5 == 0) {  // ties, the best one included
       for (int i = 0; i < n; i += 3) v[i] = std::round(v[i]);
     }
+    if (trial % 7 == 3 && n > 2) {  // -inf and NaN logits (never the only finite ones)
+      v[0] = NAN;
+      v[n / 2] = -INFINITY;
+      v[n - 1] = NAN;
+    }
     SamplingParams sp;
     sp.temperature = trial % 2 == 0 ? 0.7f : 1.3f;
     sp.top_k = ks[trial % 5];
@@ -483,6 +488,36 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
     for (const auto& [id, w] : b) {
       ASSERT_TRUE(a.count(id)) << "trial " << trial << ": token " << id << " missing";
       EXPECT_NEAR(a.at(id), w, 1e-6 * w + 1e-12) << "trial " << trial << " token " << id;
+    }
+  }
+  // The nucleus ending exactly where the float masses that pick its bucket and the double
+  // weights that cut it disagree: p(token 0) = 1 / (1 + e^-1) in double is just below top_p =
+  // 0.7310586f, so the reference keeps token 1 too, from the next bucket.
+  {
+    const std::vector<float> two = {0.0f, -1.0f};
+    SamplingParams sp = sampling(1.0f, 0, 0.7310586f, 1);
+    Sampler s(sp);
+    EXPECT_EQ(s.candidates(two.data(), 2).ids, sample_candidates_ref(two.data(), 2, sp).ids);
+    EXPECT_EQ(s.candidates(two.data(), 2).ids.size(), 2u);
+  }
+  // A temperature so small that the best logit overflows, and NaN logits with top-k: the argmax,
+  // and a candidate, never an out-of-range read.
+  {
+    const std::vector<float> l = {0.0f, 5.0f, 4.9f, -3.0f};
+    Sampler tiny(sampling(1e-40f, 0, 1.0f, 1)), tiny_k(sampling(1e-40f, 2, 0.9f, 1));
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(tiny.sample(l.data(), 4), 1);
+      EXPECT_EQ(tiny_k.sample(l.data(), 4), 1);
+    }
+    const std::vector<float> nan0 = {NAN, 1.0f, 3.0f, NAN};
+    for (int k : {0, 1, 2}) {
+      for (float tp : {1.0f, 0.5f}) {
+        Sampler s(sampling(1.0f, k, tp, 1));
+        for (int i = 0; i < 20; ++i) {
+          const int32_t id = s.sample(nan0.data(), 4);
+          EXPECT_TRUE(id == 1 || id == 2) << id << " k " << k << " p " << tp;
+        }
+      }
     }
   }
   // Every draw comes from the candidates, seeded: the same seed, the same tokens.

@@ -185,6 +185,8 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   }
   expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", 101}}}}, "logit_bias",
                  "[-100, 100]");
+  expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", 1}, {"05", 2}}}}, "logit_bias",
+                 "token 5 twice");
   expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", "up"}}}}, "logit_bias",
                  "[-100, 100]");
   expect_refused({{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}},
@@ -661,6 +663,49 @@ TEST_F(LiveServerTest, LogprobsAreTheEnginesInEachRoutesShape) {
                     l["token_logprobs"][i].get<float>());
   }
   EXPECT_EQ(text, cc["text"].get<std::string>());
+}
+
+// Tokens that are not text: a special token (forced by logit_bias, past end-of-generation) is
+// shown as its text but takes no room in the answer, so text_offset does not advance over it;
+// a byte that is part of a UTF-8 character is spelled "bytes:\\xNN"; each completion entry's
+// alternatives hold the chosen token.
+TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
+  const test::TinyVocab v = test::tiny_vocab();
+  const json forced = {{"prompt", "Who kept"},
+                       {"max_tokens", 3},
+                       {"ignore_eos", true},
+                       {"logprobs", 1},
+                       {"logit_bias", {{std::to_string(v.im_end), 100}}}};
+  auto r = post("/v1/completions", forced.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["text"], "");
+  EXPECT_EQ(c["logprobs"]["tokens"], json({"<|im_end|>", "<|im_end|>", "<|im_end|>"}));
+  EXPECT_EQ(c["logprobs"]["text_offset"], json({0, 0, 0}));
+  for (const json& alt : c["logprobs"]["top_logprobs"]) EXPECT_TRUE(alt.contains("<|im_end|>"));
+
+  // Byte 0xE4 alone (the first byte of a three-byte character): id 0xE4 of the tiny vocabulary.
+  const json partial = {{"prompt", "Who kept"},
+                        {"max_tokens", 1},
+                        {"logprobs", 2},
+                        {"logit_bias", {{"228", 100}}}};
+  auto p = post("/v1/completions", partial.dump());
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->status, 200) << p->body;
+  const json pc = json::parse(p->body)["choices"][0];
+  EXPECT_EQ(pc["logprobs"]["tokens"][0], "bytes:\\xe4");
+  EXPECT_TRUE(pc["logprobs"]["top_logprobs"][0].contains("bytes:\\xe4"));
+  json chat = {{"messages", {user("Who kept it?")}},
+               {"max_tokens", 1},
+               {"logprobs", true},
+               {"logit_bias", {{"228", 100}}}};
+  auto cr = post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(cr);
+  ASSERT_EQ(cr->status, 200) << cr->body;
+  const json e = json::parse(cr->body)["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(e["token"], "bytes:\\xe4");
+  EXPECT_EQ(e["bytes"], json({228}));
 }
 
 // Documents in a completion request are chunks like a chat request's: the answer is the engine's
