@@ -223,6 +223,16 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
     if (!s->is_boolean()) bad("stream", "'stream' is a " + type_name(*s) + "; expected a boolean");
     r.stream = s->get<bool>();
   }
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) {
+      bad("stream_options", "'stream_options' is a " + type_name(*so) + "; expected an object");
+    }
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
+    if (const json* iu = field(*so, "include_usage")) {
+      if (!iu->is_boolean()) bad("stream_options", "stream_options.include_usage must be a boolean");
+      r.include_usage = iu->get<bool>();
+    }
+  }
   // llama-server's and vLLM's extension: generate max_tokens tokens even past end-of-generation.
   if (const json* s = field(body, "ignore_eos")) {
     if (!s->is_boolean())
@@ -638,6 +648,16 @@ json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
              {"finish_reason", finish_reason(a, r)}}}},
           {"usage", usage(a)},
           {"cachetune", answer_stats(a, r)}};
+}
+
+json usage_event(const Answer& a, const ChatRequest& r, const std::string& id,
+                 const std::string& model_id, int64_t created) {
+  return {{"id", id},
+          {"object", r.completion ? "text_completion" : "chat.completion.chunk"},
+          {"created", created},
+          {"model", model_id},
+          {"choices", json::array()},
+          {"usage", usage(a)}};
 }
 
 json stream_event(const ChatRequest& r, const std::string& id, const std::string& model_id,

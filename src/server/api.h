@@ -55,6 +55,7 @@ struct ChatRequest {
   SelectiveOptions sel;             // policy and ratio
   GenerateOptions gen;
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last event with usage alone
   std::string model;  // as the client named it (echoed back); may be empty
 };
 
@@ -115,6 +116,11 @@ nlohmann::json usage(const Answer& a);
 // them (tok renders their text).
 nlohmann::json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
                              const std::string& id, const std::string& model_id, int64_t created);
+
+// The event OpenAI sends last when stream_options.include_usage is set: "choices" empty, "usage"
+// the whole response's.
+nlohmann::json usage_event(const Answer& a, const ChatRequest& r, const std::string& id,
+                           const std::string& model_id, int64_t created);
 
 // One event of a streamed response in the request's shape: chat.completion.chunk (a content
 // delta) or text_completion (a text delta); with finish_reason set (delta empty) the last event,

@@ -478,6 +478,7 @@ struct Server::Impl {
       last["usage"] = usage(a);
       last["cachetune"] = answer_stats(a, r);
       send(last);
+      if (r.include_usage) send(usage_event(a, r, id, opt.model_id, created));
       send_raw("data: [DONE]\n\n");
     } catch (const ClientGone&) {
       client_gone = true;

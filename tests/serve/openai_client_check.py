@@ -65,6 +65,13 @@ def main():
                 finish = c.finish_reason
     check("".join(parts) == text, f"streamed {''.join(parts)!r} != whole {text!r}")
     check(finish == whole.choices[0].finish_reason, f"streamed finish_reason {finish}")
+    # stream_options.include_usage: the last chunk has no choices and carries the usage.
+    chunks = list(client.chat.completions.create(model=args.model, messages=msgs, max_tokens=8,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    check(not chunks[-1].choices and chunks[-1].usage is not None, f"last chunk {chunks[-1]}")
+    check(chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
+          f"streamed usage {chunks[-1].usage}")
 
     # The chunk-aware extension through extra_body: encoded once, then a hit with no re-encoding.
     docs = ["The lighthouse on Gull Point was built in 1871.",

@@ -200,6 +200,18 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
             0);
   EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", 40}}, {}).gen.sampling.top_k, 40);
   EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", -1}}, {}).gen.sampling.top_k, 0);
+  expect_refused({{"messages", {user("q")}}, {"stream_options", {{"include_usage", true}}}},
+                 "stream_options", "only allowed with");
+  expect_refused({{"messages", {user("q")}}, {"stream", true}, {"stream_options", true}},
+                 "stream_options", "expected an object");
+  expect_refused(
+      {{"messages", {user("q")}}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}},
+      "stream_options", "boolean");
+  EXPECT_TRUE(parse_chat_request({{"messages", {user("q")}},
+                                  {"stream", true},
+                                  {"stream_options", {{"include_usage", true}}}},
+                                 {})
+                  .include_usage);
   const json q = {{"messages", {user("q")}}};
   const ChatRequest adj = parse_chat_request(
       {{"messages", {user("q")}},
@@ -586,6 +598,20 @@ TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
   EXPECT_EQ(last["choices"][0]["finish_reason"], c["choices"][0]["finish_reason"]);
   EXPECT_EQ(last["usage"], c["usage"]);
   EXPECT_TRUE(last.contains("cachetune"));
+  // stream_options.include_usage: one more event, with no choices and the usage.
+  auto with_usage = post("/v1/completions", json{{"prompt", raw},
+                                                 {"max_tokens", 6},
+                                                 {"stream", true},
+                                                 {"stream_options", {{"include_usage", true}}}}
+                                                .dump());
+  ASSERT_TRUE(with_usage);
+  ASSERT_EQ(with_usage->status, 200) << with_usage->body;
+  const std::vector<json> ev = sse_events(with_usage->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(ev.size(), events.size() + 1);
+  EXPECT_TRUE(ev.back()["choices"].empty());
+  EXPECT_EQ(ev.back()["usage"], c["usage"]);
+  EXPECT_EQ(ev.back()["object"], "text_completion");
 }
 
 // Log-probabilities, in each route's OpenAI shape: one entry per generated token, the engine's
