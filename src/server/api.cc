@@ -205,9 +205,7 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
       bad("seed", "'seed' is a " + type_name(*s) + "; expected an integer");
     r.gen.sampling.seed = static_cast<uint64_t>(s->get<int64_t>());
   }
-  if (const json* n = field(body, "n"); n && !(n->is_number_integer() && n->get<int64_t>() == 1)) {
-    bad("n", "'n' must be 1: one choice per request");
-  }
+  r.n = int_field(body, "n", 1, limits.max_choices, 1);
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");
@@ -362,7 +360,7 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   }
   if (const json* b = field(body, "best_of");
       b && !(b->is_number_integer() && b->get<int64_t>() == 1)) {
-    bad("best_of", "'best_of' must be 1: one choice per request");
+    bad("best_of", "'best_of' must be 1: no server-side choice among samples (n gives them all)");
   }
   parse_shared(body, limits, r);
   if (field(body, "logprobs")) r.gen.logprobs = int_field(body, "logprobs", 0, kMaxTopLogprobs, 0);
@@ -541,11 +539,13 @@ json answer_stats(const Answer& a, const ChatRequest& r) {
   return out;
 }
 
-json usage(const Answer& a) {
-  const int n_out = static_cast<int>(a.tokens.size());
-  return {{"prompt_tokens", a.n_prompt},
+json usage(const std::vector<Answer>& answers) {
+  int n_out = 0;
+  for (const Answer& a : answers) n_out += static_cast<int>(a.tokens.size());
+  const int n_prompt = answers.empty() ? 0 : answers[0].n_prompt;  // once, as OpenAI counts it
+  return {{"prompt_tokens", n_prompt},
           {"completion_tokens", n_out},
-          {"total_tokens", a.n_prompt + n_out}};
+          {"total_tokens", n_prompt + n_out}};
 }
 
 namespace {
@@ -617,40 +617,34 @@ json completion_logprobs(const Answer& a, const Tokenizer& tok) {
   return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offset}};
 }
 
-json chat_response(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
-                   const std::string& id, const std::string& model_id, int64_t created) {
-  return {{"id", id},
-          {"object", "chat.completion"},
-          {"created", created},
-          {"model", model_id},
-          {"choices",
-           {{{"index", 0},
-             {"message", {{"role", "assistant"}, {"content", a.text}}},
-             {"logprobs", r.gen.logprobs >= 0 ? chat_logprobs(a, tok) : json(nullptr)},
-             {"finish_reason", finish_reason(a, r)}}}},
-          {"usage", usage(a)},
-          {"cachetune", answer_stats(a, r)}};
-}
-
 }  // namespace
 
-json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
+json response_body(const std::vector<Answer>& answers, const ChatRequest& r, const Tokenizer& tok,
                    const std::string& id, const std::string& model_id, int64_t created) {
-  if (!r.completion) return chat_response(a, r, tok, id, model_id, created);
+  CT_ASSERT(!answers.empty(), "a response of no choices");
+  json choices = json::array();
+  for (size_t i = 0; i < answers.size(); ++i) {
+    const Answer& a = answers[i];
+    json c = {{"index", i}, {"finish_reason", finish_reason(a, r)}};
+    if (r.completion) {
+      c["text"] = a.text;
+      c["logprobs"] = r.gen.logprobs >= 0 ? completion_logprobs(a, tok) : json(nullptr);
+    } else {
+      c["message"] = {{"role", "assistant"}, {"content", a.text}};
+      c["logprobs"] = r.gen.logprobs >= 0 ? chat_logprobs(a, tok) : json(nullptr);
+    }
+    choices.push_back(std::move(c));
+  }
   return {{"id", id},
-          {"object", "text_completion"},
+          {"object", r.completion ? "text_completion" : "chat.completion"},
           {"created", created},
           {"model", model_id},
-          {"choices",
-           {{{"index", 0},
-             {"text", a.text},
-             {"logprobs", r.gen.logprobs >= 0 ? completion_logprobs(a, tok) : json(nullptr)},
-             {"finish_reason", finish_reason(a, r)}}}},
-          {"usage", usage(a)},
-          {"cachetune", answer_stats(a, r)}};
+          {"choices", std::move(choices)},
+          {"usage", usage(answers)},
+          {"cachetune", answer_stats(answers[0], r)}};
 }
 
-json usage_event(const Answer& a, const ChatRequest& r, const std::string& id,
+json usage_event(const std::vector<Answer>& a, const ChatRequest& r, const std::string& id,
                  const std::string& model_id, int64_t created) {
   return {{"id", id},
           {"object", r.completion ? "text_completion" : "chat.completion.chunk"},
@@ -662,14 +656,16 @@ json usage_event(const Answer& a, const ChatRequest& r, const std::string& id,
 
 json stream_event(const ChatRequest& r, const std::string& id, const std::string& model_id,
                   int64_t created, const std::optional<std::string>& text,
-                  const std::string& finish_reason) {
-  if (!r.completion) return chat_chunk(id, model_id, created, text, std::nullopt, finish_reason);
+                  const std::string& finish_reason, int index) {
+  if (!r.completion) {
+    return chat_chunk(id, model_id, created, text, std::nullopt, finish_reason, index);
+  }
   return {{"id", id},
           {"object", "text_completion"},
           {"created", created},
           {"model", model_id},
           {"choices",
-           {{{"index", 0},
+           {{{"index", index},
              {"text", text.value_or("")},
              {"logprobs", nullptr},
              {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
@@ -677,7 +673,7 @@ json stream_event(const ChatRequest& r, const std::string& id, const std::string
 
 json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,
                 const std::optional<std::string>& content, const std::optional<std::string>& role,
-                const std::string& finish_reason) {
+                const std::string& finish_reason, int index) {
   json delta = json::object();
   if (role) delta["role"] = *role;
   if (content) delta["content"] = *content;
@@ -686,7 +682,7 @@ json chat_chunk(const std::string& id, const std::string& model_id, int64_t crea
           {"created", created},
           {"model", model_id},
           {"choices",
-           {{{"index", 0},
+           {{{"index", index},
              {"delta", delta},
              {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
 }

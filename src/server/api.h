@@ -34,6 +34,7 @@ struct ApiLimits {
   int default_max_tokens = 128;
   int max_tokens_limit = 1024;       // larger max_tokens is refused (400)
   int max_chunks = 64;               // more chunks is refused (400)
+  int max_choices = 8;               // largest n (serve: --max-batch)
   size_t max_chunk_bytes = 1 << 20;  // one document's text
   PolicyOptions default_policy;      // kind, ratio, alpha when the request gives none
   bool default_auto_ratio = false;   // `serve --ratio auto`
@@ -56,6 +57,7 @@ struct ChatRequest {
   GenerateOptions gen;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last event with usage alone
+  int n = 1;                   // choices, each generated on its own (choice i with seed + i)
   std::string model;  // as the client named it (echoed back); may be empty
 };
 
@@ -108,18 +110,21 @@ std::vector<std::string> parse_stop(const nlohmann::json& stop);
 // Per-request engine figures returned under "cachetune" in responses.
 nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
 
-// OpenAI's usage object: prompt, completion and total token counts.
-nlohmann::json usage(const Answer& a);
+// OpenAI's usage object: prompt (once), completion (every choice's) and total token counts.
+nlohmann::json usage(const std::vector<Answer>& answers);
 
-// A whole (non-streamed) response: chat.completion, or text_completion for a completion request,
-// with the tokens' log-probabilities in OpenAI's shape of that route when the request asked for
-// them (tok renders their text).
-nlohmann::json response_body(const Answer& a, const ChatRequest& r, const Tokenizer& tok,
+// A whole (non-streamed) response of one choice per answer: chat.completion, or text_completion
+// for a completion request, with the tokens' log-probabilities in OpenAI's shape of that route
+// when the request asked for them (tok renders their text); the cachetune figures are the first
+// choice's (they share the prompt's lookups).
+nlohmann::json response_body(const std::vector<Answer>& answers, const ChatRequest& r,
+                             const Tokenizer& tok,
                              const std::string& id, const std::string& model_id, int64_t created);
 
 // The event OpenAI sends last when stream_options.include_usage is set: "choices" empty, "usage"
 // the whole response's.
-nlohmann::json usage_event(const Answer& a, const ChatRequest& r, const std::string& id,
+nlohmann::json usage_event(const std::vector<Answer>& a, const ChatRequest& r,
+                           const std::string& id,
                            const std::string& model_id, int64_t created);
 
 // One event of a streamed response in the request's shape: chat.completion.chunk (a content
@@ -128,14 +133,14 @@ nlohmann::json usage_event(const Answer& a, const ChatRequest& r, const std::str
 nlohmann::json stream_event(const ChatRequest& r, const std::string& id,
                             const std::string& model_id, int64_t created,
                             const std::optional<std::string>& text,
-                            const std::string& finish_reason = "");
+                            const std::string& finish_reason = "", int index = 0);
 
 // One chat.completion.chunk event of a streamed response: a content delta, or (finish_reason
 // set, delta empty) the last event, which also carries usage and the cachetune figures.
 nlohmann::json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,
                           const std::optional<std::string>& content,
                           const std::optional<std::string>& role,
-                          const std::string& finish_reason = "");
+                          const std::string& finish_reason = "", int index = 0);
 
 // "stop" when generation ended at an end-of-generation token or a stop sequence, "length" when it
 // hit max_tokens.

@@ -372,17 +372,10 @@ struct Server::Impl {
     // instead of holding the engine until max_tokens.
     const int fd = HttpServer::current_socket();
     if (!r->stream) {
-      AnswerOptions ao = r->answer;
-      TokenClock clock(metrics.inter_token);
-      ao.on_piece = [fd, &clock](const std::string&) {
-        clock.tick();
-        if (peer_has_closed(fd)) throw ClientGone{};
-      };
-      ao.cancelled = [fd] { return peer_has_closed(fd); };  // gone while queued: no prefill
-      Answer a;
+      std::atomic<bool> stop{false};
+      std::vector<Answer> answers;
       try {
-        a = batcher.answer(*prompt, r->sel, r->gen, ao);
-        metrics.record_answer(a);
+        answers = run_choices(*r, *prompt, fd, nullptr, stop);
       } catch (const RequestCancelled&) {
         cancelled.fetch_add(1);
         res.status = 499;
@@ -392,7 +385,8 @@ struct Server::Impl {
         res.status = 499;  // nobody reads it; the connection is closed
         return;
       }
-      send_json(res, 200, response_body(a, *r, engine.model().tokenizer(), id, opt.model_id, created));
+      send_json(res, 200,
+                response_body(answers, *r, engine.model().tokenizer(), id, opt.model_id, created));
       return;
     }
     // Server-sent events: (chat) a role delta, content deltas as tokens arrive (whole UTF-8 characters
@@ -404,37 +398,84 @@ struct Server::Impl {
     });
   }
 
-  // Generation runs on its own thread (waiting in the scheduler) and hands pieces over through a
-  // queue; this connection's thread writes them out. A slow reader delays only its own stream,
-  // not the engine, and a closed connection cancels generation at the next token.
+  // The r.n choices of a request, each a generation of its own in the scheduler (so they decode
+  // together, one row each), choice i with seed + i. on_piece(i, piece), when given, gets choice
+  // i's text as it is produced. Every choice ends at its next token once `stop` is set or the
+  // client has gone; a failing choice sets `stop`. Returns the answers in choice order, or
+  // rethrows the first failure of its own (not a choice stopped because another failed) once
+  // all have ended.
+  std::vector<Answer> run_choices(const ChatRequest& r, const RagPromptTokens& prompt, int fd,
+                                  const std::function<void(int, const std::string&)>& on_piece,
+                                  std::atomic<bool>& stop) {
+    std::vector<Answer> out(r.n);
+    std::vector<std::exception_ptr> err(r.n);
+    std::vector<char> stopped(r.n, 0);  // failed as a consequence: stopped or client gone
+    auto one = [&](int i) {
+      AnswerOptions ao = r.answer;
+      TokenClock clock(metrics.inter_token);
+      ao.on_piece = [&, i](const std::string& piece) {
+        clock.tick();
+        if (stop || peer_has_closed(fd)) throw ClientGone{};
+        if (on_piece) on_piece(i, piece);
+      };
+      ao.cancelled = [&] { return stop.load() || peer_has_closed(fd); };
+      GenerateOptions gen = r.gen;
+      gen.sampling.seed += static_cast<uint64_t>(i);
+      try {
+        out[i] = batcher.answer(prompt, r.sel, gen, ao);
+        metrics.record_answer(out[i]);
+      } catch (const RequestCancelled&) {
+        err[i] = std::current_exception();
+        stopped[i] = 1;
+      } catch (const ClientGone&) {
+        err[i] = std::current_exception();
+        stopped[i] = 1;
+      } catch (...) {
+        err[i] = std::current_exception();
+        stop = true;  // the other choices end at their next token
+      }
+    };
+    std::vector<std::thread> others;
+    for (int i = 1; i < r.n; ++i) others.emplace_back(one, i);
+    one(0);
+    for (std::thread& t : others) t.join();
+    for (int i = 0; i < r.n; ++i) {
+      if (err[i] && !stopped[i]) std::rethrow_exception(err[i]);
+    }
+    for (int i = 0; i < r.n; ++i) {
+      if (err[i]) std::rethrow_exception(err[i]);
+    }
+    return out;
+  }
+
+  // Generation runs on its own thread (the choices waiting in the scheduler) and hands pieces over
+  // through a queue; this connection's thread writes them out, each choice's text cut at UTF-8
+  // boundaries on its own. A slow reader delays only its own stream, not the engine, and a
+  // closed connection cancels generation at the next token.
   bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
               int64_t created, int fd, httplib::DataSink& sink) {
     struct Shared {
       std::mutex mu;
       std::condition_variable cv;
-      std::deque<std::string> pieces;
+      std::deque<std::pair<int, std::string>> pieces;
       bool finished = false;
       std::atomic<bool> cancel{false};
-      Answer answer;
+      std::vector<Answer> answers;
       std::exception_ptr error;
     };
     auto st = std::make_shared<Shared>();
     std::thread gen([this, &r, &prompt, st, fd] {
-      AnswerOptions ao = r.answer;
-      TokenClock clock(metrics.inter_token);
-      ao.on_piece = [st, fd, &clock](const std::string& piece) {
-        clock.tick();
-        if (st->cancel || peer_has_closed(fd)) throw ClientGone{};
-        std::lock_guard<std::mutex> lk(st->mu);
-        st->pieces.push_back(piece);
-        st->cv.notify_one();
-      };
-      ao.cancelled = [st, fd] { return st->cancel || peer_has_closed(fd); };
       try {
-        Answer a = batcher.answer(prompt, r.sel, r.gen, ao);
-        metrics.record_answer(a);
+        std::vector<Answer> a = run_choices(
+            r, prompt, fd,
+            [st](int i, const std::string& piece) {
+              std::lock_guard<std::mutex> lk(st->mu);
+              st->pieces.push_back({i, piece});
+              st->cv.notify_one();
+            },
+            st->cancel);
         std::lock_guard<std::mutex> lk(st->mu);
-        st->answer = std::move(a);
+        st->answers = std::move(a);
       } catch (const RequestCancelled&) {
         cancelled.fetch_add(1);
       } catch (const ClientGone&) {
@@ -454,31 +495,39 @@ struct Server::Impl {
     bool client_gone = false;
     try {
       if (!r.completion) {
-        send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant")));
+        for (int i = 0; i < r.n; ++i) {
+          send(chat_chunk(id, opt.model_id, created, std::string(), std::string("assistant"), "",
+                          i));
+        }
       }
-      std::string pending;
+      std::vector<std::string> pending(r.n);
       for (bool finished = false; !finished;) {
-        std::deque<std::string> batch;
+        std::deque<std::pair<int, std::string>> batch;
         {
           std::unique_lock<std::mutex> lk(st->mu);
           st->cv.wait(lk, [&] { return !st->pieces.empty() || st->finished; });
           batch.swap(st->pieces);
           finished = st->finished;  // set after the last piece was queued
         }
-        for (const std::string& piece : batch) {
-          pending += piece;
-          const std::string ready = take_complete_utf8(pending);
-          if (!ready.empty()) send(stream_event(r, id, opt.model_id, created, ready));
+        for (const auto& [i, piece] : batch) {
+          pending[i] += piece;
+          const std::string ready = take_complete_utf8(pending[i]);
+          if (!ready.empty()) send(stream_event(r, id, opt.model_id, created, ready, "", i));
         }
       }
       if (st->error) std::rethrow_exception(st->error);
-      if (!pending.empty()) send(stream_event(r, id, opt.model_id, created, pending));
-      const Answer& a = st->answer;
-      json last = stream_event(r, id, opt.model_id, created, std::nullopt, finish_reason(a, r));
-      last["usage"] = usage(a);
-      last["cachetune"] = answer_stats(a, r);
-      send(last);
-      if (r.include_usage) send(usage_event(a, r, id, opt.model_id, created));
+      if ((int)st->answers.size() != r.n) throw ClientGone{};  // cancelled: nobody reads on
+      for (int i = 0; i < r.n; ++i) {
+        if (!pending[i].empty()) send(stream_event(r, id, opt.model_id, created, pending[i], "", i));
+        json last = stream_event(r, id, opt.model_id, created, std::nullopt,
+                                 finish_reason(st->answers[i], r), i);
+        if (i + 1 == r.n) {  // the whole response's figures, with the last choice's end
+          last["usage"] = usage(st->answers);
+          last["cachetune"] = answer_stats(st->answers[0], r);
+        }
+        send(last);
+      }
+      if (r.include_usage) send(usage_event(st->answers, r, id, opt.model_id, created));
       send_raw("data: [DONE]\n\n");
     } catch (const ClientGone&) {
       client_gone = true;

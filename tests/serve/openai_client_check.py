@@ -65,6 +65,11 @@ def main():
                 finish = c.finish_reason
     check("".join(parts) == text, f"streamed {''.join(parts)!r} != whole {text!r}")
     check(finish == whole.choices[0].finish_reason, f"streamed finish_reason {finish}")
+    # Several choices: the client's types hold them, indexed.
+    many = client.chat.completions.create(model=args.model, messages=msgs, max_tokens=4, n=2,
+                                          temperature=1.0, seed=3)
+    check([c.index for c in many.choices] == [0, 1], f"choices {many.choices}")
+
     # stream_options.include_usage: the last chunk has no choices and carries the usage.
     chunks = list(client.chat.completions.create(model=args.model, messages=msgs, max_tokens=8,
                                                  temperature=0, stream=True,

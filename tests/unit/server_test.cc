@@ -146,7 +146,9 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", {user("q")}}, {"stop", ""}}, "stop", "empty");
   expect_refused({{"messages", {user("q")}}, {"stop", {"a", "b", "c", "d", "e"}}}, "stop",
                  "at most 4");
-  expect_refused({{"messages", {user("q")}}, {"n", 2}}, "n", "must be 1");
+  expect_refused({{"messages", {user("q")}}, {"n", 9}}, "n", "[1, 8]");
+  expect_refused({{"messages", {user("q")}}, {"n", 0}}, "n", "[1, 8]");
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"n", 3}}, {}).n, 3);
   expect_refused({{"messages", {user("q")}}, {"chunks", "doc"}}, "chunks", "array of strings");
   expect_refused({{"messages", {user("q")}}, {"chunks", {"ok", 3}}}, "chunks", "chunks[1]");
   expect_refused({{"messages", {user("q")}}, {"chunks", {""}}}, "chunks", "non-empty string");
@@ -291,7 +293,7 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, {}).gen.logprobs, -1);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 0}}, {}).gen.logprobs, 0);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 5}}, {}).gen.logprobs, 5);
-  refused({{"prompt", "x"}, {"n", 2}}, "n", "must be 1");
+  refused({{"prompt", "x"}, {"n", 9}}, "n", "[1, 8]");
   refused({{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens", "[1, 1024]");
   refused({{"prompt", "x"}, {"chunks", "doc"}}, "chunks", "array of strings");
 }
@@ -732,6 +734,64 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
   const json e = json::parse(cr->body)["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(e["token"], "bytes:\\xe4");
   EXPECT_EQ(e["bytes"], json({228}));
+}
+
+// n choices: each is the answer of the same request alone with seed + i (they decode together,
+// each row as alone), usage counts the prompt once and every choice's tokens; streamed, each
+// index's deltas spell its choice.
+TEST_F(LiveServerTest, NChoicesAreTheSeededAnswersAlone) {
+  const json base = {{"messages", {user("Who kept it?")}},
+                     {"max_tokens", 6},
+                     {"ignore_eos", true},
+                     {"temperature", 1.5},
+                     {"seed", 5}};
+  json three = base;
+  three["n"] = 3;
+  auto res = post("/v1/chat/completions", three.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json j = json::parse(res->body);
+  ASSERT_EQ(j["choices"].size(), 3u);
+  int n_prompt = 0;
+  for (int i = 0; i < 3; ++i) {
+    json alone = base;
+    alone["seed"] = 5 + i;
+    auto one = post("/v1/chat/completions", alone.dump());
+    ASSERT_TRUE(one);
+    const json o = json::parse(one->body);
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["message"]["content"], o["choices"][0]["message"]["content"])
+        << "choice " << i;
+    n_prompt = o["usage"]["prompt_tokens"];
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 18);
+
+  json streamed = {{"prompt", "Who kept"}, {"max_tokens", 5}, {"ignore_eos", true},
+                   {"temperature", 1.5}, {"seed", 2}, {"n", 2}};
+  auto whole = post("/v1/completions", streamed.dump());
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  const json w = json::parse(whole->body);
+  streamed["stream"] = true;
+  auto s = post("/v1/completions", streamed.dump());
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->status, 200) << s->body;
+  bool done = false;
+  std::string text[2];
+  int finished = 0;
+  for (const json& e : sse_events(s->body, &done)) {
+    const json& c = e["choices"][0];
+    const int i = c["index"];
+    ASSERT_TRUE(i == 0 || i == 1) << e.dump();
+    text[i] += c["text"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finished;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finished, 2);
+  EXPECT_EQ(text[0], w["choices"][0]["text"]);
+  EXPECT_EQ(text[1], w["choices"][1]["text"]);
+  EXPECT_NE(text[0], text[1]);  // different seeds at temperature 1.5: not the same 5 tokens
 }
 
 // Documents in a completion request are chunks like a chat request's: the answer is the engine's
