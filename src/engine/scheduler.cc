@@ -55,24 +55,51 @@ Scheduler::~Scheduler() {
 
 Answer Scheduler::answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                          const GenerateOptions& gen, const AnswerOptions& opt) {
-  auto job = std::make_shared<Job>();  // arrival: TTFT includes the time spent queued
-  job->prompt = &prompt;
-  job->sel = sel;
-  job->gen = gen;
-  job->opt = opt;
-  job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
-                                          prompt.n_tokens(), std::max(0, gen.max_tokens));
-  std::unique_lock<std::mutex> lk(mu_);
-  refuse_if_full(job->kv_cost, prompt.n_tokens(), gen.max_tokens);
-  CT_THROW_IF_NOT(!stopping_, "server shutting down");
-  queue_.push_back(job);
-  cv_.notify_all();
-  job->done_cv.wait(lk, [&] { return job->finished; });
-  if (job->error) std::rethrow_exception(job->error);
-  return std::move(job->answer);
+  std::vector<Outcome> out = answer_all(prompt, sel, {gen}, {opt});
+  if (out[0].error) std::rethrow_exception(out[0].error);
+  return std::move(out[0].answer);
 }
 
-void Scheduler::refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) const {
+std::vector<Scheduler::Outcome> Scheduler::answer_all(const RagPromptTokens& prompt,
+                                                      const SelectiveOptions& sel,
+                                                      const std::vector<GenerateOptions>& gens,
+                                                      const std::vector<AnswerOptions>& opts) {
+  CT_THROW_IF_NOT(!gens.empty() && gens.size() == opts.size(),
+                  "answer_all: {} generation options for {} answer options", gens.size(),
+                  opts.size());
+  std::vector<std::shared_ptr<Job>> jobs;
+  size_t largest = 0;
+  int max_tokens = 0;
+  for (size_t i = 0; i < gens.size(); ++i) {
+    auto job = std::make_shared<Job>();  // arrival: TTFT includes the time spent queued
+    job->prompt = &prompt;
+    job->sel = sel;
+    job->gen = gens[i];
+    job->opt = opts[i];
+    job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
+                                            prompt.n_tokens(), std::max(0, gens[i].max_tokens));
+    if (job->kv_cost > largest) {
+      largest = job->kv_cost;
+      max_tokens = gens[i].max_tokens;
+    }
+    jobs.push_back(std::move(job));
+  }
+  std::unique_lock<std::mutex> lk(mu_);
+  refuse_if_full(largest, prompt.n_tokens(), max_tokens, (int)jobs.size());
+  CT_THROW_IF_NOT(!stopping_, "server shutting down");
+  for (const auto& job : jobs) queue_.push_back(job);
+  cv_.notify_all();
+  std::vector<Outcome> out(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = *jobs[i];
+    job.done_cv.wait(lk, [&] { return job.finished; });
+    out[i].answer = std::move(job.answer);
+    out[i].error = job.error;
+  }
+  return out;
+}
+
+void Scheduler::refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens, int n) const {
   if (kv_cost > opt_.kv_budget_bytes) {
     ++refused_;
     throw AdmissionError(
@@ -80,20 +107,24 @@ void Scheduler::refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) con
                           "more than the server's whole KV budget of {} bytes (--kv-budget)",
                           kv_cost, n_prompt, max_tokens, opt_.kv_budget_bytes));
   }
-  if ((int)queue_.size() >= opt_.max_queue) {
+  if ((int)queue_.size() + n > opt_.max_queue) {
     ++refused_;
     throw AdmissionError(false,
-                         fmt::format("server busy: {} requests waiting (--max-queue {}); retry later",
-                                     queue_.size(), opt_.max_queue),
+                         n == 1 ? fmt::format("server busy: {} requests waiting (--max-queue {}); "
+                                              "retry later",
+                                              queue_.size(), opt_.max_queue)
+                                : fmt::format("server busy: {} requests waiting and {} choices to "
+                                              "queue (--max-queue {}); retry later",
+                                              queue_.size(), n, opt_.max_queue),
                          1);
   }
 }
 
-void Scheduler::check_admission(int n_prompt, int max_tokens) const {
+void Scheduler::check_admission(int n_prompt, int max_tokens, int n) const {
   std::lock_guard<std::mutex> lk(mu_);
   refuse_if_full(Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
                                           n_prompt, std::max(0, max_tokens)),
-                 n_prompt, max_tokens);
+                 n_prompt, max_tokens, n);
 }
 
 void Scheduler::run(const std::function<void()>& fn) {

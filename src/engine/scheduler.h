@@ -76,9 +76,20 @@ class Scheduler {
   // opt.cancelled() said so before the prefill, and whatever the prefill threw.
   Answer answer(const RagPromptTokens& prompt, const SelectiveOptions& sel,
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
-  // Throws the AdmissionError answer() would throw now for a request of this size (a streamed
-  // response checks before its headers go out; answer() checks again).
-  void check_admission(int n_prompt, int max_tokens) const;
+  // Several generations of one prompt (a request's n choices; gens[i] and opts[i] each), queued
+  // together or refused together (AdmissionError: the queue cannot take all of them), then run
+  // as the scheduler admits them; blocks until the last has ended. Each outcome holds its answer
+  // or what ended it (as answer() would throw it).
+  struct Outcome {
+    Answer answer;
+    std::exception_ptr error;
+  };
+  std::vector<Outcome> answer_all(const RagPromptTokens& prompt, const SelectiveOptions& sel,
+                                  const std::vector<GenerateOptions>& gens,
+                                  const std::vector<AnswerOptions>& opts);
+  // Throws the AdmissionError answer_all() would throw now for n requests of this size (a
+  // streamed response checks before its headers go out; answer() checks again).
+  void check_admission(int n_prompt, int max_tokens, int n = 1) const;
   // Runs fn on the scheduler's thread between steps (engine work that is not a generation,
   // e.g. Engine::ensure_chunk) and returns when it has; rethrows what fn threw.
   void run(const std::function<void()>& fn);
@@ -93,8 +104,8 @@ class Scheduler {
  private:
   struct Job;
   void loop();
-  // Throws AdmissionError for a request of kv_cost bytes (caller holds mu_).
-  void refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens) const;
+  // Throws AdmissionError for n requests of kv_cost bytes each (caller holds mu_).
+  void refuse_if_full(size_t kv_cost, int n_prompt, int max_tokens, int n = 1) const;
   Engine& engine_;
   SchedulerOptions opt_;
   mutable std::mutex mu_;

@@ -137,8 +137,8 @@ const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
   const auto before = [&](int32_t a, int32_t b) {
     return z[a] > z[b] || (z[a] == z[b] && a < b);
   };
-  // Appends `ids` (sorted) to c, then keeps the smallest prefix of c from `from` whose share of
-  // `total` reaches top-p after `cum` of mass ahead of it; false when it does not get there.
+  // Keeps the smallest prefix of c (from `from` on) whose share of `total` reaches top-p after
+  // `cum` of mass ahead of it; false, c unchanged, when it does not get there.
   const auto cut_top_p = [&](size_t from, double cum, double total) {
     for (size_t i = from; i < c.ids.size(); ++i) {
       cum += c.w[i] / total;
@@ -280,7 +280,8 @@ int32_t Sampler::sample(const float* raw, int n_vocab) {
       if (id < 0) id = c.ids.back();
     }
   }
-  if (id < 0) id = argmax(logits, n_vocab);  // greedy, or no finite scaled logit
+  // Greedy, or no finite scaled logit (argmax's rule then: a NaN at index 0 wins, none elsewhere).
+  if (id < 0) id = argmax(logits, n_vocab);
   if (p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f) {
     auto it = std::find_if(counts_.begin(), counts_.end(), [&](const auto& c) { return c.first == id; });
     if (it == counts_.end()) {

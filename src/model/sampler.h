@@ -38,7 +38,7 @@ class Sampler {
   // vocabulary). Without top-k and top-p every token, in id order; with top-k the k best,
   // sorted, found among the tokens within a logit margin of the best; with top-p alone the
   // nucleus from one pass of the mass in logit buckets, the buckets wholly inside it in id order,
-  // then the sorted cut where it ends. NaN logits count as -inf. Empty when no logit is finite
+  // then the sorted cut where it ends. NaN logits count as -inf here. Empty when no logit is finite
   // after scaling (a temperature so small that the best overflows: sample() then takes the
   // argmax). The result lives in this thread's scratch until its next call (sampling runs on one
   // thread per engine, so a request holds no vocabulary-sized buffers of its own).

@@ -85,6 +85,25 @@ std::string message_content(const json& m, const std::string& where) {
   return text;
 }
 
+// Whether s is well-formed UTF-8 (shortest forms, no surrogates, at most U+10FFFF).
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = s[i];
+    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (int j = 1; j < n; ++j) {
+      const unsigned char d = s[i + j];
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
 void expect_object(const json& body) {
   if (!body.is_object())
     bad("", "request body is a JSON " + type_name(body) + "; expected an object");
@@ -405,30 +424,47 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
 
 json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& tok, int n_ctx) {
   expect_object(body);
+  const bool messages = field(body, "messages"), prompt = field(body, "prompt"),
+             content = field(body, "content");
+  if (messages + prompt + content != 1) {
+    bad(messages ? "messages" : "prompt",
+        "expected one of 'prompt' (or llama-server's 'content') and 'messages'");
+  }
   ChatRequest r;
-  if (field(body, "messages")) {
+  if (messages) {
     r = parse_chat_request(body, limits);
-  } else {
+  } else if (prompt) {
+    r = parse_completion_request(body, limits);
+  } else {  // llama-server's name for the prompt
     json b = body;
-    if (!field(b, "prompt") && field(b, "content")) b["prompt"] = b["content"];  // llama-server
+    b["prompt"] = std::move(b["content"]);
     b.erase("content");
-    r = parse_completion_request(b, limits);
+    try {
+      r = parse_completion_request(b, limits);
+    } catch (const RequestError& e) {
+      if (e.param() != "prompt") throw;
+      throw RequestError(400, "content", std::string("'content' (the prompt): ") + e.what());
+    }
   }
   const RagPromptTokens p = prompt_tokens(r, tok, 0);
   std::vector<int32_t> ids = p.prefix;
   for (const auto& c : p.chunks) ids.insert(ids.end(), c.begin(), c.end());
   ids.insert(ids.end(), p.query.begin(), p.query.end());
-  json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", n_ctx}};
+  json tokens = ids;
   if (const json* wp = field(body, "with_pieces")) {
     if (!wp->is_boolean())
       bad("with_pieces", "'with_pieces' is a " + type_name(*wp) + "; expected a boolean");
-    if (wp->get<bool>()) {
-      json pieces = json::array();
-      for (int32_t id : ids) pieces.push_back(tok.token_to_piece(id, /*render_special=*/true));
-      out["pieces"] = std::move(pieces);
+    if (wp->get<bool>()) {  // llama-server's form: {id, piece}, a piece's bytes where not UTF-8
+      tokens = json::array();
+      for (int32_t id : ids) {
+        const std::string piece = tok.token_to_piece(id, /*render_special=*/true);
+        json bytes = json::array();
+        for (unsigned char b : piece) bytes.push_back((int)b);
+        tokens.push_back({{"id", id}, {"piece", valid_utf8(piece) ? json(piece) : bytes}});
+      }
     }
   }
-  return out;
+  return {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", n_ctx}};
 }
 
 json detokenize_body(const json& body, const Tokenizer& tok) {
@@ -549,25 +585,6 @@ json usage(const std::vector<Answer>& answers) {
 }
 
 namespace {
-
-// Whether s is well-formed UTF-8 (shortest forms, no surrogates, at most U+10FFFF).
-bool valid_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = s[i];
-    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-    for (int j = 1; j < n; ++j) {
-      const unsigned char d = s[i + j];
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n;
-  }
-  return true;
-}
 
 // A token's text as logprobs show it: its piece (special tokens as their text), or, when the
 // piece is part of a UTF-8 character, OpenAI's "bytes:\xNN..." spelling, so that no two such

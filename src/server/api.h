@@ -86,8 +86,9 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
 
 // POST /tokenize (vLLM's and llama-server's route): the tokens a request's prompt runs as, from
 // {"prompt": text or ids} (or llama-server's "content") as /v1/completions tokenises it, or from
-// {"messages": [...], "chunks": [...]} as /v1/chat/completions lays it out; with
-// "with_pieces": true also each token's text. Returns {"tokens", "count", "max_model_len"}.
+// {"messages": [...], "chunks": [...]} as /v1/chat/completions lays it out (exactly one of
+// them). Returns {"tokens", "count", "max_model_len"}; with "with_pieces": true, llama-server's
+// form of "tokens": [{"id", "piece"}], a piece that is not UTF-8 as its bytes.
 nlohmann::json tokenize_body(const nlohmann::json& body, const ApiLimits& limits,
                              const Tokenizer& tok, int n_ctx);
 // POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (and llama-server's "content"); an id

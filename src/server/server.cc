@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -98,6 +99,11 @@ struct Server::Impl {
   std::atomic<uint64_t> http_rejected{0};  // 503s of the connection queue's overflow worker
 
   Impl(Engine& e, ServerOptions o) : engine(e), opt(std::move(o)), batcher(e, opt.batching) {
+    // A request's n choices run together and queue together: at most what the scheduler runs
+    // at once (on CUDA its GPU slots) and what its queue takes.
+    opt.limits.max_choices =
+        std::max(1, std::min({opt.limits.max_choices, batcher.options().max_running,
+                              batcher.options().max_queue}));
     const size_t n = (size_t)std::max(2, opt.http_threads);
     const size_t q = (size_t)std::max(0, opt.http_queue);
     http.new_task_queue = [n, q] { return new BoundedTaskQueue(n, q); };
@@ -365,7 +371,7 @@ struct Server::Impl {
                                                : parse_chat_request(body, opt.limits));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     // Refused now (400 / 503) rather than as an event after a stream's headers.
-    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens);
+    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens, r->n);
     const std::string id = new_id(raw ? "cmpl" : "chatcmpl");
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
@@ -399,53 +405,51 @@ struct Server::Impl {
   }
 
   // The r.n choices of a request, each a generation of its own in the scheduler (so they decode
-  // together, one row each), choice i with seed + i. on_piece(i, piece), when given, gets choice
-  // i's text as it is produced. Every choice ends at its next token once `stop` is set or the
-  // client has gone; a failing choice sets `stop`. Returns the answers in choice order, or
-  // rethrows the first failure of its own (not a choice stopped because another failed) once
-  // all have ended.
+  // together, one row each), queued together (Scheduler::answer_all), choice i with seed + i.
+  // on_piece(i, piece), when given, gets choice i's text as it is produced (on the scheduler's
+  // thread). Every choice ends at its next token once `stop` is set or the client has gone.
+  // Returns the answers in choice order, or rethrows the first failure of a choice's own (not
+  // one that ended because the client went or `stop` was set) once all have ended.
   std::vector<Answer> run_choices(const ChatRequest& r, const RagPromptTokens& prompt, int fd,
                                   const std::function<void(int, const std::string&)>& on_piece,
                                   std::atomic<bool>& stop) {
-    std::vector<Answer> out(r.n);
-    std::vector<std::exception_ptr> err(r.n);
-    std::vector<char> stopped(r.n, 0);  // failed as a consequence: stopped or client gone
-    auto one = [&](int i) {
-      AnswerOptions ao = r.answer;
-      TokenClock clock(metrics.inter_token);
-      ao.on_piece = [&, i](const std::string& piece) {
-        clock.tick();
+    std::vector<GenerateOptions> gens(r.n, r.gen);
+    std::vector<AnswerOptions> opts(r.n, r.answer);
+    // One clock per choice: its gaps are between its own tokens.
+    std::vector<std::unique_ptr<TokenClock>> clocks;
+    for (int i = 0; i < r.n; ++i) {
+      clocks.push_back(std::make_unique<TokenClock>(metrics.inter_token));
+      gens[i].sampling.seed += static_cast<uint64_t>(i);
+      TokenClock* clock = clocks.back().get();
+      opts[i].on_piece = [&stop, &on_piece, fd, clock, i](const std::string& piece) {
+        clock->tick();
         if (stop || peer_has_closed(fd)) throw ClientGone{};
         if (on_piece) on_piece(i, piece);
       };
-      ao.cancelled = [&] { return stop.load() || peer_has_closed(fd); };
-      GenerateOptions gen = r.gen;
-      gen.sampling.seed += static_cast<uint64_t>(i);
-      try {
-        out[i] = batcher.answer(prompt, r.sel, gen, ao);
-        metrics.record_answer(out[i]);
-      } catch (const RequestCancelled&) {
-        err[i] = std::current_exception();
-        stopped[i] = 1;
-      } catch (const ClientGone&) {
-        err[i] = std::current_exception();
-        stopped[i] = 1;
-      } catch (...) {
-        err[i] = std::current_exception();
-        stop = true;  // the other choices end at their next token
+      opts[i].cancelled = [&stop, fd] { return stop.load() || peer_has_closed(fd); };
+    }
+    std::vector<Scheduler::Outcome> out = batcher.answer_all(prompt, r.sel, gens, opts);
+    std::exception_ptr consequence;
+    std::vector<Answer> answers;
+    for (Scheduler::Outcome& o : out) {
+      if (o.error) {
+        try {
+          std::rethrow_exception(o.error);
+        } catch (const ClientGone&) {
+          consequence = o.error;
+          continue;
+        } catch (const RequestCancelled&) {
+          consequence = o.error;
+          continue;
+        } catch (...) {
+          std::rethrow_exception(o.error);  // a choice's own failure
+        }
       }
-    };
-    std::vector<std::thread> others;
-    for (int i = 1; i < r.n; ++i) others.emplace_back(one, i);
-    one(0);
-    for (std::thread& t : others) t.join();
-    for (int i = 0; i < r.n; ++i) {
-      if (err[i] && !stopped[i]) std::rethrow_exception(err[i]);
+      metrics.record_answer(o.answer);
+      answers.push_back(std::move(o.answer));
     }
-    for (int i = 0; i < r.n; ++i) {
-      if (err[i]) std::rethrow_exception(err[i]);
-    }
-    return out;
+    if (consequence) std::rethrow_exception(consequence);
+    return answers;
   }
 
   // Generation runs on its own thread (the choices waiting in the scheduler) and hands pieces over
@@ -522,7 +526,8 @@ struct Server::Impl {
         json last = stream_event(r, id, opt.model_id, created, std::nullopt,
                                  finish_reason(st->answers[i], r), i);
         if (i + 1 == r.n) {  // the whole response's figures, with the last choice's end
-          last["usage"] = usage(st->answers);
+          // With include_usage the usage comes once, in its own event, as OpenAI sends it.
+          if (!r.include_usage) last["usage"] = usage(st->answers);
           last["cachetune"] = answer_stats(st->answers[0], r);
         }
         send(last);

@@ -173,5 +173,50 @@ TEST_F(ServerBatchingTest, LargerThanTheBudgetIs400AndAFullQueueIs503) {
   EXPECT_EQ(first_status, 200);
 }
 
+// A request's n choices are queued together or refused together: on a server whose queue takes
+// 3, n is at most 3 (a 400 beyond); three choices waiting fill the queue, so the next request is
+// a 503; once the scheduler runs, the three are answered.
+TEST_F(ServerBatchingTest, NChoicesQueueTogetherOrNotAtAll) {
+  SchedulerOptions so;
+  so.max_queue = 3;
+  start(so);
+  json four = body("Hello?", {}, 3, false);
+  four["n"] = 4;
+  auto r4 = post(four);
+  ASSERT_TRUE(r4);
+  EXPECT_EQ(r4->status, 400) << r4->body;
+  EXPECT_NE(r4->body.find("[1, 3]"), std::string::npos) << r4->body;
+
+  std::atomic<bool> open{false}, entered{false};
+  std::thread holder([&] {
+    server_->scheduler().run([&] {
+      entered = true;
+      while (!open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  });
+  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  json three = body("Hello?", {}, 3, false);
+  three["n"] = 3;
+  json answered;
+  int status = 0;
+  std::thread first([&] {
+    auto r = post(three);
+    if (r) {
+      status = r->status;
+      answered = json::parse(r->body);
+    }
+  });
+  while (server_->batch_stats().queued < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto busy = post(body("Hello again?", {}, 2, false));
+  ASSERT_TRUE(busy);
+  EXPECT_EQ(busy->status, 503) << busy->body;
+  open = true;
+  holder.join();
+  first.join();
+  ASSERT_EQ(status, 200) << answered.dump();
+  EXPECT_EQ(answered["choices"].size(), 3u);
+  EXPECT_EQ(answered["usage"]["completion_tokens"], 9);
+}
+
 }  // namespace
 }  // namespace ct::server

@@ -613,6 +613,7 @@ TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
   ASSERT_EQ(ev.size(), events.size() + 1);
   EXPECT_TRUE(ev.back()["choices"].empty());
   EXPECT_EQ(ev.back()["usage"], c["usage"]);
+  EXPECT_FALSE(ev[ev.size() - 2].contains("usage"));  // once, in its own event
   EXPECT_EQ(ev.back()["object"], "text_completion");
 }
 
@@ -792,6 +793,24 @@ TEST_F(LiveServerTest, NChoicesAreTheSeededAnswersAlone) {
   EXPECT_EQ(text[0], w["choices"][0]["text"]);
   EXPECT_EQ(text[1], w["choices"][1]["text"]);
   EXPECT_NE(text[0], text[1]);  // different seeds at temperature 1.5: not the same 5 tokens
+  // Streamed chat: a role delta per choice, then each index's content spells its choice.
+  json chat = three;
+  chat["stream"] = true;
+  chat["n"] = 2;
+  auto sc = post("/v1/chat/completions", chat.dump());
+  ASSERT_TRUE(sc);
+  ASSERT_EQ(sc->status, 200) << sc->body;
+  std::string content[2];
+  int roles = 0;
+  for (const json& e : sse_events(sc->body, &done)) {
+    const json& c = e["choices"][0];
+    const int i = c["index"];
+    if (c["delta"].contains("role")) ++roles;
+    if (c["delta"].contains("content")) content[i] += c["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(roles, 2);
+  EXPECT_EQ(content[0], j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(content[1], j["choices"][1]["message"]["content"]);
 }
 
 // Documents in a completion request are chunks like a chat request's: the answer is the engine's
@@ -831,12 +850,16 @@ TEST_F(LiveServerTest, TokenizeCountsWhatARequestRunsAndDetokenizeSpellsIt) {
   auto t = post("/tokenize", json{{"prompt", text}, {"with_pieces", true}}.dump());
   ASSERT_TRUE(t);
   ASSERT_EQ(t->status, 200) << t->body;
-  const json tj = json::parse(t->body);
+  json tj = json::parse(t->body);
   EXPECT_EQ(tj["count"], json::parse(cmpl->body)["usage"]["prompt_tokens"]);
-  EXPECT_EQ(tj["tokens"].size(), tj["count"].get<size_t>());
   EXPECT_EQ(tj["max_model_len"], 512);
   std::string spelled;
-  for (const auto& p : tj["pieces"]) spelled += p.get<std::string>();
+  json ids = json::array();
+  for (const auto& t : tj["tokens"]) {  // llama-server's with_pieces form
+    ids.push_back(t["id"]);
+    spelled += t["piece"].get<std::string>();
+  }
+  tj["tokens"] = ids;
   auto d = post("/detokenize", json{{"tokens", tj["tokens"]}}.dump());
   ASSERT_TRUE(d);
   ASSERT_EQ(d->status, 200) << d->body;
@@ -864,6 +887,13 @@ TEST_F(LiveServerTest, TokenizeCountsWhatARequestRunsAndDetokenizeSpellsIt) {
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 400);
   EXPECT_EQ(json::parse(none->body)["error"]["param"], "prompt");
+  auto both = post("/tokenize", json{{"prompt", "a"}, {"messages", {user("b")}}}.dump());
+  ASSERT_TRUE(both);
+  EXPECT_EQ(both->status, 400);
+  auto bad_content = post("/tokenize", json{{"content", 5}}.dump());
+  ASSERT_TRUE(bad_content);
+  EXPECT_EQ(bad_content->status, 400);
+  EXPECT_EQ(json::parse(bad_content->body)["error"]["param"], "content");
 }
 
 TEST_F(LiveServerTest, IngestEndpointEncodesOnceThenHits) {

@@ -67,7 +67,9 @@ void run_serve(ServeArgs a) {
   so.limits.default_policy.ratio = ratio;
   so.limits.default_policy.alpha = a.engine.alpha;
   so.limits.default_auto_ratio = auto_ratio;
-  so.limits.max_choices = so.batching.max_running;  // a request's n choices decode together
+  // A request's n choices decode together: up to --max-batch (the server lowers it to the GPU's
+  // slots and to --max-queue).
+  so.limits.max_choices = so.batching.max_running;
   const server::ApiLimits& check = so.limits;
   CT_THROW_IF_NOT(check.max_tokens_limit >= 1, "--max-tokens-limit {}; expected >= 1",
                   check.max_tokens_limit);
