@@ -85,6 +85,30 @@ class ServerBatchingTest : public ::testing::Test {
   int port_ = 0;
 };
 
+// Holds the scheduler's thread in a task from construction to release(), so that requests sent
+// meanwhile wait in its queue.
+class SchedulerHold {
+ public:
+  explicit SchedulerHold(Scheduler& s)
+      : t_([this, &s] {
+          s.run([this] {
+            entered_ = true;
+            while (!open_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          });
+        }) {
+    while (!entered_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~SchedulerHold() { release(); }
+  void release() {
+    open_ = true;
+    if (t_.joinable()) t_.join();
+  }
+
+ private:
+  std::atomic<bool> open_{false}, entered_{false};
+  std::thread t_;
+};
+
 const std::vector<std::string> kA = {"The lighthouse on Gull Point was built in 1871.",
                                      "Marta Olsen kept the lighthouse for forty years."};
 const std::vector<std::string> kB = {"The ferry leaves the harbour at seven each morning.",
@@ -148,14 +172,7 @@ TEST_F(ServerBatchingTest, LargerThanTheBudgetIs400AndAFullQueueIs503) {
   EXPECT_NE(big->body.find("--kv-budget"), std::string::npos) << big->body;
 
   // Hold the scheduler so one request waits in the queue; the next finds it full.
-  std::atomic<bool> open{false}, entered{false};
-  std::thread holder([&] {
-    server_->scheduler().run([&] {
-      entered = true;
-      while (!open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    });
-  });
-  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  SchedulerHold hold(server_->scheduler());
   int first_status = 0;
   std::thread first([&] {
     auto r = post(body("Hello?", {}, 4, false));
@@ -167,8 +184,7 @@ TEST_F(ServerBatchingTest, LargerThanTheBudgetIs400AndAFullQueueIs503) {
   EXPECT_EQ(busy->status, 503) << busy->body;
   EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
   EXPECT_EQ(json::parse(busy->body)["error"]["type"], "server_error") << busy->body;
-  open = true;
-  holder.join();
+  hold.release();
   first.join();
   EXPECT_EQ(first_status, 200);
 }
@@ -187,14 +203,7 @@ TEST_F(ServerBatchingTest, NChoicesQueueTogetherOrNotAtAll) {
   EXPECT_EQ(r4->status, 400) << r4->body;
   EXPECT_NE(r4->body.find("[1, 3]"), std::string::npos) << r4->body;
 
-  std::atomic<bool> open{false}, entered{false};
-  std::thread holder([&] {
-    server_->scheduler().run([&] {
-      entered = true;
-      while (!open) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    });
-  });
-  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  SchedulerHold hold(server_->scheduler());
   json three = body("Hello?", {}, 3, false);
   three["n"] = 3;
   json answered;
@@ -210,8 +219,7 @@ TEST_F(ServerBatchingTest, NChoicesQueueTogetherOrNotAtAll) {
   auto busy = post(body("Hello again?", {}, 2, false));
   ASSERT_TRUE(busy);
   EXPECT_EQ(busy->status, 503) << busy->body;
-  open = true;
-  holder.join();
+  hold.release();
   first.join();
   ASSERT_EQ(status, 200) << answered.dump();
   EXPECT_EQ(answered["choices"].size(), 3u);
