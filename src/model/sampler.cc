@@ -102,6 +102,7 @@ SampleCandidates sample_candidates_ref(const float* logits, int n_vocab,
   }
   SampleCandidates out;
   for (int i = 0; i < keep; ++i) {
+    if (prob[i] < p.min_p) continue;  // prob[i] = p_i / p_max
     out.ids.push_back(cand[i].second);
     out.w.push_back(prob[i]);
   }
@@ -121,6 +122,21 @@ struct Scratch {
 }  // namespace
 
 const SampleCandidates& Sampler::candidates(const float* logits, int n_vocab) {
+  SampleCandidates& c = top_candidates(logits, n_vocab);
+  if (p_.min_p > 0.0f) {  // weights are p_i / p_max: the most likely has weight 1
+    size_t kept = 0;
+    for (size_t i = 0; i < c.ids.size(); ++i) {
+      if (c.w[i] < p_.min_p) continue;
+      c.ids[kept] = c.ids[i];
+      c.w[kept++] = c.w[i];
+    }
+    c.ids.resize(kept);
+    c.w.resize(kept);
+  }
+  return c;
+}
+
+SampleCandidates& Sampler::top_candidates(const float* logits, int n_vocab) {
   thread_local Scratch t;
   SampleCandidates& c = t.cand;
   std::vector<float>& z = t.z;

@@ -19,6 +19,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // After top-k and top-p, the candidates whose probability is at least min_p times the most
+  // likely one's (vLLM's and llama.cpp's min-p); 0 = off.
+  float min_p = 0.0f;
 };
 
 // The tokens a draw chooses among (top-k, then top-p, of softmax(logits / temperature)) and
@@ -51,6 +54,8 @@ class Sampler {
   std::vector<std::pair<int32_t, int>> counts_;  // chosen tokens and their counts
   // logits, or adjusted_ holding them with the penalties and bias applied.
   const float* adjust(const float* logits, int n_vocab);
+  // candidates() before its min-p filter.
+  SampleCandidates& top_candidates(const float* logits, int n_vocab);
 };
 
 // The reference the fast candidates are held to: sort the whole vocabulary by logit (ties to

@@ -188,6 +188,12 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   // OpenAI has no top_k (nucleus sampling alone); vLLM's and llama-server's extension sets it
   // (-1 or 0: off).
   r.gen.sampling.top_k = std::max(0, int_field(body, "top_k", -1, INT32_MAX, 0));
+  r.gen.sampling.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 1.0, 0.0));
+  // vLLM's and llama-server's multiplicative penalty is not done: refused rather than ignored.
+  if (number_field(body, "repetition_penalty", 0.0, 1e9, 1.0) != 1.0) {
+    bad("repetition_penalty", "'repetition_penalty' is not supported; use frequency_penalty or "
+                              "presence_penalty");
+  }
   r.gen.sampling.frequency_penalty =
       static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));
   r.gen.sampling.presence_penalty =

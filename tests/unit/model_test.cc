@@ -472,6 +472,7 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
     sp.temperature = trial % 2 == 0 ? 0.7f : 1.3f;
     sp.top_k = ks[trial % 5];
     sp.top_p = ps[(trial / 5) % 5];
+    sp.min_p = trial % 6 == 5 ? 0.05f : trial % 6 == 2 ? 0.5f : 0.0f;
     Sampler fast(sp);
     const SampleCandidates got = fast.candidates(v.data(), n);
     const SampleCandidates want = sample_candidates_ref(v.data(), n, sp);
@@ -484,7 +485,7 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
     };
     const std::map<int32_t, double> a = normalised(got), b = normalised(want);
     ASSERT_EQ(a.size(), b.size()) << "trial " << trial << " n " << n << " k " << sp.top_k
-                                  << " p " << sp.top_p;
+                                  << " p " << sp.top_p << " min_p " << sp.min_p;
     for (const auto& [id, w] : b) {
       ASSERT_TRUE(a.count(id)) << "trial " << trial << ": token " << id << " missing";
       EXPECT_NEAR(a.at(id), w, 1e-6 * w + 1e-12) << "trial " << trial << " token " << id;
@@ -519,6 +520,14 @@ TEST(SamplerTest, CandidatesAreTheSortingReferences) {
         }
       }
     }
+  }
+  // min-p keeps what is at least that share of the most likely token's probability.
+  {
+    const std::vector<float> l = {0.0f, 5.0f, 4.9f, 3.0f, -3.0f};
+    SamplingParams sp = sampling(1.0f, 0, 1.0f, 1);
+    sp.min_p = 0.5f;  // e^-0.1 = 0.90 stays, e^-2 = 0.14 goes
+    Sampler s(sp);
+    EXPECT_EQ(s.candidates(l.data(), 5).ids, (std::vector<int32_t>{1, 2}));
   }
   // Every draw comes from the candidates, seeded: the same seed, the same tokens.
   std::vector<float> v(3000);

@@ -214,6 +214,13 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                                   {"stream_options", {{"include_usage", true}}}},
                                  {})
                   .include_usage);
+  expect_refused({{"messages", {user("q")}}, {"min_p", 1.5}}, "min_p", "[0, 1]");
+  expect_refused({{"messages", {user("q")}}, {"repetition_penalty", 1.1}}, "repetition_penalty",
+                 "not supported");
+  EXPECT_FLOAT_EQ(
+      parse_chat_request({{"messages", {user("q")}}, {"min_p", 0.1}, {"repetition_penalty", 1}}, {})
+          .gen.sampling.min_p,
+      0.1f);
   const json q = {{"messages", {user("q")}}};
   const ChatRequest adj = parse_chat_request(
       {{"messages", {user("q")}},

@@ -228,6 +228,10 @@ void register_generate(CLI::App& app) {
   c->add_option("--top-k", sp.top_k, "Top-k (0 = off)")->capture_default_str();
   c->add_option("--top-p", sp.top_p, "Top-p (1 = off)")->capture_default_str();
   c->add_option("--seed", sp.seed, "Sampling seed")->capture_default_str();
+  c->add_option("--min-p", sp.min_p,
+                "Keep candidates at least this share of the most likely one's probability (0 = off)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   c->add_option("--frequency-penalty", sp.frequency_penalty,
                 "Subtracted from a token's logit per earlier occurrence in the answer")
       ->check(CLI::Range(-2.0, 2.0))
