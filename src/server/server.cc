@@ -395,8 +395,9 @@ struct Server::Impl {
                 response_body(answers, *r, engine.model().tokenizer(), id, opt.model_id, created));
       return;
     }
-    // Server-sent events: (chat) a role delta, content deltas as tokens arrive (whole UTF-8 characters
-    // only), a last event with finish_reason, usage and the cachetune figures, then [DONE].
+    // Server-sent events (stream()): for chat a role delta, then deltas as tokens arrive (whole
+    // UTF-8 characters only), a last event with finish_reason, usage and the cachetune figures,
+    // then [DONE].
     // The provider runs on this connection's worker, so fd stays this connection's until it ends.
     res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd](
                                                               size_t, httplib::DataSink& sink) {
