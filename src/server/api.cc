@@ -104,6 +104,20 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// A token piece's bytes as a JSON array of numbers (OpenAI's "bytes", llama-server's pieces
+// that are not UTF-8).
+json piece_bytes(const std::string& piece) {
+  json bytes = json::array();
+  for (unsigned char b : piece) bytes.push_back((int)b);
+  return bytes;
+}
+
+// The fields every response object opens with.
+json envelope(const char* object, const std::string& id, const std::string& model_id,
+              int64_t created) {
+  return {{"id", id}, {"object", object}, {"created", created}, {"model", model_id}};
+}
+
 void expect_object(const json& body) {
   if (!body.is_object())
     bad("", "request body is a JSON " + type_name(body) + "; expected an object");
@@ -264,7 +278,6 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   }
 }
 
-
 }  // namespace
 
 json parse_json_body(const std::string& text) {
@@ -323,19 +336,20 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
 
 namespace {
 
-// A token-id prompt: a non-empty array of integers in [0, 2^31); `where` names it in errors.
-std::vector<int32_t> prompt_ids(const json& a, const std::string& where) {
-  if (a.empty()) bad("prompt", where + " is an empty array; expected token ids");
+// An array of token ids (integers in [0, limit)), refused as field `param` (named `where` in
+// the message) otherwise. limit: the vocabulary's size, or 2^31 where it is checked later.
+std::vector<int32_t> token_ids(const json& a, const char* param, const std::string& where,
+                               int64_t limit = (int64_t)INT32_MAX + 1) {
   std::vector<int32_t> ids;
   for (size_t i = 0; i < a.size(); ++i) {
     const json& v = a[i];
-    const bool in_range =
-        v.is_number_unsigned()
-            ? v.get<uint64_t>() <= (uint64_t)INT32_MAX
-            : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+    const bool in_range = v.is_number_unsigned()
+                              ? v.get<uint64_t>() < (uint64_t)limit
+                              : v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                                    v.get<int64_t>() < limit;
     if (!in_range) {
-      bad("prompt", fmt::format("{}[{}] = {}; expected a token id (a non-negative integer)", where,
-                                i, v.dump()));
+      bad(param, fmt::format("{}[{}] = {}; expected a token id (a non-negative integer below {})",
+                             where, i, v.dump(), limit));
     }
     ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
   }
@@ -354,7 +368,8 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   if (!p) bad("prompt", "'prompt' is missing; expected a string or an array of token ids");
   CompletionPrompt cp;
   // OpenAI's forms: a string, an array of strings, token ids, or an array of token-id arrays.
-  // Each prompt is a choice of its own there; here one request is one prompt (n = 1).
+  // Each prompt is answered on its own there; here one request is one prompt (n asks for several
+  // choices of it).
   const json* one = p;
   if (p->is_array() && !p->empty() && !(*p)[0].is_number()) {
     if (p->size() != 1) {
@@ -368,7 +383,9 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
     cp.text = one->get<std::string>();
     if (cp.text.empty()) bad("prompt", "'prompt' is an empty string; expected text");
   } else if (one->is_array()) {
-    cp.ids = prompt_ids(*one, one == p ? "prompt" : "prompt[0]");
+    const std::string where = one == p ? "prompt" : "prompt[0]";
+    if (one->empty()) bad("prompt", where + " is an empty array; expected token ids");
+    cp.ids = token_ids(*one, "prompt", where);
   } else {
     bad("prompt", fmt::format("'prompt' is a {}; expected a string or an array of token ids",
                               type_name(*one)));
@@ -464,9 +481,8 @@ json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& t
       tokens = json::array();
       for (int32_t id : ids) {
         const std::string piece = tok.token_to_piece(id, /*render_special=*/true);
-        json bytes = json::array();
-        for (unsigned char b : piece) bytes.push_back((int)b);
-        tokens.push_back({{"id", id}, {"piece", valid_utf8(piece) ? json(piece) : bytes}});
+        const json shown = valid_utf8(piece) ? json(piece) : piece_bytes(piece);
+        tokens.push_back({{"id", id}, {"piece", shown}});
       }
     }
   }
@@ -477,19 +493,8 @@ json detokenize_body(const json& body, const Tokenizer& tok) {
   expect_object(body);
   const json* t = field(body, "tokens");
   if (!t || !t->is_array()) bad("tokens", "'tokens' must be an array of token ids");
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < t->size(); ++i) {
-    const json& v = (*t)[i];
-    const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < (uint64_t)tok.n_vocab()
-                                           : v.is_number_integer() && v.get<int64_t>() >= 0 &&
-                                                 v.get<int64_t>() < tok.n_vocab();
-    if (!ok) {
-      bad("tokens", fmt::format("tokens[{}] = {}; this model's ids are [0, {})", i, v.dump(),
-                                tok.n_vocab()));
-    }
-    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
-  }
-  const std::string text = tok.decode(ids, /*render_special=*/true);
+  const std::string text =
+      tok.decode(token_ids(*t, "tokens", "tokens", tok.n_vocab()), /*render_special=*/true);
   return {{"prompt", text}, {"content", text}};
 }
 
@@ -606,9 +611,9 @@ std::string logprob_token(const Tokenizer& tok, int32_t id) {
 // OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
 json chat_logprobs(const Answer& a, const Tokenizer& tok) {
   const auto entry = [&](int32_t id, float lp) {
-    json bytes = json::array();
-    for (unsigned char b : tok.token_to_piece(id, /*render_special=*/true)) bytes.push_back((int)b);
-    return json{{"token", logprob_token(tok, id)}, {"logprob", lp}, {"bytes", bytes}};
+    return json{{"token", logprob_token(tok, id)},
+                {"logprob", lp},
+                {"bytes", piece_bytes(tok.token_to_piece(id, /*render_special=*/true))}};
   };
   json content = json::array();
   for (const TokenLogprob& t : a.logprobs) {
@@ -658,23 +663,20 @@ json response_body(const std::vector<Answer>& answers, const ChatRequest& r, con
     }
     choices.push_back(std::move(c));
   }
-  return {{"id", id},
-          {"object", r.completion ? "text_completion" : "chat.completion"},
-          {"created", created},
-          {"model", model_id},
-          {"choices", std::move(choices)},
-          {"usage", usage(answers)},
-          {"cachetune", answer_stats(answers[0], r)}};
+  json out = envelope(r.completion ? "text_completion" : "chat.completion", id, model_id, created);
+  out["choices"] = std::move(choices);
+  out["usage"] = usage(answers);
+  out["cachetune"] = answer_stats(answers[0], r);
+  return out;
 }
 
 json usage_event(const std::vector<Answer>& a, const ChatRequest& r, const std::string& id,
                  const std::string& model_id, int64_t created) {
-  return {{"id", id},
-          {"object", r.completion ? "text_completion" : "chat.completion.chunk"},
-          {"created", created},
-          {"model", model_id},
-          {"choices", json::array()},
-          {"usage", usage(a)}};
+  json out = envelope(r.completion ? "text_completion" : "chat.completion.chunk", id, model_id,
+                      created);
+  out["choices"] = json::array();
+  out["usage"] = usage(a);
+  return out;
 }
 
 json stream_event(const ChatRequest& r, const std::string& id, const std::string& model_id,
@@ -683,15 +685,12 @@ json stream_event(const ChatRequest& r, const std::string& id, const std::string
   if (!r.completion) {
     return chat_chunk(id, model_id, created, text, std::nullopt, finish_reason, index);
   }
-  return {{"id", id},
-          {"object", "text_completion"},
-          {"created", created},
-          {"model", model_id},
-          {"choices",
-           {{{"index", index},
-             {"text", text.value_or("")},
-             {"logprobs", nullptr},
-             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
+  json out = envelope("text_completion", id, model_id, created);
+  out["choices"] = {{{"index", index},
+                     {"text", text.value_or("")},
+                     {"logprobs", nullptr},
+                     {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
+  return out;
 }
 
 json chat_chunk(const std::string& id, const std::string& model_id, int64_t created,
@@ -700,14 +699,11 @@ json chat_chunk(const std::string& id, const std::string& model_id, int64_t crea
   json delta = json::object();
   if (role) delta["role"] = *role;
   if (content) delta["content"] = *content;
-  return {{"id", id},
-          {"object", "chat.completion.chunk"},
-          {"created", created},
-          {"model", model_id},
-          {"choices",
-           {{{"index", index},
-             {"delta", delta},
-             {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}}}};
+  json out = envelope("chat.completion.chunk", id, model_id, created);
+  out["choices"] = {{{"index", index},
+                     {"delta", delta},
+                     {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
+  return out;
 }
 
 }  // namespace ct::server

@@ -24,7 +24,7 @@ struct GenerateArgs {
   std::string system;
   bool raw = false;
   int max_tokens = 128;
-  SamplingParams sampling;  // --temperature, --top-k, --top-p, --seed, the two penalties
+  SamplingParams sampling;  // --temperature, --top-k, --top-p, --min-p, --seed, the penalties
   // Chunk mode
   EngineFlags engine;
   std::vector<std::string> chunks;
