@@ -270,13 +270,60 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-  if (stages_chunks(*g))
+  if (gen.prompt_logprobs >= 0) {
+    CT_THROW_IF_NOT(gen.prompt_logprobs <= kMaxTopLogprobs,
+                    "prompt_logprobs = {}; expected -1 (none) or 0 to {} alternatives per token",
+                    gen.prompt_logprobs, kMaxTopLogprobs);
+    CT_THROW_IF_NOT(p.chunks.empty(),
+                    "prompt log-probabilities need every prompt row computed, but this prompt "
+                    "has {} reused chunks",
+                    p.chunks.size());
+    g->kv_ = model_->make_cache(n_total + gen.max_tokens + 1, opt_.kv_type);
+    g->answer_.ratio = 1.0;
+    g->scored_ = 0;  // computed and scored in advance(), within the steps' budget
+    if (opt_.prefill_chunk <= 0) {
+      StepRows whole;
+      score_rows(*g, 0, whole);
+      while (g->scored_ > 0) score_rows(*g, 0, whole);  // more than 64 MiB of logits
+    }
+  } else if (stages_chunks(*g)) {
     g->staging_ = true;  // every lookup and encoding in advance(), within the steps' budget
-  else
+  } else {
     start_prefill(*g);
+  }
   g->decode_.reset();
-  if (gen.max_tokens <= 0) finish(*g);  // never sliced: nothing to decode
+  if (gen.max_tokens <= 0 && g->scored_ < 0) finish(*g);  // never sliced: nothing to decode
   return g;
+}
+
+void Engine::score_rows(Generation& g, double work, StepRows& step) {
+  const RagPromptTokens& p = g.prompt_;
+  std::vector<int32_t> toks = p.prefix;  // no chunks (begin)
+  toks.insert(toks.end(), p.query.begin(), p.query.end());
+  const int n = (int)toks.size();
+  const int V = model_->config().n_vocab;
+  const int first = g.scored_;
+  int rows = n - first;
+  if (work > 0) rows = std::max(1, row_work_.fit(first, rows, work));
+  rows = std::min(rows, std::max(1, (int)((size_t(64) << 20) / (sizeof(float) * V))));
+  Timer t;
+  Workspace ws;
+  const std::vector<float> logits =
+      cpu::prefill(*model_, toks.data() + first, rows, first, g.kv_, ws, /*all_rows=*/true);
+  for (int i = 0; i < rows && first + i + 1 < n; ++i) {
+    g.answer_.prompt_logprobs.push_back(token_logprob(logits.data() + (size_t)i * V, V,
+                                                      toks[first + i + 1], g.gen_.prompt_logprobs));
+  }
+  g.answer_.prefill.compute_ms += t.ms();
+  g.answer_.prefill.n_active += rows;
+  step.prefill += rows;
+  step.work += row_work_.rows(first, rows);
+  g.scored_ = first + rows;
+  if (g.scored_ < n) return;
+  g.scored_ = -1;
+  g.logits_.assign(logits.end() - V, logits.end());
+  g.next_pos_ = n;
+  if (g.gen_.max_tokens <= 0) finish(g);
 }
 
 // A chunk encoding run in slices by the requests that need it (whichever stages first steps it).
@@ -570,6 +617,19 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       }
       if (g.staging_) continue;
     }
+    if (g.scored_ >= 0) {
+      // A scored prompt's next rows, while the step's budget lasts (their own pass, as an
+      // encoding's).
+      if (stop_if_cancelled(g)) continue;
+      if (rows.work == 0 || rows.work < opt_.prefill_chunk) {
+        try {
+          score_rows(g, opt_.prefill_chunk - rows.work, rows);
+        } catch (...) {
+          fail(g, std::current_exception());
+        }
+      }
+      continue;
+    }
     if (g.sliced_) {
       // Its next slice joins this step while the step's prefill work stays within the budget
       // (the oldest first; a slice's size depends only on its own request).
@@ -606,9 +666,10 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       piece = std::move(st.text);
       stopped = st.stopped;
     }
-    if (g.opt_.on_piece) {
+    if (g.opt_.on_piece || g.opt_.on_logprob) {
       try {
-        g.opt_.on_piece(piece);
+        if (g.opt_.on_logprob && g.gen_.logprobs >= 0) g.opt_.on_logprob(g.answer_.logprobs.back());
+        if (g.opt_.on_piece) g.opt_.on_piece(piece);
       } catch (...) {
         g.error_ = std::current_exception();
         finish(g);
@@ -716,6 +777,7 @@ bool Engine::stop_if_cancelled(Generation& g) const {
 void Engine::fail(Generation& g, std::exception_ptr error) const {
   g.error_ = std::move(error);
   g.staging_ = false;
+  g.scored_ = -1;
   g.sliced_.reset();
   g.srcs_.clear();
   finish(g);

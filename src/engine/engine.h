@@ -120,6 +120,9 @@ struct Answer {
   std::string device = "cpu";  // where prefill and decoding ran: "cpu" or "cuda"
   // GenerateOptions::logprobs >= 0: one entry per token of `tokens`, in order.
   std::vector<TokenLogprob> logprobs;
+  // GenerateOptions::prompt_logprobs >= 0: one entry per prompt token but the first (which has
+  // nothing before it), in order: entry i is token i + 1's.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // A request whose AnswerOptions::cancelled said so before (Scheduler::answer) or during
@@ -150,6 +153,9 @@ struct AnswerOptions {
   std::vector<ChatMessage> history;                  // system and earlier turns before the question
   std::optional<bool> auto_ratio;                    // unset: EngineOptions::auto_ratio
   std::function<void(const std::string&)> on_piece;  // each generated piece, as produced
+  // With GenerateOptions::logprobs >= 0: each token's entry as it is recorded, just before that
+  // token's on_piece (whose text a stop matcher may still hold back).
+  std::function<void(const TokenLogprob&)> on_logprob;
   // Polled by the batching scheduler before the request's prefill: true when its client has gone,
   // so a request that waited in the queue is dropped without being prefilled (RequestCancelled).
   std::function<bool()> cancelled;
@@ -166,7 +172,7 @@ class Generation {
   bool done() const { return done_; }
   // Still encoding its chunks or prefilling in slices (EngineOptions::prefill_chunk): no token
   // yet.
-  bool prefilling() const { return staging_ || sliced_ != nullptr; }
+  bool prefilling() const { return staging_ || sliced_ != nullptr || scored_ >= 0; }
   // Complete once done(); answer().tokens grows while decoding.
   const Answer& answer() const { return answer_; }
   Answer take_answer() { return std::move(answer_); }
@@ -208,6 +214,9 @@ class Generation {
   // The GPU sequence slot it holds, from its prefill to its end; null when it runs on the CPU.
   std::shared_ptr<const int> gpu_slot_;
   int next_pos_ = 0;  // position of the next token fed
+  // GenerateOptions::prompt_logprobs: the prompt's rows computed (and scored) so far, while its
+  // prefill runs in Engine::score_rows; -1 otherwise.
+  int scored_ = -1;
   bool done_ = false;
   std::exception_ptr error_;
 };
@@ -323,6 +332,13 @@ class Engine {
   // call that finds its work done); once the last chunk is there, the prefill starts
   // (start_prefill). Adds the work and the rows done to `step`.
   void stage_chunks(Generation& g, StepRows& step);
+  // The next rows of a scored prompt (GenerateOptions::prompt_logprobs; scored_ >= 0): the plain
+  // forward pass over them with every row's logits, at most the rows whose work fits within
+  // `work` (at least one; work <= 0: all that are left), and at most as many as 64 MiB of
+  // logits hold at once; each row's logits score the prompt's next token
+  // (answer_.prompt_logprobs). After the last row its logits are the next token's, and g
+  // decodes (or ends, with max_tokens 0). Adds the rows and their work to `step`.
+  void score_rows(Generation& g, double work, StepRows& step);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended
   // to answer_.chunks, its source (pinned, or the record no tier took) to srcs_.
   void look_up_chunk(Generation& g, size_t i);

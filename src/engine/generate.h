@@ -22,6 +22,12 @@ struct GenerateOptions {
   // >= 0 (at most kMaxTopLogprobs): the engine records each generated token's log-probability
   // and its `logprobs` most likely alternatives in Answer::logprobs; -1: none.
   int logprobs = -1;
+  // >= 0 (at most kMaxTopLogprobs): the engine also scores the prompt, recording the
+  // log-probability of each of its tokens after the ones before it (and that many alternatives)
+  // in Answer::prompt_logprobs; the prompt is then computed whole by the plain forward pass
+  // (every row's logits: a prompt of reused chunks cannot be scored, Engine::begin refuses it),
+  // on the CPU. -1: none.
+  int prompt_logprobs = -1;
 };
 
 struct DecodeResult {

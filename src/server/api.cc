@@ -123,15 +123,6 @@ void expect_object(const json& body) {
     bad("", "request body is a JSON " + type_name(body) + "; expected an object");
 }
 
-// Log-probabilities come with whole responses only: a streamed response's deltas are text cut at
-// UTF-8 and stop-sequence boundaries, which do not line up with tokens.
-void refuse_streamed_logprobs(const ChatRequest& r) {
-  if (r.stream && r.gen.logprobs >= 0) {
-    bad("logprobs", "'logprobs' with \"stream\": true is not supported; ask for a whole "
-                    "response to get them");
-  }
-}
-
 // The fields both routes share: model, the chunk extension, generation. r.completion is set
 // before (it changes the default instruction).
 void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
@@ -194,8 +185,9 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   // Generation.
   const char* max_name =
       field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  // With echo, 0: the prompt alone (scored, with logprobs).
   r.gen.max_tokens =
-      int_field(body, max_name, 1, limits.max_tokens_limit, limits.default_max_tokens);
+      int_field(body, max_name, r.echo ? 0 : 1, limits.max_tokens_limit, limits.default_max_tokens);
   r.gen.sampling.temperature = static_cast<float>(number_field(body, "temperature", 0.0, 2.0, 0.0));
   r.gen.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0.0, 1.0, 1.0));
   if (r.gen.sampling.top_p <= 0.0f) bad("top_p", "'top_p' = 0; expected a number in (0, 1]");
@@ -330,7 +322,6 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     if (r.gen.logprobs < 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     r.gen.logprobs = k;
   }
-  refuse_streamed_logprobs(r);
   return r;
 }
 
@@ -393,8 +384,7 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   r.completion = std::move(cp);
   if (const json* e = field(body, "echo")) {
     if (!e->is_boolean()) bad("echo", "'echo' is a " + type_name(*e) + "; expected a boolean");
-    if (e->get<bool>()) bad("echo", "'echo' = true is not supported: the response holds the "
-                                    "completion only");
+    r.echo = e->get<bool>();
   }
   if (const json* sfx = field(body, "suffix");
       sfx && !(sfx->is_string() && sfx->get_ref<const std::string&>().empty())) {
@@ -406,7 +396,14 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   }
   parse_shared(body, limits, r);
   if (field(body, "logprobs")) r.gen.logprobs = int_field(body, "logprobs", 0, kMaxTopLogprobs, 0);
-  refuse_streamed_logprobs(r);
+  if (r.echo) {
+    if (r.stream) bad("echo", "'echo' with \"stream\": true is not supported; ask for a whole response");
+    if (!r.chunks.empty()) {
+      bad("echo", "'echo' with 'chunks' is not supported: the documents' rows are reused, not "
+                  "computed, so the prompt cannot be scored; put the text in 'prompt'");
+    }
+    r.gen.prompt_logprobs = r.gen.logprobs;  // the prompt scored when logprobs are asked for
+  }
   return r;
 }
 
@@ -609,14 +606,14 @@ std::string logprob_token(const Tokenizer& tok, int32_t id) {
 }
 
 // OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}.
-json chat_logprobs(const Answer& a, const Tokenizer& tok) {
+json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
   const auto entry = [&](int32_t id, float lp) {
     return json{{"token", logprob_token(tok, id)},
                 {"logprob", lp},
                 {"bytes", piece_bytes(tok.token_to_piece(id, /*render_special=*/true))}};
   };
   json content = json::array();
-  for (const TokenLogprob& t : a.logprobs) {
+  for (const TokenLogprob& t : lps) {
     json e = entry(t.id, t.logprob);
     json top = json::array();
     for (const auto& [id, lp] : t.top) top.push_back(entry(id, lp));
@@ -629,37 +626,75 @@ json chat_logprobs(const Answer& a, const Tokenizer& tok) {
 // The completions route's: parallel lists of tokens, their logprobs, a {token: logprob} object of
 // the alternatives each (with the chosen token, as OpenAI's has), and each token's byte offset in
 // the generated text (which leaves special tokens out: their offsets do not advance).
-json completion_logprobs(const Answer& a, const Tokenizer& tok) {
-  json tokens = json::array(), lps = json::array(), top = json::array(), offset = json::array();
-  size_t at = 0;
-  for (const TokenLogprob& t : a.logprobs) {
+json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
+                         size_t& text_offset) {
+  json tokens = json::array(), lp = json::array(), top = json::array(), offset = json::array();
+  for (const TokenLogprob& t : lps) {
     tokens.push_back(logprob_token(tok, t.id));
-    lps.push_back(t.logprob);
+    lp.push_back(t.logprob);
     json alt = json::object();
-    for (const auto& [id, lp] : t.top) alt[logprob_token(tok, id)] = lp;
+    for (const auto& [id, p] : t.top) alt[logprob_token(tok, id)] = p;
     alt[logprob_token(tok, t.id)] = t.logprob;
     top.push_back(std::move(alt));
-    offset.push_back(at);
-    at += tok.token_to_piece(t.id).size();
+    offset.push_back(text_offset);
+    text_offset += tok.token_to_piece(t.id).size();
   }
-  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", top}, {"text_offset", offset}};
+  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offset}};
 }
 
 }  // namespace
 
+// The completions route's logprobs of an echoed prompt (its tokens, `scores` holding the
+// entries of all but the first) followed by the generated tokens' (lps): one list each, the
+// first token's logprob and alternatives null, as OpenAI's.
+json echoed_logprobs(const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& scores,
+                     const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
+  CT_ASSERT(!prompt.empty() && scores.size() + 1 == prompt.size(),
+            "{} prompt scores for a prompt of {} tokens", scores.size(), prompt.size());
+  json out = {{"tokens", {logprob_token(tok, prompt[0])}},
+              {"token_logprobs", {nullptr}},
+              {"top_logprobs", {nullptr}},
+              {"text_offset", {0}}};
+  size_t at = tok.token_to_piece(prompt[0]).size();
+  for (const std::vector<TokenLogprob>* part : {&scores, &lps}) {
+    const json more = completion_logprobs(*part, tok, at);
+    for (const auto& [key, list] : more.items()) {
+      for (const json& x : list) out[key].push_back(x);
+    }
+  }
+  return out;
+}
+
+json logprobs_body(const ChatRequest& r, const std::vector<TokenLogprob>& lps,
+                   const Tokenizer& tok, size_t& text_offset) {
+  return r.completion ? completion_logprobs(lps, tok, text_offset) : chat_logprobs(lps, tok);
+}
+
 json response_body(const std::vector<Answer>& answers, const ChatRequest& r, const Tokenizer& tok,
+                   const RagPromptTokens& prompt,
                    const std::string& id, const std::string& model_id, int64_t created) {
   CT_ASSERT(!answers.empty(), "a response of no choices");
+  std::vector<int32_t> echoed;  // the prompt's tokens (echo takes no chunks)
+  if (r.echo) {
+    echoed = prompt.prefix;
+    echoed.insert(echoed.end(), prompt.query.begin(), prompt.query.end());
+  }
   json choices = json::array();
   for (size_t i = 0; i < answers.size(); ++i) {
     const Answer& a = answers[i];
     json c = {{"index", i}, {"finish_reason", finish_reason(a, r)}};
     if (r.completion) {
-      c["text"] = a.text;
-      c["logprobs"] = r.gen.logprobs >= 0 ? completion_logprobs(a, tok) : json(nullptr);
+      c["text"] = r.echo ? tok.decode(echoed) + a.text : a.text;
     } else {
       c["message"] = {{"role", "assistant"}, {"content", a.text}};
-      c["logprobs"] = r.gen.logprobs >= 0 ? chat_logprobs(a, tok) : json(nullptr);
+    }
+    size_t offset = 0;
+    if (r.gen.logprobs < 0) {
+      c["logprobs"] = nullptr;
+    } else if (r.echo) {
+      c["logprobs"] = echoed_logprobs(echoed, answers[0].prompt_logprobs, a.logprobs, tok);
+    } else {
+      c["logprobs"] = logprobs_body(r, a.logprobs, tok, offset);
     }
     choices.push_back(std::move(c));
   }
@@ -681,14 +716,16 @@ json usage_event(const std::vector<Answer>& a, const ChatRequest& r, const std::
 
 json stream_event(const ChatRequest& r, const std::string& id, const std::string& model_id,
                   int64_t created, const std::optional<std::string>& text,
-                  const std::string& finish_reason, int index) {
+                  const std::string& finish_reason, int index, const json& logprobs) {
   if (!r.completion) {
-    return chat_chunk(id, model_id, created, text, std::nullopt, finish_reason, index);
+    json out = chat_chunk(id, model_id, created, text, std::nullopt, finish_reason, index);
+    out["choices"][0]["logprobs"] = logprobs;
+    return out;
   }
   json out = envelope("text_completion", id, model_id, created);
   out["choices"] = {{{"index", index},
                      {"text", text.value_or("")},
-                     {"logprobs", nullptr},
+                     {"logprobs", logprobs},
                      {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
   return out;
 }
@@ -702,6 +739,7 @@ json chat_chunk(const std::string& id, const std::string& model_id, int64_t crea
   json out = envelope("chat.completion.chunk", id, model_id, created);
   out["choices"] = {{{"index", index},
                      {"delta", delta},
+                     {"logprobs", nullptr},
                      {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
   return out;
 }

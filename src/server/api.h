@@ -58,6 +58,9 @@ struct ChatRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last event with usage alone
   int n = 1;                   // choices, each generated on its own (choice i with seed + i)
+  // /v1/completions' echo: each choice's text (and, with logprobs, its tokens) starts with the
+  // prompt's; max_tokens may then be 0 (the prompt scored, nothing generated).
+  bool echo = false;
   std::string model;  // as the client named it (echoed back); may be empty
 };
 
@@ -72,8 +75,9 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limi
 // Parses and validates a /v1/completions body: "prompt" (a string, one token-id array, or an
 // array holding one of those) in place of "messages", and the same generation fields and
 // chunk extension, and its integer "logprobs"; refuses (400, naming the field) what it does not
-// do: several prompts, echo, suffix, best_of other than 1. Token ids are range-checked by
-// prompt_tokens.
+// do: several prompts, suffix, best_of other than 1, echo with stream or with chunks. With echo
+// and logprobs the prompt is scored (GenerateOptions::prompt_logprobs). Token ids are
+// range-checked by prompt_tokens.
 ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
 
 // The prompt the engine runs for a request: the chat template's (build_rag_prompt) or a
@@ -117,10 +121,20 @@ nlohmann::json usage(const std::vector<Answer>& answers);
 // A whole (non-streamed) response of one choice per answer: chat.completion, or text_completion
 // for a completion request, with the tokens' log-probabilities in OpenAI's shape of that route
 // when the request asked for them (tok renders their text); the cachetune figures are the first
-// choice's (they share the prompt's lookups).
+// choice's (they share the prompt's lookups). With r.echo each choice's text begins with what
+// the prompt's tokens spell, and its logprobs list the prompt's tokens first (the first with a
+// null logprob, as OpenAI's), from the first answer's Answer::prompt_logprobs.
 nlohmann::json response_body(const std::vector<Answer>& answers, const ChatRequest& r,
-                             const Tokenizer& tok,
+                             const Tokenizer& tok, const RagPromptTokens& prompt,
                              const std::string& id, const std::string& model_id, int64_t created);
+
+// The log-probabilities lps of a choice's tokens in the shape of r's route: chat's
+// {"content": [{token, logprob, bytes, top_logprobs}]}, or the completions route's parallel lists
+// whose text_offset starts at `text_offset` (the bytes of the choice's text before the first of
+// them) and which advances it past them. A whole response renders all of a choice's tokens from
+// offset 0; a stream renders each event's tokens, continuing the offset.
+nlohmann::json logprobs_body(const ChatRequest& r, const std::vector<TokenLogprob>& lps,
+                             const Tokenizer& tok, size_t& text_offset);
 
 // The event OpenAI sends last when stream_options.include_usage is set: "choices" empty, "usage"
 // the whole response's.
@@ -129,12 +143,14 @@ nlohmann::json usage_event(const std::vector<Answer>& a, const ChatRequest& r,
                            const std::string& model_id, int64_t created);
 
 // One event of a streamed response in the request's shape: chat.completion.chunk (a content
-// delta) or text_completion (a text delta); with finish_reason set (delta empty) the last event,
-// to which the caller adds usage and the cachetune figures.
+// delta) or text_completion (a text delta), with the logprobs of the tokens it brings
+// (logprobs_body, or null); with finish_reason set (delta empty) the last event, to which the
+// caller adds usage and the cachetune figures.
 nlohmann::json stream_event(const ChatRequest& r, const std::string& id,
                             const std::string& model_id, int64_t created,
                             const std::optional<std::string>& text,
-                            const std::string& finish_reason = "", int index = 0);
+                            const std::string& finish_reason = "", int index = 0,
+                            const nlohmann::json& logprobs = nullptr);
 
 // One chat.completion.chunk event of a streamed response: a content delta, or (finish_reason
 // set, delta empty) the last event, which also carries usage and the cachetune figures.

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -381,7 +382,7 @@ struct Server::Impl {
       std::atomic<bool> stop{false};
       std::vector<Answer> answers;
       try {
-        answers = run_choices(*r, *prompt, fd, nullptr, stop);
+        answers = run_choices(*r, *prompt, fd, nullptr, nullptr, stop);
       } catch (const RequestCancelled&) {
         cancelled.fetch_add(1);
         res.status = 499;
@@ -392,7 +393,7 @@ struct Server::Impl {
         return;
       }
       send_json(res, 200,
-                response_body(answers, *r, engine.model().tokenizer(), id, opt.model_id, created));
+                response_body(answers, *r, engine.model().tokenizer(), *prompt, id, opt.model_id, created));
       return;
     }
     // Server-sent events (stream()): for chat a role delta, then deltas as tokens arrive (whole
@@ -407,12 +408,14 @@ struct Server::Impl {
 
   // The r.n choices of a request, each a generation of its own in the scheduler (so they decode
   // together, one row each), queued together (Scheduler::answer_all), choice i with seed + i.
-  // on_piece(i, piece), when given, gets choice i's text as it is produced (on the scheduler's
-  // thread). Every choice ends at its next token once `stop` is set or the client has gone.
+  // on_piece(i, piece), when given, gets choice i's text as it is produced, and on_logprob(i, e)
+  // the logprobs entry of each of its tokens just before that token's piece (both on the
+  // scheduler's thread). Every choice ends at its next token once `stop` is set or the client has gone.
   // Returns the answers in choice order, or rethrows the first failure of a choice's own (not
   // one that ended because the client went or `stop` was set) once all have ended.
   std::vector<Answer> run_choices(const ChatRequest& r, const RagPromptTokens& prompt, int fd,
                                   const std::function<void(int, const std::string&)>& on_piece,
+                                  const std::function<void(int, const TokenLogprob&)>& on_logprob,
                                   std::atomic<bool>& stop) {
     std::vector<GenerateOptions> gens(r.n, r.gen);
     std::vector<AnswerOptions> opts(r.n, r.answer);
@@ -421,6 +424,7 @@ struct Server::Impl {
     for (int i = 0; i < r.n; ++i) {
       clocks.push_back(std::make_unique<TokenClock>(metrics.inter_token));
       gens[i].sampling.seed += static_cast<uint64_t>(i);
+      if (i > 0) gens[i].prompt_logprobs = -1;  // one choice scores the prompt for all
       TokenClock* clock = clocks.back().get();
       opts[i].on_piece = [&stop, &on_piece, fd, clock, i](const std::string& piece) {
         clock->tick();
@@ -428,6 +432,9 @@ struct Server::Impl {
         if (on_piece) on_piece(i, piece);
       };
       opts[i].cancelled = [&stop, fd] { return stop.load() || peer_has_closed(fd); };
+      if (on_logprob) {
+        opts[i].on_logprob = [&on_logprob, i](const TokenLogprob& e) { on_logprob(i, e); };
+      }
     }
     std::vector<Scheduler::Outcome> out = batcher.answer_all(prompt, r.sel, gens, opts);
     std::exception_ptr consequence;
@@ -453,16 +460,24 @@ struct Server::Impl {
     return answers;
   }
 
-  // Generation runs on its own thread (the choices waiting in the scheduler) and hands pieces over
-  // through a queue; this connection's thread writes them out, each choice's text cut at UTF-8
-  // boundaries on its own. A slow reader delays only its own stream, not the engine, and a
+  // Generation runs on its own thread (the choices waiting in the scheduler) and hands pieces (and
+  // logprobs entries) over through a queue; this connection's thread writes them out, each
+  // choice's text cut at UTF-8 boundaries on its own. An event carries the logprobs of the tokens
+  // that came since the choice's last event: those whose text it brings, and those of tokens whose
+  // text is still held back (part of a UTF-8 character or of a possible stop sequence) wait for
+  // the next event that brings text, or the choice's end. A slow reader delays only its own stream, not the engine, and a
   // closed connection cancels generation at the next token.
   bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
               int64_t created, int fd, httplib::DataSink& sink) {
+    struct Item {
+      int choice;
+      std::string piece;                // empty for a logprobs entry
+      std::optional<TokenLogprob> entry;
+    };
     struct Shared {
       std::mutex mu;
       std::condition_variable cv;
-      std::deque<std::pair<int, std::string>> pieces;
+      std::deque<Item> pieces;
       bool finished = false;
       std::atomic<bool> cancel{false};
       std::vector<Answer> answers;
@@ -475,8 +490,12 @@ struct Server::Impl {
             r, prompt, fd,
             [st](int i, const std::string& piece) {
               std::lock_guard<std::mutex> lk(st->mu);
-              st->pieces.push_back({i, piece});
+              st->pieces.push_back({i, piece, std::nullopt});
               st->cv.notify_one();
+            },
+            [st](int i, const TokenLogprob& e) {
+              std::lock_guard<std::mutex> lk(st->mu);
+              st->pieces.push_back({i, std::string(), e});
             },
             st->cancel);
         std::lock_guard<std::mutex> lk(st->mu);
@@ -506,24 +525,43 @@ struct Server::Impl {
         }
       }
       std::vector<std::string> pending(r.n);
+      std::vector<std::vector<TokenLogprob>> entries(r.n);  // not yet sent, per choice
+      std::vector<size_t> offsets(r.n, 0);                  // completions' text_offset
+      const Tokenizer& tok = engine.model().tokenizer();
+      // The logprobs of choice i's entries not yet sent (null without logprobs), then none.
+      auto take_logprobs = [&](int i) -> json {
+        if (r.gen.logprobs < 0) return nullptr;
+        json out = logprobs_body(r, entries[i], tok, offsets[i]);
+        entries[i].clear();
+        return out;
+      };
       for (bool finished = false; !finished;) {
-        std::deque<std::pair<int, std::string>> batch;
+        std::deque<Item> batch;
         {
           std::unique_lock<std::mutex> lk(st->mu);
           st->cv.wait(lk, [&] { return !st->pieces.empty() || st->finished; });
           batch.swap(st->pieces);
           finished = st->finished;  // set after the last piece was queued
         }
-        for (const auto& [i, piece] : batch) {
-          pending[i] += piece;
+        for (Item& it : batch) {
+          const int i = it.choice;
+          if (it.entry) {
+            entries[i].push_back(std::move(*it.entry));
+            continue;
+          }
+          pending[i] += it.piece;
           const std::string ready = take_complete_utf8(pending[i]);
-          if (!ready.empty()) send(stream_event(r, id, opt.model_id, created, ready, "", i));
+          if (!ready.empty()) {
+            send(stream_event(r, id, opt.model_id, created, ready, "", i, take_logprobs(i)));
+          }
         }
       }
       if (st->error) std::rethrow_exception(st->error);
       if ((int)st->answers.size() != r.n) throw ClientGone{};  // cancelled: nobody reads on
       for (int i = 0; i < r.n; ++i) {
-        if (!pending[i].empty()) send(stream_event(r, id, opt.model_id, created, pending[i], "", i));
+        if (!pending[i].empty() || !entries[i].empty()) {
+          send(stream_event(r, id, opt.model_id, created, pending[i], "", i, take_logprobs(i)));
+        }
         json last = stream_event(r, id, opt.model_id, created, std::nullopt,
                                  finish_reason(st->answers[i], r), i);
         if (i + 1 == r.n) {  // the whole response's figures, with the last choice's end

@@ -154,6 +154,23 @@ def main():
                                     max_tokens=4, logprobs=2).choices[0].logprobs
     check(len(clp.tokens) == len(clp.token_logprobs) == len(clp.top_logprobs),
           f"completion logprobs {clp}")
+    # Streamed, each chunk carries its tokens' entries: together the whole response's.
+    streamed_lp = []
+    for c in client.chat.completions.create(model=args.model, messages=msgs, max_tokens=4,
+                                            logprobs=True, top_logprobs=2, stream=True):
+        if c.choices and c.choices[0].logprobs:
+            streamed_lp += [(e.token, e.logprob) for e in c.choices[0].logprobs.content]
+    check(streamed_lp == [(e.token, e.logprob) for e in content],
+          f"streamed logprobs {streamed_lp} != {[(e.token, e.logprob) for e in content]}")
+    # echo with max_tokens 0 (how lm-evaluation-harness scores text): the prompt's tokens, the
+    # first with no logprob, each other one's after the tokens before it.
+    ech = client.completions.create(model=args.model, prompt="Who kept the lighthouse?",
+                                    max_tokens=0, echo=True, logprobs=1)
+    el = ech.choices[0].logprobs
+    check(ech.choices[0].text == "Who kept the lighthouse?", f"echo text {ech.choices[0].text!r}")
+    check(len(el.tokens) == ech.usage.prompt_tokens and el.token_logprobs[0] is None
+          and all(x is not None and x <= 0 for x in el.token_logprobs[1:]),
+          f"echo logprobs {el}")
 
     # Error paths map onto the client's exception classes.
     wrong = openai.OpenAI(base_url=args.base_url, api_key="sk-wrong", max_retries=0)

@@ -368,6 +368,83 @@ TEST_F(BatchingTest, ChunkedPrefillStepsBesideDecodeRowsAndKeepsEachRequestsToke
   EXPECT_EQ(st.running, 0);
 }
 
+// GenerateOptions::prompt_logprobs (/v1/completions' echo with logprobs): entry i is prompt token
+// i + 1's log-probability after tokens 0..i, each the log-softmax of the last row of a plain
+// prefill of those tokens alone (the reference: one prefill per prefix); the same whether the
+// prompt's rows ran whole or in steps of prefill_chunk beside another request's decode rows; and
+// the tokens generated after it are the plain request's.
+TEST_F(BatchingTest, AScoredPromptHasEachTokensLogprobAfterTheTokensBeforeIt) {
+  auto m = Model::load(*path_);
+  const int V = m->config().n_vocab;
+  const Tokenizer& tok = m->tokenizer();
+  const RagPromptTokens p = build_raw_prompt(
+      tok, {}, "", "Marta Olsen kept the lighthouse on Gull Point for forty years.");
+  std::vector<int32_t> toks = p.prefix;
+  toks.insert(toks.end(), p.query.begin(), p.query.end());
+  const int n = (int)toks.size();
+  ASSERT_GT(n, 24);
+  SelectiveOptions sel;
+  sel.policy.kind = &find_policy("full");
+  GenerateOptions gen = gen_of(0);
+  gen.prompt_logprobs = 3;
+
+  EngineOptions whole = engine_options();
+  whole.prefill_chunk = 0;
+  Engine eng(whole);
+  const Answer a = eng.answer(p, sel, gen);
+  ASSERT_EQ((int)a.prompt_logprobs.size(), n - 1);
+  EXPECT_TRUE(a.tokens.empty());
+  EXPECT_EQ(a.prefill.n_active, n);
+  for (int i = 0; i + 1 < n; ++i) {
+    KVCache kv = m->make_cache(n + 1, whole.kv_type);  // the engine's cache type (F16)
+    Workspace ws;
+    const std::vector<float> last = cpu::prefill(*m, toks.data(), i + 1, 0, kv, ws);
+    const TokenLogprob want = token_logprob(last.data(), V, toks[i + 1], 3);
+    const TokenLogprob& got = a.prompt_logprobs[i];
+    EXPECT_EQ(got.id, toks[i + 1]) << i;
+    // Within rounding: the rows' grouping into products and tiles differs (a misplaced row
+    // would be off by whole units).
+    EXPECT_NEAR(got.logprob, want.logprob, 2e-3) << i;
+    ASSERT_EQ(got.top.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) EXPECT_NEAR(got.top[k].second, want.top[k].second, 2e-3) << i;
+  }
+
+  // In steps of 8 rows beside a request that decodes meanwhile (the same entries within
+  // rounding: only the rows' grouping into products changes), then 6 tokens generated after it.
+  EngineOptions stepped = engine_options();
+  stepped.prefill_chunk = 8;
+  Engine eng2(stepped);
+  Scheduler sched(eng2, SchedulerOptions{});
+  const std::vector<Req> rs = requests();
+  GenerateOptions scored = gen_of(6);
+  scored.prompt_logprobs = 3;
+  Answer other, b;
+  Gate gate;
+  gate.hold(sched);
+  std::thread t1([&] {
+    other = sched.answer(build_rag_prompt(tok, rs[4].docs, rs[4].question), sel_of(rs[4]),
+                         gen_of(24));
+  });
+  wait_queued(sched, 1);
+  std::thread t2([&] { b = sched.answer(p, sel, scored); });
+  wait_queued(sched, 2);
+  gate.release();
+  t1.join();
+  t2.join();
+  ASSERT_EQ(b.prompt_logprobs.size(), a.prompt_logprobs.size());
+  for (int i = 0; i + 1 < n; ++i) {
+    EXPECT_NEAR(b.prompt_logprobs[i].logprob, a.prompt_logprobs[i].logprob, 2e-3) << i;
+  }
+  // The scored rows were steps' prefill rows, some beside the other request's decode rows.
+  EXPECT_GE(sched.stats().prefill_rows, (uint64_t)n);
+  EXPECT_GT(sched.stats().mixed_steps, 0u);
+  EXPECT_EQ(b.tokens, eng.answer(p, sel, gen_of(6)).tokens);
+  EXPECT_EQ((int)other.tokens.size(), 24);
+  // A prompt of reused chunks cannot be scored: its chunks' rows are not computed.
+  EXPECT_THROW(eng.answer(build_rag_prompt(tok, rs[0].docs, rs[0].question), sel, scored),
+               Error);
+}
+
 // With chunked prefill a request's missing chunks are encoded over several steps, within the
 // same per-step budget as the slices, so the requests already decoding get a token at every
 // step instead of waiting for all of them; the tokens are still each request's own.

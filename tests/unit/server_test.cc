@@ -173,8 +173,10 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                  "needs 'logprobs': true");
   expect_refused({{"messages", {user("q")}}, {"logprobs", true}, {"top_logprobs", 21}},
                  "top_logprobs", "[0, 20]");
-  expect_refused({{"messages", {user("q")}}, {"logprobs", true}, {"stream", true}}, "logprobs",
-                 "not supported");
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"logprobs", true}, {"stream", true}},
+                               ApiLimits{})
+                .gen.logprobs,
+            0);  // streamed logprobs come with each event
   expect_refused({{"messages", {user("q")}}, {"frequency_penalty", 2.5}}, "frequency_penalty",
                  "[-2, 2]");
   expect_refused({{"messages", {user("q")}}, {"presence_penalty", "1"}}, "presence_penalty",
@@ -290,12 +292,29 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   refused({{"prompt", {{1, "x"}}}}, "prompt", "prompt[0][1]");
   refused({{"prompt", {1, 4294967296ll}}}, "prompt", "non-negative integer");
   refused({{"prompt", 3}}, "prompt", "expected a string or an array");
-  refused({{"prompt", "x"}, {"echo", true}}, "echo", "not supported");
+  refused({{"prompt", "x"}, {"echo", true}, {"stream", true}}, "echo", "not supported");
+  refused({{"prompt", "x"}, {"echo", true}, {"chunks", {"a document"}}}, "echo", "reused");
+  refused({{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens", "[1, ");
+  {
+    // echo: max_tokens may be 0; with logprobs the prompt is scored (with that many alternatives).
+    const ChatRequest e =
+        parse_completion_request({{"prompt", "x"}, {"echo", true}, {"max_tokens", 0}}, {});
+    EXPECT_TRUE(e.echo);
+    EXPECT_EQ(e.gen.max_tokens, 0);
+    EXPECT_EQ(e.gen.prompt_logprobs, -1);
+    EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"echo", true}, {"logprobs", 2}}, {})
+                  .gen.prompt_logprobs,
+              2);
+    EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 2}}, {}).gen.prompt_logprobs,
+              -1);
+  }
   refused({{"prompt", "x"}, {"echo", 1}}, "echo", "boolean");
   refused({{"prompt", "x"}, {"suffix", "end"}}, "suffix", "not supported");
   refused({{"prompt", "x"}, {"logprobs", 21}}, "logprobs", "[0, 20]");
   refused({{"prompt", "x"}, {"logprobs", true}}, "logprobs", "integer");
-  refused({{"prompt", "x"}, {"logprobs", 1}, {"stream", true}}, "logprobs", "not supported");
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 1}, {"stream", true}}, {})
+                .gen.logprobs,
+            1);
   refused({{"prompt", "x"}, {"best_of", 3}}, "best_of", "must be 1");
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, {}).gen.logprobs, -1);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 0}}, {}).gen.logprobs, 0);
@@ -742,6 +761,142 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
   const json e = json::parse(cr->body)["choices"][0]["logprobs"]["content"][0];
   EXPECT_EQ(e["token"], "bytes:\\xe4");
   EXPECT_EQ(e["bytes"], json({228}));
+}
+
+// echo (lm-evaluation-harness's scoring request: token ids, echo, logprobs, max_tokens 0 or 1):
+// the text starts with the prompt's, and logprobs list the prompt's tokens first, the first with
+// null, the others the engine's scores of each token after those before it
+// (Answer::prompt_logprobs), then the generated tokens' as without echo.
+TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
+  const Tokenizer& tok = engine_->model().tokenizer();
+  const std::vector<int32_t> ids = tok.encode("Who kept the light", /*parse_special=*/false);
+  ASSERT_GT(ids.size(), 3u);
+  const json score = {{"prompt", ids}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}};
+  auto res = post("/v1/completions", score.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json body = json::parse(res->body);
+  const json& c = body["choices"][0];
+  EXPECT_EQ(c["text"], tok.decode(ids));
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], ids.size());
+  const json& l = c["logprobs"];
+  ASSERT_EQ(l["tokens"].size(), ids.size());
+  EXPECT_TRUE(l["token_logprobs"][0].is_null());
+  EXPECT_TRUE(l["top_logprobs"][0].is_null());
+  ChatRequest r = parse_completion_request(score, ApiLimits{});
+  Answer a;
+  server_->scheduler().run([&] {
+    a = engine_->answer(prompt_tokens(r, tok, 512), r.sel, r.gen);
+  });
+  ASSERT_EQ(a.prompt_logprobs.size() + 1, ids.size());
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(l["tokens"][i], tok.token_to_piece(ids[i], true));
+    EXPECT_EQ(l["text_offset"][i].get<size_t>(), text.size());
+    text += tok.token_to_piece(ids[i]);
+    if (i == 0) continue;
+    EXPECT_FLOAT_EQ(l["token_logprobs"][i].get<float>(), a.prompt_logprobs[i - 1].logprob);
+    // The best alternative, and the token itself (one entry when it is the best).
+    EXPECT_TRUE(l["top_logprobs"][i].contains(l["tokens"][i].get<std::string>()));
+    EXPECT_LE(l["top_logprobs"][i].size(), 2u);
+  }
+  // With tokens generated after it: the plain request's tokens, text and logprobs follow the
+  // prompt's (the prompt computed by the plain forward pass: the same within rounding).
+  json gen_req = {{"prompt", ids}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 1}};
+  auto plain = post("/v1/completions", gen_req.dump());
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json pc = json::parse(plain->body)["choices"][0];
+  gen_req["echo"] = true;
+  auto echoed = post("/v1/completions", gen_req.dump());
+  ASSERT_TRUE(echoed);
+  ASSERT_EQ(echoed->status, 200) << echoed->body;
+  const json ec = json::parse(echoed->body)["choices"][0];
+  EXPECT_EQ(ec["text"], tok.decode(ids) + pc["text"].get<std::string>());
+  ASSERT_EQ(ec["logprobs"]["tokens"].size(), ids.size() + 4);
+  for (size_t i = 0; i < 4; ++i) {
+    const size_t at = ids.size() + i;
+    EXPECT_EQ(ec["logprobs"]["tokens"][at], pc["logprobs"]["tokens"][i]);
+    EXPECT_NEAR(ec["logprobs"]["token_logprobs"][at].get<float>(),
+                pc["logprobs"]["token_logprobs"][i].get<float>(), 1e-4);
+    EXPECT_EQ(ec["logprobs"]["text_offset"][at].get<size_t>(),
+              text.size() + pc["logprobs"]["text_offset"][i].get<size_t>());
+  }
+  // Echo without logprobs: the text only.
+  auto bare = post("/v1/completions",
+                   json{{"prompt", "Who kept"}, {"echo", true}, {"max_tokens", 2}}.dump());
+  ASSERT_TRUE(bare);
+  ASSERT_EQ(bare->status, 200) << bare->body;
+  const json bc = json::parse(bare->body)["choices"][0];
+  EXPECT_EQ(bc["text"].get<std::string>().rfind("Who kept", 0), 0u) << bc.dump();
+  EXPECT_TRUE(bc["logprobs"].is_null());
+}
+
+// Streamed, each event carries the logprobs of the tokens it brings: over the stream, each
+// choice's entries are the whole response's, in order, once each (a token whose text is held
+// back, as a byte of a UTF-8 character is, comes with the next event that brings text or at the
+// choice's end); the completions route's text_offset continues from event to event.
+TEST_F(LiveServerTest, StreamedLogprobsAreTheWholeResponses) {
+  const json chat_req = {{"messages", {user("Who kept it?")}},
+                         {"max_tokens", 6},
+                         {"ignore_eos", true},
+                         {"logprobs", true},
+                         {"top_logprobs", 2},
+                         {"n", 2},
+                         {"temperature", 1.2},
+                         {"seed", 3},
+                         // a partial UTF-8 byte now and then, so that some text is held back
+                         {"logit_bias", {{"228", 3}}}};
+  const json cmpl_req = {{"prompt", "Who kept"},
+                         {"max_tokens", 6},
+                         {"ignore_eos", true},
+                         {"logprobs", 2},
+                         {"n", 2},
+                         {"temperature", 1.2},
+                         {"seed", 3},
+                         {"logit_bias", {{"228", 3}}}};
+  for (const json& req : {chat_req, cmpl_req}) {
+    const bool chat = req.contains("messages");
+    const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
+    auto whole = post(route, req.dump());
+    ASSERT_TRUE(whole);
+    ASSERT_EQ(whole->status, 200) << whole->body;
+    const json wj = json::parse(whole->body);
+    json streamed = req;
+    streamed["stream"] = true;
+    auto res = post(route, streamed.dump());
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    bool done = false;
+    const std::vector<json> events = sse_events(res->body, &done);
+    ASSERT_TRUE(done);
+    json got[2] = {chat ? json{{"content", json::array()}}
+                        : json{{"tokens", json::array()},
+                               {"token_logprobs", json::array()},
+                               {"top_logprobs", json::array()},
+                               {"text_offset", json::array()}},
+                   json()};
+    got[1] = got[0];
+    int with_entries = 0;
+    for (const json& e : events) {
+      const json& c = e["choices"][0];
+      ASSERT_TRUE(c.contains("logprobs")) << e.dump();
+      if (c["logprobs"].is_null()) continue;
+      ++with_entries;
+      json& g = got[c["index"].get<int>()];
+      for (auto& [key, list] : c["logprobs"].items()) {
+        for (const json& x : list) g[key].push_back(x);
+      }
+    }
+    EXPECT_GE(with_entries, 2) << route;
+    for (int i = 0; i < 2; ++i) {
+      const json& want = wj["choices"][i]["logprobs"];
+      ASSERT_FALSE(want.is_null());
+      EXPECT_EQ(got[i], want) << route << " choice " << i;
+    }
+  }
 }
 
 // n choices: each is the answer of the same request alone with seed + i (they decode together,
