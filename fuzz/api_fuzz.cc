@@ -47,11 +47,15 @@ const ct::Tokenizer& byte_vocab() {
 // The checks both routes' parsed requests must pass.
 void check_request(const ct::server::ChatRequest& r, const ct::server::ApiLimits& limits) {
   if (r.chunks.size() > (size_t)limits.max_chunks) ct::fuzz::finding("chunk limit not enforced");
-  if (r.gen.max_tokens < 1 || r.gen.max_tokens > limits.max_tokens_limit) {
+  if (r.gen.max_tokens < (r.echo ? 0 : 1) || r.gen.max_tokens > limits.max_tokens_limit) {
     ct::fuzz::finding("max_tokens outside its limits");
   }
   if (r.gen.logprobs < -1 || r.gen.logprobs > ct::kMaxTopLogprobs) ct::fuzz::finding("logprobs");
-  if (r.gen.logprobs >= 0 && r.stream) ct::fuzz::finding("streamed logprobs accepted");
+  // echo (completions only): never streamed nor with chunks; the prompt scored with logprobs.
+  if (r.echo && (!r.completion || r.stream || !r.chunks.empty())) ct::fuzz::finding("echo");
+  if (r.gen.prompt_logprobs != (r.echo ? r.gen.logprobs : -1)) {
+    ct::fuzz::finding("prompt_logprobs not echo's logprobs");
+  }
   for (const auto& [id, bias] : r.gen.sampling.logit_bias) {
     if (id < 0 || !(bias >= -100 && bias <= 100)) ct::fuzz::finding("logit_bias entry");
   }

@@ -642,8 +642,6 @@ json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& 
   return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offset}};
 }
 
-}  // namespace
-
 // The completions route's logprobs of an echoed prompt (its tokens, `scores` holding the
 // entries of all but the first) followed by the generated tokens' (lps): one list each, the
 // first token's logprob and alternatives null, as OpenAI's.
@@ -664,6 +662,8 @@ json echoed_logprobs(const std::vector<int32_t>& prompt, const std::vector<Token
   }
   return out;
 }
+
+}  // namespace
 
 json logprobs_body(const ChatRequest& r, const std::vector<TokenLogprob>& lps,
                    const Tokenizer& tok, size_t& text_offset) {
