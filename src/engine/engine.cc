@@ -270,7 +270,14 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-  if (gen.prompt_logprobs >= 0) {
+  // A follower that scores its prompt computes it itself (the leader's rows have no scores).
+  if (opt.shared_prefill && (opt.leads_prefill || gen.prompt_logprobs < 0)) {
+    g->share_ = opt.shared_prefill;
+    g->leads_ = opt.leads_prefill;
+  }
+  if (g->share_ && !g->leads_) {
+    // A follower: nothing now; advance() copies its leader's rows once they are there.
+  } else if (gen.prompt_logprobs >= 0) {
     CT_THROW_IF_NOT(gen.prompt_logprobs <= kMaxTopLogprobs,
                     "prompt_logprobs = {}; expected -1 (none) or 0 to {} alternatives per token",
                     gen.prompt_logprobs, kMaxTopLogprobs);
@@ -292,7 +299,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     start_prefill(*g);
   }
   g->decode_.reset();
-  if (gen.max_tokens <= 0 && g->scored_ < 0) finish(*g);  // never sliced: nothing to decode
+  if (gen.max_tokens <= 0 && !g->prefilling()) finish(*g);  // never sliced: nothing to decode
   return g;
 }
 
@@ -323,7 +330,48 @@ void Engine::score_rows(Generation& g, double work, StepRows& step) {
   g.scored_ = -1;
   g.logits_.assign(logits.end() - V, logits.end());
   g.next_pos_ = n;
+  prefill_ended(g);
   if (g.gen_.max_tokens <= 0) finish(g);
+}
+
+void Engine::prefill_ended(Generation& g) const {
+  if (!g.share_ || !g.leads_) return;
+  SharedPrefill& s = *g.share_;
+  if (g.gpu_slot_ || g.kv_.n_pos <= 0) {
+    s.state = SharedPrefill::State::kFailed;  // the rows are on the device
+  } else {
+    s.kv = model_->make_cache(g.kv_.n_pos, opt_.kv_type);
+    s.kv.copy_rows(g.kv_, g.kv_.n_pos);
+    s.kv.n_pos = g.kv_.n_pos;
+    s.logits = g.logits_;
+    s.ratio = g.answer_.ratio;
+    s.ratio_note = g.answer_.ratio_note;
+    s.state = SharedPrefill::State::kReady;
+  }
+  g.share_.reset();
+}
+
+bool Engine::follow(Generation& g) {
+  const SharedPrefill& s = *g.share_;
+  if (s.state == SharedPrefill::State::kPending) return false;  // the leader's prefill runs
+  if (s.state == SharedPrefill::State::kReady) {
+    g.kv_ = model_->make_cache(g.answer_.n_prompt + g.gen_.max_tokens + 1, opt_.kv_type);
+    g.kv_.copy_rows(s.kv, s.kv.n_pos);
+    g.kv_.n_pos = s.kv.n_pos;
+    g.next_pos_ = s.kv.n_pos;  // a token-stage list can be shorter than the prompt (lfonly)
+    g.logits_ = s.logits;
+    g.answer_.ratio = s.ratio;
+    g.answer_.ratio_note = s.ratio_note;
+    g.share_.reset();
+    return true;
+  }
+  g.share_.reset();  // on its own, from the lookups
+  if (stages_chunks(g)) {
+    g.staging_ = true;
+  } else {
+    start_prefill(g);
+  }
+  return false;
 }
 
 // A chunk encoding run in slices by the requests that need it (whichever stages first steps it).
@@ -544,6 +592,7 @@ void Engine::start_prefill(Generation& g) {
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
         g.next_pos_ = kv.n_pos;  // a token-stage list can be shorter than the prompt (lfonly)
+        prefill_ended(g);
         if (on_gpu) kv = KVCache();  // decoding goes on from the device's cache
         g.srcs_.clear();  // releases the chunks' pins (PooledChunk) once their rows are read
       }
@@ -563,6 +612,8 @@ void Engine::start_prefill(Generation& g) {
 
 void Engine::finish(Generation& g) const {
   g.done_ = true;
+  if (g.share_ && g.leads_) g.share_->state = SharedPrefill::State::kFailed;  // ended before it
+  g.share_.reset();
   Answer& a = g.answer_;
   if (g.stops_ && !a.stopped_at_sequence && !g.error_) {
     // A partial match that never completed is answer text after all.
@@ -616,6 +667,18 @@ StepRows Engine::advance(Generation* const* gens, int n) {
         continue;
       }
       if (g.staging_) continue;
+    }
+    if (g.share_ && !g.leads_) {
+      // A follower: no rows until its leader's prefill has ended.
+      if (stop_if_cancelled(g)) continue;
+      bool ready = false;
+      try {
+        ready = follow(g);
+      } catch (...) {
+        fail(g, std::current_exception());
+        continue;
+      }
+      if (!ready) continue;
     }
     if (g.scored_ >= 0) {
       // A scored prompt's next rows, while the step's budget lasts (their own pass, as an
@@ -865,6 +928,7 @@ int Engine::mixed_step(const std::vector<Generation*>& feed, const std::vector<i
     g.answer_.prefill = g.sliced_->breakdown();
     g.logits_ = g.sliced_->take_logits();
     g.next_pos_ = g.kv_.n_pos;  // as after a whole prefill (a token-stage list may be shorter)
+    prefill_ended(g);
     g.sliced_.reset();
     g.srcs_.clear();  // releases the chunks' pins
   }

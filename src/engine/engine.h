@@ -148,6 +148,23 @@ struct StepRows {
 // weights' rate there).
 double default_step_attn_keys(const ModelConfig& c);
 
+// The prompt's prefill shared by the generations of one prompt (a request's n choices,
+// Scheduler::answer_all): the leader (AnswerOptions::leads_prefill) prefills as any request and,
+// when its prefill ends on the CPU, leaves here a copy of its cache's prompt rows and the next
+// token's logits; the others (followers) wait without rows meanwhile, then copy them and decode
+// from there, as they would after a prefill of their own (the same computation, so the same
+// bits). When the leader cannot leave them (its prefill ran on the GPU, or it ended first:
+// failed, cancelled, refused), the followers prefill on their own. All of it runs on the thread
+// that steps the engine. The copy lives while a follower may still need it.
+struct SharedPrefill {
+  enum class State { kPending, kReady, kFailed };
+  State state = State::kPending;
+  KVCache kv;                 // kReady: the prompt's rows [0, kv.n_pos) as the leader's cache held them
+  std::vector<float> logits;  // kReady: the next token's
+  double ratio = 0;           // the leader's Answer::ratio and ratio_note
+  std::string ratio_note;
+};
+
 struct AnswerOptions {
   std::string instruction = kQaInstruction;          // empty: plain chat (see build_rag_prompt)
   std::vector<ChatMessage> history;                  // system and earlier turns before the question
@@ -156,6 +173,10 @@ struct AnswerOptions {
   // With GenerateOptions::logprobs >= 0: each token's entry as it is recorded, just before that
   // token's on_piece (whose text a stop matcher may still hold back).
   std::function<void(const TokenLogprob&)> on_logprob;
+  // Set: this generation shares its prompt's prefill with others (SharedPrefill), as its leader
+  // or (leads_prefill false) as a follower.
+  std::shared_ptr<SharedPrefill> shared_prefill;
+  bool leads_prefill = false;
   // Polled by the batching scheduler before the request's prefill: true when its client has gone,
   // so a request that waited in the queue is dropped without being prefilled (RequestCancelled).
   std::function<bool()> cancelled;
@@ -172,7 +193,9 @@ class Generation {
   bool done() const { return done_; }
   // Still encoding its chunks or prefilling in slices (EngineOptions::prefill_chunk): no token
   // yet.
-  bool prefilling() const { return staging_ || sliced_ != nullptr || scored_ >= 0; }
+  bool prefilling() const {
+    return staging_ || sliced_ != nullptr || scored_ >= 0 || (share_ && !leads_);
+  }
   // Complete once done(); answer().tokens grows while decoding.
   const Answer& answer() const { return answer_; }
   Answer take_answer() { return std::move(answer_); }
@@ -217,6 +240,10 @@ class Generation {
   // GenerateOptions::prompt_logprobs: the prompt's rows computed (and scored) so far, while its
   // prefill runs in Engine::score_rows; -1 otherwise.
   int scored_ = -1;
+  // AnswerOptions::shared_prefill: a follower's until it copied the leader's rows (or prefills on
+  // its own), the leader's until its prefill ended.
+  std::shared_ptr<SharedPrefill> share_;
+  bool leads_ = false;
   bool done_ = false;
   std::exception_ptr error_;
 };
@@ -339,6 +366,13 @@ class Engine {
   // (answer_.prompt_logprobs). After the last row its logits are the next token's, and g
   // decodes (or ends, with max_tokens 0). Adds the rows and their work to `step`.
   void score_rows(Generation& g, double work, StepRows& step);
+  // g's prefill has ended (its cache holds the prompt's rows, logits_ the next token's): a leader
+  // leaves them for its followers (SharedPrefill), or on the GPU says it cannot.
+  void prefill_ended(Generation& g) const;
+  // A follower whose leader's rows are there: copies them and goes on as after its own prefill.
+  // Whose leader could not leave them: prefills on its own. Returns whether g samples its first
+  // token in this step.
+  bool follow(Generation& g);
   // Chunk i of g's prompt looked up (encoded when missing; ensure_chunk): its ChunkInfo appended
   // to answer_.chunks, its source (pinned, or the record no tier took) to srcs_.
   void look_up_chunk(Generation& g, size_t i);

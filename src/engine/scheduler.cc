@@ -70,12 +70,16 @@ std::vector<Scheduler::Outcome> Scheduler::answer_all(const RagPromptTokens& pro
   std::vector<std::shared_ptr<Job>> jobs;
   size_t largest = 0;
   int max_tokens = 0;
+  // One prefill for all: the first leads, the others copy its rows (SharedPrefill).
+  auto share = gens.size() > 1 ? std::make_shared<SharedPrefill>() : nullptr;
   for (size_t i = 0; i < gens.size(); ++i) {
     auto job = std::make_shared<Job>();  // arrival: TTFT includes the time spent queued
     job->prompt = &prompt;
     job->sel = sel;
     job->gen = gens[i];
     job->opt = opts[i];
+    job->opt.shared_prefill = share;
+    job->opt.leads_prefill = i == 0;
     job->kv_cost = Generation::kv_bytes_for(engine_.model().config(), engine_.options().kv_type,
                                             prompt.n_tokens(), std::max(0, gens[i].max_tokens));
     if (job->kv_cost > largest) {
@@ -155,6 +159,13 @@ void Scheduler::loop() {
   std::vector<std::shared_ptr<Job>> running;
   // Ends a job (under mu_): its K/V reservation goes back, its caller wakes.
   auto complete = [&](Job& j, std::exception_ptr err) {
+    // A leader that ended before its generation began (cancelled, refused, shut down): its
+    // followers prefill on their own.
+    if (j.opt.shared_prefill && j.opt.leads_prefill &&
+        j.opt.shared_prefill->state == SharedPrefill::State::kPending) {
+      j.opt.shared_prefill->state = SharedPrefill::State::kFailed;
+    }
+    j.opt.shared_prefill.reset();
     if (j.g) {
       if (!err) err = j.g->error();
       if (!err) j.answer = j.g->take_answer();
@@ -224,6 +235,9 @@ void Scheduler::loop() {
       if (err || admit->g->done()) {
         complete(*admit, err);
       } else {
+        // The generation holds its share of the prefill now; a queued job's copy would keep a
+        // leader's rows alive until the whole request ends.
+        admit->opt.shared_prefill.reset();
         running.push_back(admit);
         stats_.running = (int)running.size();
       }

@@ -78,8 +78,10 @@ class Scheduler {
                 const GenerateOptions& gen, const AnswerOptions& opt = {});
   // Several generations of one prompt (a request's n choices; gens[i] and opts[i] each), queued
   // together or refused together (AdmissionError: the queue cannot take all of them), then run
-  // as the scheduler admits them; blocks until the last has ended. Each outcome holds its answer
-  // or what ended it (as answer() would throw it).
+  // as the scheduler admits them; blocks until the last has ended. The prompt is prefilled once:
+  // the first generation's prefill, whose rows the others copy (SharedPrefill, engine.h; each
+  // answer is what it would be alone). Each outcome holds its answer or what ended it (as
+  // answer() would throw it).
   struct Outcome {
     Answer answer;
     std::exception_ptr error;

@@ -407,7 +407,8 @@ struct Server::Impl {
   }
 
   // The r.n choices of a request, each a generation of its own in the scheduler (so they decode
-  // together, one row each), queued together (Scheduler::answer_all), choice i with seed + i.
+  // together, one row each), queued together and prefilled once (Scheduler::answer_all), choice
+  // i with seed + i.
   // on_piece(i, piece), when given, gets choice i's text as it is produced, and on_logprob(i, e)
   // the logprobs entry of each of its tokens just before that token's piece (both on the
   // scheduler's thread). Every choice ends at its next token once `stop` is set or the client has gone.

@@ -445,6 +445,70 @@ TEST_F(BatchingTest, AScoredPromptHasEachTokensLogprobAfterTheTokensBeforeIt) {
                Error);
 }
 
+// Scheduler::answer_all (a request's n choices) prefills the prompt once: the first choice's
+// prefill, whose rows and logits the others copy (SharedPrefill). Each choice's tokens are what
+// it gets alone, whatever the policy, with the choices admitted together or one at a time (the
+// leader may have finished before the others start); the steps' prefill rows are one prefill's.
+// A leader that ends before its prefill (cancelled while queued) leaves its followers to prefill
+// on their own.
+TEST_F(BatchingTest, NChoicesPrefillThePromptOnceAndEachGetsItsTokensAlone) {
+  const std::vector<Req> rs = requests();
+  for (int max_running : {16, 1}) {
+    for (size_t r : {size_t(0), size_t(1), size_t(5), size_t(7)}) {  // cachetune, full, cacheblend, lfonly
+      SCOPED_TRACE("max_running " + std::to_string(max_running) + ", request " + std::to_string(r));
+      EngineOptions eo = engine_options();
+      eo.prefill_chunk = 8;
+      Engine alone_eng(eo);
+      const Tokenizer& tok = alone_eng.model().tokenizer();
+      const RagPromptTokens p = build_rag_prompt(tok, rs[r].docs, rs[r].question);
+      std::vector<GenerateOptions> gens;
+      for (int i = 0; i < 3; ++i) {
+        GenerateOptions g = gen_of(8);
+        g.sampling.temperature = 1.0f;
+        g.sampling.seed = 11 + i;
+        gens.push_back(g);
+      }
+      std::vector<Answer> want;
+      for (const GenerateOptions& g : gens) want.push_back(alone_eng.answer(p, sel_of(rs[r]), g));
+      Engine eng(eo);
+      // Its chunks stored first, so that the prefill rows below are the prefills' alone.
+      eng.answer(p, sel_of(rs[r]), gen_of(1));
+      SchedulerOptions so;
+      so.max_running = max_running;
+      Scheduler sched(eng, so);
+      const std::vector<Scheduler::Outcome> out =
+          sched.answer_all(p, sel_of(rs[r]), gens, std::vector<AnswerOptions>(3));
+      ASSERT_EQ(out.size(), 3u);
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_FALSE(out[i].error) << i;
+        EXPECT_EQ(out[i].answer.tokens, want[i].tokens) << "choice " << i;
+      }
+      EXPECT_GT(out[0].answer.prefill.n_active, 0);
+      EXPECT_EQ(out[1].answer.prefill.n_active, 0);  // copied, not computed
+      EXPECT_EQ(sched.stats().prefill_rows, (uint64_t)out[0].answer.prefill.n_active);
+    }
+  }
+  // The leader cancelled before its prefill: the others prefill on their own.
+  EngineOptions eo = engine_options();
+  eo.prefill_chunk = 8;
+  Engine eng(eo);
+  const Tokenizer& tok = eng.model().tokenizer();
+  const RagPromptTokens p = build_rag_prompt(tok, rs[1].docs, rs[1].question);
+  const Answer want = eng.answer(p, sel_of(rs[1]), gen_of(6));
+  Scheduler sched(eng, SchedulerOptions{});
+  std::vector<AnswerOptions> opts(3);
+  opts[0].cancelled = [] { return true; };
+  const std::vector<Scheduler::Outcome> out =
+      sched.answer_all(p, sel_of(rs[1]), {gen_of(6), gen_of(6), gen_of(6)}, opts);
+  ASSERT_TRUE(out[0].error);
+  EXPECT_THROW(std::rethrow_exception(out[0].error), RequestCancelled);
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_FALSE(out[i].error) << i;
+    EXPECT_EQ(out[i].answer.tokens, want.tokens) << i;
+    EXPECT_GT(out[i].answer.prefill.n_active, 0) << i;
+  }
+}
+
 // With chunked prefill a request's missing chunks are encoded over several steps, within the
 // same per-step budget as the slices, so the requests already decoding get a token at every
 // step instead of waiting for all of them; the tokens are still each request's own.
