@@ -270,12 +270,15 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
-  // A follower that scores its prompt computes it itself (the leader's rows have no scores).
-  if (opt.shared_prefill && (opt.leads_prefill || gen.prompt_logprobs < 0)) {
+  // A follower that scores its prompt computes it itself (the leader's rows have no scores); one
+  // with no tokens to generate needs no prefill.
+  if (opt.shared_prefill && (opt.leads_prefill || (gen.prompt_logprobs < 0 && gen.max_tokens > 0))) {
     g->share_ = opt.shared_prefill;
     g->leads_ = opt.leads_prefill;
   }
-  if (g->share_ && !g->leads_) {
+  if (gen.max_tokens <= 0 && gen.prompt_logprobs < 0) {
+    // Nothing to generate or score (an echo of the prompt alone): no prefill.
+  } else if (g->share_ && !g->leads_) {
     // A follower: nothing now; advance() copies its leader's rows once they are there.
   } else if (gen.prompt_logprobs >= 0) {
     CT_THROW_IF_NOT(gen.prompt_logprobs <= kMaxTopLogprobs,
@@ -299,7 +302,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     start_prefill(*g);
   }
   g->decode_.reset();
-  if (gen.max_tokens <= 0 && !g->prefilling()) finish(*g);  // never sliced: nothing to decode
+  if (gen.max_tokens <= 0 && !g->prefilling()) finish(*g);  // nothing to decode
   return g;
 }
 

@@ -802,6 +802,17 @@ TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
     EXPECT_TRUE(l["top_logprobs"][i].contains(l["tokens"][i].get<std::string>()));
     EXPECT_LE(l["top_logprobs"][i].size(), 2u);
   }
+  // Two choices: the prompt scored once (by choice 0), the same lists in both.
+  json two = score;
+  two["n"] = 2;
+  auto both = post("/v1/completions", two.dump());
+  ASSERT_TRUE(both);
+  ASSERT_EQ(both->status, 200) << both->body;
+  const json bj = json::parse(both->body);
+  ASSERT_EQ(bj["choices"].size(), 2u);
+  EXPECT_EQ(bj["choices"][0]["logprobs"], l);
+  EXPECT_EQ(bj["choices"][1]["logprobs"], l);
+  EXPECT_EQ(bj["choices"][1]["text"], c["text"]);
   // With tokens generated after it: the plain request's tokens, text and logprobs follow the
   // prompt's (the prompt computed by the plain forward pass: the same within rounding).
   json gen_req = {{"prompt", ids}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 1}};
