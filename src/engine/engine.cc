@@ -276,6 +276,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     g->share_ = opt.shared_prefill;
     g->leads_ = opt.leads_prefill;
   }
+  g->opt_.shared_prefill.reset();  // share_ holds it, and lets it go when done with it
   if (gen.max_tokens <= 0 && gen.prompt_logprobs < 0) {
     // Nothing to generate or score (an echo of the prompt alone): no prefill.
   } else if (g->share_ && !g->leads_) {
@@ -302,7 +303,7 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     start_prefill(*g);
   }
   g->decode_.reset();
-  if (gen.max_tokens <= 0 && !g->prefilling()) finish(*g);  // nothing to decode
+  if (gen.max_tokens <= 0 && !g->prefilling() && !g->done()) finish(*g);  // nothing to decode
   return g;
 }
 
@@ -337,19 +338,28 @@ void Engine::score_rows(Generation& g, double work, StepRows& step) {
   if (g.gen_.max_tokens <= 0) finish(g);
 }
 
+Generation::~Generation() {
+  if (share_ && leads_ && share_->state == SharedPrefill::State::kPending)
+    share_->state = SharedPrefill::State::kFailed;
+}
+
 void Engine::prefill_ended(Generation& g) const {
   if (!g.share_ || !g.leads_) return;
   SharedPrefill& s = *g.share_;
-  if (g.gpu_slot_ || g.kv_.n_pos <= 0) {
-    s.state = SharedPrefill::State::kFailed;  // the rows are on the device
-  } else {
-    s.kv = model_->make_cache(g.kv_.n_pos, opt_.kv_type);
-    s.kv.copy_rows(g.kv_, g.kv_.n_pos);
-    s.kv.n_pos = g.kv_.n_pos;
-    s.logits = g.logits_;
-    s.ratio = g.answer_.ratio;
-    s.ratio_note = g.answer_.ratio_note;
-    s.state = SharedPrefill::State::kReady;
+  s.state = SharedPrefill::State::kFailed;  // unless the copy below is made
+  if (!g.gpu_slot_ && g.kv_.n_pos > 0) {  // (on the GPU the rows are on the device)
+    try {
+      s.kv = model_->make_cache(g.kv_.n_pos, opt_.kv_type);
+      s.kv.copy_rows(g.kv_, g.kv_.n_pos);
+      s.kv.n_pos = g.kv_.n_pos;
+      s.logits = g.logits_;
+      s.ratio = g.answer_.ratio;
+      s.ratio_note = g.answer_.ratio_note;
+      s.state = SharedPrefill::State::kReady;
+    } catch (...) {  // out of memory: the followers prefill on their own
+      s.kv = KVCache();
+      s.logits = std::vector<float>();
+    }
   }
   g.share_.reset();
 }
@@ -764,7 +774,11 @@ StepRows Engine::advance(Generation* const* gens, int n) {
   rows.decode = (int)(feed.size() + gfeed.size());
   if (!gfeed.empty()) gpu_decode_step(gfeed, gids);
   if (!pre.empty()) {
-    rows.prefill = mixed_step(feed, ids, pre, slices);
+    // The slices' rows as they ran (a slice whose chunk could not be read leaves), beside the
+    // scored prompts' rows already counted.
+    int planned = 0;
+    for (int s : slices) planned += s;
+    rows.prefill += mixed_step(feed, ids, pre, slices) - planned;
   } else if (!feed.empty()) {
     decode_step(feed, ids);
   }

@@ -188,6 +188,9 @@ struct AnswerOptions {
 class Generation {
  public:
   Generation() = default;
+  // A leader destroyed before its prefill ended (its step failed) leaves its followers to
+  // prefill on their own (SharedPrefill).
+  ~Generation();
   Generation(const Generation&) = delete;
   Generation& operator=(const Generation&) = delete;
   bool done() const { return done_; }

@@ -70,8 +70,12 @@ std::vector<Scheduler::Outcome> Scheduler::answer_all(const RagPromptTokens& pro
   std::vector<std::shared_ptr<Job>> jobs;
   size_t largest = 0;
   int max_tokens = 0;
-  // One prefill for all: the first leads, the others copy its rows (SharedPrefill).
-  auto share = gens.size() > 1 ? std::make_shared<SharedPrefill>() : nullptr;
+  // One prefill for all: the first leads, the others copy its rows (SharedPrefill), when any of
+  // them would (one that scores its prompt or generates nothing does not: Engine::begin).
+  bool followers = false;
+  for (size_t i = 1; i < gens.size(); ++i)
+    followers = followers || (gens[i].max_tokens > 0 && gens[i].prompt_logprobs < 0);
+  auto share = followers ? std::make_shared<SharedPrefill>() : nullptr;
   for (size_t i = 0; i < gens.size(); ++i) {
     auto job = std::make_shared<Job>();  // arrival: TTFT includes the time spent queued
     job->prompt = &prompt;
@@ -92,6 +96,7 @@ std::vector<Scheduler::Outcome> Scheduler::answer_all(const RagPromptTokens& pro
   refuse_if_full(largest, prompt.n_tokens(), max_tokens, (int)jobs.size());
   CT_THROW_IF_NOT(!stopping_, "server shutting down");
   for (const auto& job : jobs) queue_.push_back(job);
+  share.reset();  // the jobs hold it (a copy of the prompt's rows lives while one may need it)
   cv_.notify_all();
   std::vector<Outcome> out(jobs.size());
   for (size_t i = 0; i < jobs.size(); ++i) {
