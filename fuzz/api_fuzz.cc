@@ -56,6 +56,9 @@ void check_request(const ct::server::ChatRequest& r, const ct::server::ApiLimits
   if (r.gen.prompt_logprobs != (r.echo ? r.gen.logprobs : -1)) {
     ct::fuzz::finding("prompt_logprobs not echo's logprobs");
   }
+  if (!(r.gen.sampling.repetition_penalty > 0 && r.gen.sampling.repetition_penalty <= 10)) {
+    ct::fuzz::finding("repetition_penalty outside (0, 10]");
+  }
   for (const auto& [id, bias] : r.gen.sampling.logit_bias) {
     if (id < 0 || !(bias >= -100 && bias <= 100)) ct::fuzz::finding("logit_bias entry");
   }

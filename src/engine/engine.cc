@@ -269,6 +269,15 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
   g->answer_.n_prompt = n_total;
   g->next_pos_ = n_total;
   g->sampler_ = std::make_unique<Sampler>(gen.sampling);
+  if (gen.sampling.repetition_penalty != 1.0f) {
+    CT_THROW_IF_NOT(gen.sampling.repetition_penalty > 0.0f,
+                    "repetition_penalty = {}; expected a number > 0 (1: off)",
+                    gen.sampling.repetition_penalty);
+    std::vector<int32_t> all = p.prefix;  // the whole prompt, documents included
+    for (const auto& c : p.chunks) all.insert(all.end(), c.begin(), c.end());
+    all.insert(all.end(), p.query.begin(), p.query.end());
+    g->sampler_->set_context(all);
+  }
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   // A follower that scores its prompt computes it itself (the leader's rows have no scores); one
   // with no tokens to generate needs no prefill.

@@ -264,10 +264,40 @@ SampleCandidates& Sampler::top_candidates(const float* logits, int n_vocab) {
   return c;
 }
 
+void Sampler::set_context(const std::vector<int32_t>& tokens) {
+  seen_.clear();
+  is_seen_.clear();
+  for (int32_t id : tokens) seen_.push_back(id);
+  std::sort(seen_.begin(), seen_.end());
+  seen_.erase(std::unique(seen_.begin(), seen_.end()), seen_.end());
+}
+
+void Sampler::see(int32_t id) {
+  if (is_seen_[id]) return;
+  is_seen_[id] = 1;
+  seen_.push_back(id);
+}
+
 const float* Sampler::adjust(const float* logits, int n_vocab) {
   const bool penalties = p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f;
-  if (p_.logit_bias.empty() && (!penalties || counts_.empty())) return logits;
+  const bool repetition = p_.repetition_penalty != 1.0f;
+  if (repetition && is_seen_.empty()) {  // the context's tokens, checked once
+    is_seen_.assign(n_vocab, 0);
+    for (int32_t id : seen_) {
+      CT_THROW_IF_NOT(id >= 0 && id < n_vocab, "context token {}: the vocabulary has {}", id,
+                      n_vocab);
+      is_seen_[id] = 1;
+    }
+  }
+  if (p_.logit_bias.empty() && (!penalties || counts_.empty()) && (!repetition || seen_.empty()))
+    return logits;
   adjusted_.assign(logits, logits + n_vocab);
+  if (repetition) {
+    for (int32_t id : seen_) {
+      float& x = adjusted_[id];
+      x = x > 0 ? x / p_.repetition_penalty : x * p_.repetition_penalty;
+    }
+  }
   for (const auto& [id, bias] : p_.logit_bias) {
     CT_THROW_IF_NOT(id >= 0 && id < n_vocab, "logit_bias for token {}: the vocabulary has {}", id,
                     n_vocab);
@@ -298,6 +328,7 @@ int32_t Sampler::sample(const float* raw, int n_vocab) {
   }
   // Greedy, or no finite scaled logit (argmax's rule then: a NaN at index 0 wins, none elsewhere).
   if (id < 0) id = argmax(logits, n_vocab);
+  if (p_.repetition_penalty != 1.0f) see(id);
   if (p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f) {
     auto it = std::find_if(counts_.begin(), counts_.end(), [&](const auto& c) { return c.first == id; });
     if (it == counts_.end()) {

@@ -22,6 +22,11 @@ struct SamplingParams {
   // After top-k and top-p, the candidates whose probability is at least min_p times the most
   // likely one's (vLLM's and llama.cpp's min-p); 0 = off.
   float min_p = 0.0f;
+  // vLLM's (and llama.cpp's) multiplicative penalty on every token that occurs in the context
+  // (Sampler::set_context: the prompt) or among the chosen tokens: its logit divided by it when
+  // positive, multiplied by it otherwise, once per token whatever its count; applied to the raw
+  // logits, before logit_bias and the two penalties above. 1 = off; must be > 0.
+  float repetition_penalty = 1.0f;
 };
 
 // The tokens a draw chooses among (top-k, then top-p, of softmax(logits / temperature)) and
@@ -34,6 +39,9 @@ struct SampleCandidates {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // The tokens before the first one sampled (the prompt), for repetition_penalty; ids outside
+  // [0, n_vocab) are refused when sampling.
+  void set_context(const std::vector<int32_t>& tokens);
   // The next token from `logits` (adjusted as SamplingParams says); counts it for the penalties.
   int32_t sample(const float* logits, int n_vocab);
   // The candidates of a draw at temperature > 0: the reference's set and weights (a weight may
@@ -52,6 +60,9 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<float> adjusted_;                   // the logits after penalties and bias
   std::vector<std::pair<int32_t, int>> counts_;  // chosen tokens and their counts
+  std::vector<int32_t> seen_;  // repetition_penalty: the context's and chosen tokens, each once
+  std::vector<char> is_seen_;  // [n_vocab], once sampling has begun: whether a token is in seen_
+  void see(int32_t id);
   // logits, or adjusted_ holding them with the penalties and bias applied.
   const float* adjust(const float* logits, int n_vocab);
   // candidates() before its min-p filter.

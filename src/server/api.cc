@@ -195,10 +195,12 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   // (-1 or 0: off).
   r.gen.sampling.top_k = std::max(0, int_field(body, "top_k", -1, INT32_MAX, 0));
   r.gen.sampling.min_p = static_cast<float>(number_field(body, "min_p", 0.0, 1.0, 0.0));
-  // vLLM's and llama-server's multiplicative penalty is not done: refused rather than ignored.
-  if (number_field(body, "repetition_penalty", 0.0, 1e9, 1.0) != 1.0) {
-    bad("repetition_penalty", "'repetition_penalty' is not supported; use frequency_penalty or "
-                              "presence_penalty");
+  // vLLM's multiplicative penalty over the prompt's and the answer's tokens (llama-server's
+  // repeat_penalty over its last tokens).
+  r.gen.sampling.repetition_penalty =
+      static_cast<float>(number_field(body, "repetition_penalty", 0.0, 10.0, 1.0));
+  if (r.gen.sampling.repetition_penalty <= 0.0f) {
+    bad("repetition_penalty", "'repetition_penalty' = 0; expected a number in (0, 10] (1: off)");
   }
   r.gen.sampling.frequency_penalty =
       static_cast<float>(number_field(body, "frequency_penalty", -2.0, 2.0, 0.0));

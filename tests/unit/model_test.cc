@@ -570,6 +570,22 @@ TEST(SamplerTest, PenaltiesAndLogitBiasAdjustTheLogits) {
   up.logit_bias = {{3, 100.0f}};
   Sampler u(up);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(u.sample(logits.data(), 4), 3);
+  // repetition_penalty: a positive logit divided by it, a negative one multiplied, for each token
+  // of the context or chosen before, once whatever its count.
+  SamplingParams rp = sampling(0.0f, 0, 1.0f, 1);
+  rp.repetition_penalty = 1.25f;
+  Sampler r(rp);
+  r.set_context({1, 1, 3});
+  // 1: 5.0 / 1.25 = 4.0 < 4.9, so 2; then 2 is penalised too (3.92), 1 (4.0) wins, and stays
+  // (4.0, once, against 3.92).
+  for (int32_t w : {2, 1, 1}) EXPECT_EQ(r.sample(logits.data(), 4), w);
+  const std::vector<float> negative = {-1.0f, -2.0f, -1.1f, -9.0f};
+  Sampler rn(rp);
+  rn.set_context({0});
+  EXPECT_EQ(rn.sample(negative.data(), 4), 2);  // -1.25 against -1.1
+  Sampler ctx_out(rp);
+  ctx_out.set_context({7});
+  EXPECT_THROW(ctx_out.sample(logits.data(), 4), Error);  // a context id outside the vocabulary
   SamplingParams out_of_range = sampling(0.0f, 0, 1.0f, 1);
   out_of_range.logit_bias = {{4, 1.0f}};
   Sampler o(out_of_range);

@@ -217,8 +217,13 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                                  {})
                   .include_usage);
   expect_refused({{"messages", {user("q")}}, {"min_p", 1.5}}, "min_p", "[0, 1]");
-  expect_refused({{"messages", {user("q")}}, {"repetition_penalty", 1.1}}, "repetition_penalty",
-                 "not supported");
+  expect_refused({{"messages", {user("q")}}, {"repetition_penalty", 0}}, "repetition_penalty",
+                 "(0, 10]");
+  expect_refused({{"messages", {user("q")}}, {"repetition_penalty", 11}}, "repetition_penalty",
+                 "10");
+  EXPECT_FLOAT_EQ(parse_chat_request({{"messages", {user("q")}}, {"repetition_penalty", 1.3}}, {})
+                      .gen.sampling.repetition_penalty,
+                  1.3f);
   EXPECT_FLOAT_EQ(
       parse_chat_request({{"messages", {user("q")}}, {"min_p", 0.1}, {"repetition_penalty", 1}}, {})
           .gen.sampling.min_p,
