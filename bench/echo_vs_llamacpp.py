@@ -20,19 +20,11 @@ import math
 import os
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from compare_llamacpp import resolve_model  # noqa: E402
-from serve_common import ServeProcess, cpu_name  # noqa: E402
-
-
-def post(port, path, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
+from serve_common import ServeProcess, cpu_name, post_json  # noqa: E402
 
 
 def texts_from(args):
@@ -103,7 +95,7 @@ def main():
         try:
             for ids, (lps, best) in zip(prompts, ref):
                 t0 = time.time()
-                r = post(srv.port, "/v1/completions",
+                r = post_json(srv.port, "/v1/completions",
                          {"prompt": ids, "echo": True, "max_tokens": 0, "logprobs": 1,
                           "temperature": 0})
                 secs += time.time() - t0

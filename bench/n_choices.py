@@ -13,24 +13,16 @@ against this one):
         --policies full cachetune --n 1 4 --rounds 3 --out bench/results/xeon-2t/n-choices
 """
 import argparse
-import http.client
 import json
 import os
 import statistics
 import time
 
-from serve_common import ServeProcess, cpu_name
+from serve_common import ServeProcess, cpu_name, post_json
 
 
 def post(port, body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
-    c.request("POST", "/v1/chat/completions", json.dumps(body),
-              {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    if r.status != 200:
-        raise SystemExit(f"request failed: {r.status} {data[:300]!r}")
-    return json.loads(data)
+    return post_json(port, "/v1/chat/completions", body, timeout=900)
 
 
 def main():

@@ -1,6 +1,7 @@
 """What the serving benchmarks share (bench/serve_sweep.py, bench/serve_soak.py): the CPU they ran
 on, and one `cachetune serve` process on a free loopback port, started, awaited and stopped."""
 import http.client
+import json
 import platform
 import signal
 import socket
@@ -18,6 +19,17 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor()
+
+
+def post_json(port, path, body, timeout=600):
+    """POST a JSON body to the server on this port; its JSON answer, or RuntimeError."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"{path}: HTTP {r.status}: {data[:300]!r}")
+    return json.loads(data)
 
 
 def free_port():

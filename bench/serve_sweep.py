@@ -36,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from serve_common import ServeProcess, cpu_name  # noqa: E402
+from serve_common import ServeProcess, cpu_name, post_json  # noqa: E402
 
 
 def cpu_flags():
@@ -74,16 +74,6 @@ def start_server(args):
          "--max-tokens-limit", str(max(args.max_tokens, 16)), "--request-timeout", "0",
          "--prefill-chunk", str(args.prefill_chunk)],
         args.out + ".server.log", "serve_sweep")
-
-
-def post_json(port, path, body, timeout=600):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    if r.status != 200:
-        raise RuntimeError(f"{path}: HTTP {r.status}: {data[:300]!r}")
-    return json.loads(data)
 
 
 def one_request(port, ex, policy, max_tokens, rng_seed, extra=None):
