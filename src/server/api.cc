@@ -677,16 +677,20 @@ json response_body(const std::vector<Answer>& answers, const ChatRequest& r, con
                    const std::string& id, const std::string& model_id, int64_t created) {
   CT_ASSERT(!answers.empty(), "a response of no choices");
   std::vector<int32_t> echoed;  // the prompt's tokens (echo takes no chunks)
+  std::string echo_text;        // the prompt as sent, or what its tokens spell
   if (r.echo) {
     echoed = prompt.prefix;
     echoed.insert(echoed.end(), prompt.query.begin(), prompt.query.end());
+    echo_text = r.completion && !r.completion->text.empty() && r.answer.instruction.empty()
+                    ? r.completion->text
+                    : tok.decode(echoed);
   }
   json choices = json::array();
   for (size_t i = 0; i < answers.size(); ++i) {
     const Answer& a = answers[i];
     json c = {{"index", i}, {"finish_reason", finish_reason(a, r)}};
     if (r.completion) {
-      c["text"] = r.echo ? tok.decode(echoed) + a.text : a.text;
+      c["text"] = r.echo ? echo_text + a.text : a.text;
     } else {
       c["message"] = {{"role", "assistant"}, {"content", a.text}};
     }

@@ -121,8 +121,9 @@ nlohmann::json usage(const std::vector<Answer>& answers);
 // A whole (non-streamed) response of one choice per answer: chat.completion, or text_completion
 // for a completion request, with the tokens' log-probabilities in OpenAI's shape of that route
 // when the request asked for them (tok renders their text); the cachetune figures are the first
-// choice's (they share the prompt's lookups). With r.echo each choice's text begins with what
-// the prompt's tokens spell, and its logprobs list the prompt's tokens first (the first with a
+// choice's (they share the prompt's lookups). With r.echo each choice's text begins with the
+// prompt (as sent; for token ids, or after cachetune.instruction, what its tokens spell), and its
+// logprobs list the prompt's tokens first (the first with a
 // null logprob, as OpenAI's), from the first answer's Answer::prompt_logprobs.
 nlohmann::json response_body(const std::vector<Answer>& answers, const ChatRequest& r,
                              const Tokenizer& tok, const RagPromptTokens& prompt,
