@@ -56,6 +56,9 @@ void check_request(const ct::server::ChatRequest& r, const ct::server::ApiLimits
   if (r.gen.prompt_logprobs != (r.echo ? r.gen.logprobs : -1)) {
     ct::fuzz::finding("prompt_logprobs not echo's logprobs");
   }
+  if (r.best_of < r.n || r.best_of > limits.max_choices || (r.best_of > r.n && r.stream)) {
+    ct::fuzz::finding("best_of");
+  }
   if (!(r.gen.sampling.repetition_penalty > 0 && r.gen.sampling.repetition_penalty <= 10)) {
     ct::fuzz::finding("repetition_penalty outside (0, 10]");
   }

@@ -392,12 +392,17 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
       sfx && !(sfx->is_string() && sfx->get_ref<const std::string&>().empty())) {
     bad("suffix", "'suffix' is not supported (no insertion mode)");
   }
-  if (const json* b = field(body, "best_of");
-      b && !(b->is_number_integer() && b->get<int64_t>() == 1)) {
-    bad("best_of", "'best_of' must be 1: no server-side choice among samples (n gives them all)");
-  }
   parse_shared(body, limits, r);
   if (field(body, "logprobs")) r.gen.logprobs = int_field(body, "logprobs", 0, kMaxTopLogprobs, 0);
+  r.best_of = int_field(body, "best_of", 1, limits.max_choices, r.n);
+  if (r.best_of < r.n) {
+    bad("best_of", fmt::format("'best_of' = {} is less than 'n' = {}; expected best_of >= n",
+                               r.best_of, r.n));
+  }
+  if (r.best_of > r.n && r.stream) {
+    bad("best_of", "'best_of' > 'n' with \"stream\": true is not supported (the best are known "
+                   "only at the end)");
+  }
   if (r.echo) {
     if (r.stream) bad("echo", "'echo' with \"stream\": true is not supported; ask for a whole response");
     if (!r.chunks.empty()) {
@@ -583,6 +588,21 @@ json answer_stats(const Answer& a, const ChatRequest& r) {
               {"chunks", chunks}};
   if (!a.ratio_note.empty()) out["ratio_note"] = a.ratio_note;
   return out;
+}
+
+std::vector<Answer> best_answers(std::vector<Answer> all, int n) {
+  // Each choice's log-probability per token (one with no tokens counts 0, as likely as can be).
+  std::vector<std::pair<double, size_t>> score;
+  for (size_t i = 0; i < all.size(); ++i) {
+    double sum = 0;
+    for (const TokenLogprob& t : all[i].logprobs) sum += t.logprob;
+    score.push_back({all[i].logprobs.empty() ? 0.0 : sum / (double)all[i].logprobs.size(), i});
+  }
+  std::stable_sort(score.begin(), score.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<Answer> best;
+  for (size_t k = 0; k < score.size() && (int)k < n; ++k) best.push_back(std::move(all[score[k].second]));
+  return best;
 }
 
 json usage(const std::vector<Answer>& answers) {

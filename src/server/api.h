@@ -61,6 +61,9 @@ struct ChatRequest {
   // /v1/completions' echo: each choice's text (and, with logprobs, its tokens) starts with the
   // prompt's; max_tokens may then be 0 (the prompt scored, nothing generated).
   bool echo = false;
+  // /v1/completions' best_of (>= n): that many choices generated, the n with the highest
+  // log-probability per token returned (best_answers).
+  int best_of = 1;
   std::string model;  // as the client named it (echoed back); may be empty
 };
 
@@ -75,7 +78,8 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limi
 // Parses and validates a /v1/completions body: "prompt" (a string, one token-id array, or an
 // array holding one of those) in place of "messages", and the same generation fields and
 // chunk extension, and its integer "logprobs"; refuses (400, naming the field) what it does not
-// do: several prompts, suffix, best_of other than 1, echo with stream or with chunks. With echo
+// do: several prompts, suffix, best_of below n or (above n) with stream, echo with stream or with
+// chunks. With echo
 // and logprobs the prompt is scored (GenerateOptions::prompt_logprobs). Token ids are
 // range-checked by prompt_tokens.
 ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
@@ -114,6 +118,10 @@ std::vector<std::string> parse_stop(const nlohmann::json& stop);
 
 // Per-request engine figures returned under "cachetune" in responses.
 nlohmann::json answer_stats(const Answer& a, const ChatRequest& r);
+
+// The n of `all` (a best_of request's choices, each with its tokens' Answer::logprobs) with the
+// highest mean log-probability per token, best first (ties: the earlier choice first).
+std::vector<Answer> best_answers(std::vector<Answer> all, int n);
 
 // OpenAI's usage object: prompt (once), completion (every choice's) and total token counts.
 nlohmann::json usage(const std::vector<Answer>& answers);

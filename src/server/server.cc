@@ -372,7 +372,7 @@ struct Server::Impl {
                                                : parse_chat_request(body, opt.limits));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     // Refused now (400 / 503) rather than as an event after a stream's headers.
-    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens, r->n);
+    batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens, r->best_of);
     const std::string id = new_id(raw ? "cmpl" : "chatcmpl");
     const int64_t created = unix_now();
     // A client that has gone (closed its connection) cancels the request at the next token
@@ -380,9 +380,24 @@ struct Server::Impl {
     const int fd = HttpServer::current_socket();
     if (!r->stream) {
       std::atomic<bool> stop{false};
-      std::vector<Answer> answers;
+      std::vector<Answer> answers, generated;
       try {
-        answers = run_choices(*r, *prompt, fd, nullptr, nullptr, stop);
+        if (r->best_of > r->n) {
+          // best_of choices, each with its tokens' logprobs (to rank them), the n best returned;
+          // usage counts every one generated.
+          ChatRequest all = *r;
+          all.n = r->best_of;
+          all.gen.logprobs = std::max(all.gen.logprobs, 0);
+          generated = run_choices(all, *prompt, fd, nullptr, nullptr, stop);
+          answers = best_answers(generated, r->n);
+          if (r->gen.logprobs < 0) {
+            for (Answer& a : answers) a.logprobs.clear();
+          }
+          // Choice 0 scored an echoed prompt (run_choices) for all.
+          answers[0].prompt_logprobs = generated[0].prompt_logprobs;
+        } else {
+          answers = run_choices(*r, *prompt, fd, nullptr, nullptr, stop);
+        }
       } catch (const RequestCancelled&) {
         cancelled.fetch_add(1);
         res.status = 499;
@@ -392,8 +407,13 @@ struct Server::Impl {
         res.status = 499;  // nobody reads it; the connection is closed
         return;
       }
-      send_json(res, 200,
-                response_body(answers, *r, engine.model().tokenizer(), *prompt, id, opt.model_id, created));
+      json body = response_body(answers, *r, engine.model().tokenizer(), *prompt, id, opt.model_id,
+                                created);
+      if (!generated.empty()) {
+        body["usage"] = usage(generated);
+        body["cachetune"] = answer_stats(generated[0], *r);  // the prefill's own figures
+      }
+      send_json(res, 200, body);
       return;
     }
     // Server-sent events (stream()): for chat a role delta, then deltas as tokens arrive (whole

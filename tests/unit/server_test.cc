@@ -320,7 +320,11 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 1}, {"stream", true}}, {})
                 .gen.logprobs,
             1);
-  refused({{"prompt", "x"}, {"best_of", 3}}, "best_of", "must be 1");
+  refused({{"prompt", "x"}, {"best_of", 3}, {"n", 4}}, "best_of", "less than 'n'");
+  refused({{"prompt", "x"}, {"best_of", 2}, {"stream", true}}, "best_of", "stream");
+  refused({{"prompt", "x"}, {"best_of", 99}}, "best_of", "[1, ");
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"n", 2}}, {}).best_of, 2);
+  EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"n", 2}, {"best_of", 3}}, {}).best_of, 3);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, {}).gen.logprobs, -1);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 0}}, {}).gen.logprobs, 0);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 5}}, {}).gen.logprobs, 5);
@@ -848,6 +852,45 @@ TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   const json bc = json::parse(bare->body)["choices"][0];
   EXPECT_EQ(bc["text"].get<std::string>().rfind("Who kept", 0), 0u) << bc.dump();
   EXPECT_TRUE(bc["logprobs"].is_null());
+}
+
+// best_of: that many choices generated (each the seeded answer alone, as with n), the n with the
+// highest log-probability per token returned, best first; usage counts every generated token.
+TEST_F(LiveServerTest, BestOfReturnsTheChoicesMostLikelyPerToken) {
+  const json base = {{"prompt", "Who kept"},
+                     {"max_tokens", 5},
+                     {"ignore_eos", true},
+                     {"temperature", 1.5},
+                     {"seed", 5}};
+  json all = base;
+  all["n"] = 3;
+  all["logprobs"] = 0;
+  auto res = post("/v1/completions", all.dump());
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const json aj = json::parse(res->body);
+  std::vector<std::pair<double, std::string>> scored;
+  for (const json& c : aj["choices"]) {
+    double sum = 0;
+    for (const json& lp : c["logprobs"]["token_logprobs"]) sum += lp.get<double>();
+    scored.push_back({sum / c["logprobs"]["token_logprobs"].size(), c["text"]});
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  json best = base;
+  best["best_of"] = 3;
+  best["n"] = 2;
+  auto b = post("/v1/completions", best.dump());
+  ASSERT_TRUE(b);
+  ASSERT_EQ(b->status, 200) << b->body;
+  const json bj = json::parse(b->body);
+  ASSERT_EQ(bj["choices"].size(), 2u);
+  EXPECT_EQ(bj["choices"][0]["text"], scored[0].second);
+  EXPECT_EQ(bj["choices"][1]["text"], scored[1].second);
+  EXPECT_EQ(bj["choices"][1]["index"], 1);
+  EXPECT_TRUE(bj["choices"][0]["logprobs"].is_null());  // not asked for
+  EXPECT_EQ(bj["usage"]["completion_tokens"], 15);        // all three choices' tokens
+  EXPECT_EQ(bj["usage"]["prompt_tokens"], aj["usage"]["prompt_tokens"]);
 }
 
 // Streamed, each event carries the logprobs of the tokens it brings: over the stream, each
