@@ -162,6 +162,11 @@ def main():
             streamed_lp += [(e.token, e.logprob) for e in c.choices[0].logprobs.content]
     check(streamed_lp == [(e.token, e.logprob) for e in content],
           f"streamed logprobs {streamed_lp} != {[(e.token, e.logprob) for e in content]}")
+    # best_of: the client's own field; one choice back, usage counting both generated.
+    bo = client.completions.create(model=args.model, prompt="Who kept the lighthouse?",
+                                   max_tokens=3, best_of=2, temperature=1.0, seed=1,
+                                   extra_body={"ignore_eos": True})
+    check(len(bo.choices) == 1 and bo.usage.completion_tokens == 6, f"best_of {bo}")
     # echo with max_tokens 0 (how lm-evaluation-harness scores text): the prompt's tokens, the
     # first with no logprob, each other one's after the tokens before it.
     ech = client.completions.create(model=args.model, prompt="Who kept the lighthouse?",
