@@ -239,6 +239,7 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
     r.gen.sampling.seed = static_cast<uint64_t>(s->get<int64_t>());
   }
   r.n = int_field(body, "n", 1, limits.max_choices, 1);
+  r.best_of = r.n;  // the completions route's best_of may ask for more
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");

@@ -61,8 +61,8 @@ struct ChatRequest {
   // /v1/completions' echo: each choice's text (and, with logprobs, its tokens) starts with the
   // prompt's; max_tokens may then be 0 (the prompt scored, nothing generated).
   bool echo = false;
-  // /v1/completions' best_of (>= n): that many choices generated, the n with the highest
-  // log-probability per token returned (best_answers).
+  // The choices generated: n, or /v1/completions' best_of (>= n), of which the n with the
+  // highest log-probability per token are returned (best_answers).
   int best_of = 1;
   std::string model;  // as the client named it (echoed back); may be empty
 };

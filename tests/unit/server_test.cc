@@ -324,6 +324,8 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   refused({{"prompt", "x"}, {"best_of", 2}, {"stream", true}}, "best_of", "stream");
   refused({{"prompt", "x"}, {"best_of", 99}}, "best_of", "[1, ");
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"n", 2}}, {}).best_of, 2);
+  // The chat route generates its n (the admission check counts best_of).
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"n", 3}}, {}).best_of, 3);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"n", 2}, {"best_of", 3}}, {}).best_of, 3);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}}, {}).gen.logprobs, -1);
   EXPECT_EQ(parse_completion_request({{"prompt", "x"}, {"logprobs", 0}}, {}).gen.logprobs, 0);
