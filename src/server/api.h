@@ -79,9 +79,8 @@ ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limi
 // array holding one of those) in place of "messages", and the same generation fields and
 // chunk extension, and its integer "logprobs"; refuses (400, naming the field) what it does not
 // do: several prompts, suffix, best_of below n or (above n) with stream, echo with stream or with
-// chunks. With echo
-// and logprobs the prompt is scored (GenerateOptions::prompt_logprobs). Token ids are
-// range-checked by prompt_tokens.
+// chunks. With echo and logprobs the prompt is scored (GenerateOptions::prompt_logprobs). Token
+// ids are range-checked by prompt_tokens.
 ChatRequest parse_completion_request(const nlohmann::json& body, const ApiLimits& limits);
 
 // The prompt the engine runs for a request: the chat template's (build_rag_prompt) or a
@@ -131,8 +130,8 @@ nlohmann::json usage(const std::vector<Answer>& answers);
 // when the request asked for them (tok renders their text); the cachetune figures are the first
 // choice's (they share the prompt's lookups). With r.echo each choice's text begins with the
 // prompt (as sent; for token ids, or after cachetune.instruction, what its tokens spell), and its
-// logprobs list the prompt's tokens first (the first with a
-// null logprob, as OpenAI's), from the first answer's Answer::prompt_logprobs.
+// logprobs list the prompt's tokens first (the first with a null logprob, as OpenAI's), from the
+// first answer's Answer::prompt_logprobs.
 nlohmann::json response_body(const std::vector<Answer>& answers, const ChatRequest& r,
                              const Tokenizer& tok, const RagPromptTokens& prompt,
                              const std::string& id, const std::string& model_id, int64_t created);

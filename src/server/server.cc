@@ -389,10 +389,7 @@ struct Server::Impl {
           all.n = r->best_of;
           all.gen.logprobs = std::max(all.gen.logprobs, 0);
           generated = run_choices(all, *prompt, fd, nullptr, nullptr, stop);
-          answers = best_answers(generated, r->n);
-          if (r->gen.logprobs < 0) {
-            for (Answer& a : answers) a.logprobs.clear();
-          }
+          answers = best_answers(generated, r->n);  // (logprobs shown only if asked: r->gen)
           // Choice 0 scored an echoed prompt (run_choices) for all.
           answers[0].prompt_logprobs = generated[0].prompt_logprobs;
         } else {

@@ -467,6 +467,17 @@ class LiveServerTest : public ::testing::Test {
     c.set_read_timeout(120, 0);
     return c.Post(path.c_str(), body, "application/json");
   }
+  // A POST that must be answered 200: its parsed body, or null after recording the failure
+  // (the caller asserts it is not null).
+  static json post_ok(const std::string& path, const std::string& body) {
+    auto res = post(path, body);
+    if (!res) {
+      ADD_FAILURE() << "POST " << path << ": no response";
+      return json();
+    }
+    EXPECT_EQ(res->status, 200) << res->body;
+    return res->status == 200 ? json::parse(res->body) : json();
+  }
 
   // The engine's own answer for the request the body describes. It runs on the server's
   // scheduler thread, like every engine call of a running server (the engine has one caller;
@@ -505,10 +516,8 @@ TEST_F(LiveServerTest, HealthAndModels) {
 }
 
 TEST_F(LiveServerTest, ChatAnswerEqualsTheEngineAndReusesChunks) {
-  auto res = post("/v1/chat/completions", chat_body(false).dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json j = json::parse(res->body);
+  const json j = post_ok("/v1/chat/completions", chat_body(false).dump());
+  ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["model"], "tiny");
   const Answer want = direct(chat_body(false));
@@ -589,19 +598,16 @@ std::vector<json> sse_events(const std::string& body, bool* done) {
 // so is the same prompt as token ids. Streamed, the text deltas spell the same answer.
 TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
   const json msgs = {{{"role", "system"}, {"content", "Be brief."}}, user("Who kept it?")};
-  auto chat = post("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 6}}.dump());
-  ASSERT_TRUE(chat);
-  ASSERT_EQ(chat->status, 200) << chat->body;
-  const json c = json::parse(chat->body);
+  const json c =
+      post_ok("/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 6}}.dump());
+  ASSERT_FALSE(c.is_null());
   const std::string want = c["choices"][0]["message"]["content"];
   const Tokenizer& tok = engine_->model().tokenizer();
   const std::string raw =
       tok.apply_chat_template({{"system", "Be brief."}, {"user", "Who kept it?"}}, true);
 
-  auto whole = post("/v1/completions", json{{"prompt", raw}, {"max_tokens", 6}}.dump());
-  ASSERT_TRUE(whole);
-  ASSERT_EQ(whole->status, 200) << whole->body;
-  const json w = json::parse(whole->body);
+  const json w = post_ok("/v1/completions", json{{"prompt", raw}, {"max_tokens", 6}}.dump());
+  ASSERT_FALSE(w.is_null());
   EXPECT_EQ(w["object"], "text_completion");
   EXPECT_EQ(w["model"], "tiny");
   EXPECT_EQ(w["id"].get<std::string>().rfind("cmpl-", 0), 0u) << w["id"];
@@ -698,12 +704,10 @@ TEST_F(LiveServerTest, LogprobsAreTheEnginesInEachRoutesShape) {
   // the answer off it.
   json biased = chat_req;
   biased["logit_bias"] = {{std::to_string(a.tokens[0]), -100}};
-  auto b = post("/v1/chat/completions", biased.dump());
-  ASSERT_TRUE(b);
-  ASSERT_EQ(b->status, 200) << b->body;
-  const json bj = json::parse(b->body);
+  const json bj = post_ok("/v1/chat/completions", biased.dump());
+  ASSERT_FALSE(bj.is_null());
   const json& bc = bj["choices"][0]["logprobs"]["content"];
-  ASSERT_FALSE(bc.empty()) << b->body;
+  ASSERT_FALSE(bc.empty()) << bj.dump();
   EXPECT_NE(bc[0]["token"], content[0]["token"]);
   EXPECT_EQ(bc[0]["token"], content[0]["top_logprobs"][1]["token"]);  // the runner-up
   // Without the field: null, as OpenAI sends.
@@ -783,10 +787,8 @@ TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   const std::vector<int32_t> ids = tok.encode("Who kept the light", /*parse_special=*/false);
   ASSERT_GT(ids.size(), 3u);
   const json score = {{"prompt", ids}, {"echo", true}, {"max_tokens", 0}, {"logprobs", 1}};
-  auto res = post("/v1/completions", score.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json body = json::parse(res->body);
+  const json body = post_ok("/v1/completions", score.dump());
+  ASSERT_FALSE(body.is_null());
   const json& c = body["choices"][0];
   EXPECT_EQ(c["text"], tok.decode(ids));
   EXPECT_EQ(c["finish_reason"], "length");
@@ -816,10 +818,8 @@ TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   // Two choices: the prompt scored once (by choice 0), the same lists in both.
   json two = score;
   two["n"] = 2;
-  auto both = post("/v1/completions", two.dump());
-  ASSERT_TRUE(both);
-  ASSERT_EQ(both->status, 200) << both->body;
-  const json bj = json::parse(both->body);
+  const json bj = post_ok("/v1/completions", two.dump());
+  ASSERT_FALSE(bj.is_null());
   ASSERT_EQ(bj["choices"].size(), 2u);
   EXPECT_EQ(bj["choices"][0]["logprobs"], l);
   EXPECT_EQ(bj["choices"][1]["logprobs"], l);
@@ -867,10 +867,8 @@ TEST_F(LiveServerTest, BestOfReturnsTheChoicesMostLikelyPerToken) {
   json all = base;
   all["n"] = 3;
   all["logprobs"] = 0;
-  auto res = post("/v1/completions", all.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json aj = json::parse(res->body);
+  const json aj = post_ok("/v1/completions", all.dump());
+  ASSERT_FALSE(aj.is_null());
   std::vector<std::pair<double, std::string>> scored;
   for (const json& c : aj["choices"]) {
     double sum = 0;
@@ -882,10 +880,8 @@ TEST_F(LiveServerTest, BestOfReturnsTheChoicesMostLikelyPerToken) {
   json best = base;
   best["best_of"] = 3;
   best["n"] = 2;
-  auto b = post("/v1/completions", best.dump());
-  ASSERT_TRUE(b);
-  ASSERT_EQ(b->status, 200) << b->body;
-  const json bj = json::parse(b->body);
+  const json bj = post_ok("/v1/completions", best.dump());
+  ASSERT_FALSE(bj.is_null());
   ASSERT_EQ(bj["choices"].size(), 2u);
   EXPECT_EQ(bj["choices"][0]["text"], scored[0].second);
   EXPECT_EQ(bj["choices"][1]["text"], scored[1].second);
@@ -921,10 +917,8 @@ TEST_F(LiveServerTest, StreamedLogprobsAreTheWholeResponses) {
   for (const json& req : {chat_req, cmpl_req}) {
     const bool chat = req.contains("messages");
     const std::string route = chat ? "/v1/chat/completions" : "/v1/completions";
-    auto whole = post(route, req.dump());
-    ASSERT_TRUE(whole);
-    ASSERT_EQ(whole->status, 200) << whole->body;
-    const json wj = json::parse(whole->body);
+    const json wj = post_ok(route, req.dump());
+    ASSERT_FALSE(wj.is_null());
     json streamed = req;
     streamed["stream"] = true;
     auto res = post(route, streamed.dump());
@@ -973,10 +967,8 @@ TEST_F(LiveServerTest, NChoicesAreTheSeededAnswersAlone) {
                      {"seed", 5}};
   json three = base;
   three["n"] = 3;
-  auto res = post("/v1/chat/completions", three.dump());
-  ASSERT_TRUE(res);
-  ASSERT_EQ(res->status, 200) << res->body;
-  const json j = json::parse(res->body);
+  const json j = post_ok("/v1/chat/completions", three.dump());
+  ASSERT_FALSE(j.is_null());
   ASSERT_EQ(j["choices"].size(), 3u);
   int n_prompt = 0;
   for (int i = 0; i < 3; ++i) {
@@ -995,10 +987,8 @@ TEST_F(LiveServerTest, NChoicesAreTheSeededAnswersAlone) {
 
   json streamed = {{"prompt", "Who kept"}, {"max_tokens", 5}, {"ignore_eos", true},
                    {"temperature", 1.5}, {"seed", 2}, {"n", 2}};
-  auto whole = post("/v1/completions", streamed.dump());
-  ASSERT_TRUE(whole);
-  ASSERT_EQ(whole->status, 200) << whole->body;
-  const json w = json::parse(whole->body);
+  const json w = post_ok("/v1/completions", streamed.dump());
+  ASSERT_FALSE(w.is_null());
   streamed["stream"] = true;
   auto s = post("/v1/completions", streamed.dump());
   ASSERT_TRUE(s);
@@ -1045,10 +1035,8 @@ TEST_F(LiveServerTest, ACompletionReusesItsDocuments) {
                      {"chunks", {"A diary of storms was kept at Gull Point.", kDocs[1]}},
                      {"cachetune", {{"instruction", "Read these.\n\n"}}},
                      {"max_tokens", 5}};
-  auto first = post("/v1/completions", body.dump());
-  ASSERT_TRUE(first);
-  ASSERT_EQ(first->status, 200) << first->body;
-  const json f = json::parse(first->body);
+  const json f = post_ok("/v1/completions", body.dump());
+  ASSERT_FALSE(f.is_null());
   const ChatRequest r = parse_completion_request(body, ApiLimits{});
   Answer a;
   server_->scheduler().run([&] {
