@@ -58,7 +58,7 @@ struct ReusedRows {
 struct BackendCaps {
   const char* name = "";   // "cpu", "cuda"
   bool taps = false;       // layer() fills LayerTap (K/V before RoPE, query attention)
-  bool keep_rows = false;  // keep_rows() is available (a selection made after layer 0)
+  bool keep_rows = false;  // keep_rows() and project_kv() (a selection made after layer 0)
   int max_seqs = 1;        // sequences one pass may hold (begin_batch); 0: any number
 };
 
@@ -94,6 +94,12 @@ class LayerBackend {
   virtual void layer(int l, LayerTap* tap) = 0;
   // Keeps the active rows whose positions are listed (a subset of the current ones, ascending).
   virtual void keep_rows(const std::vector<int32_t>& pos) = 0;
+  // Layer l's keys before RoPE and values of every active row, F32 [n][kv_dim] each, from the
+  // rows' residual stream as the layers before l left it: the layer's attention norm and K/V
+  // products only. Nothing else changes (the cache, the rows, the next layer()). A selection
+  // made from a layer's fresh K/V before that layer runs: CacheBlend's check layer. Only with
+  // caps().keep_rows, on a pass of one sequence.
+  virtual void project_kv(int l, float* k, float* v) = 0;
   // After the last layer: the last active row's logits, F32 [n_vocab].
   virtual std::vector<float> finish() = 0;
   // The same for every sequence of the pass: its last row's logits, F32 [n_seqs][n_vocab].

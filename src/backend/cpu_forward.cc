@@ -133,6 +133,24 @@ void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, K
   forward_batch(m, l, x, pos, n, &seq, 1, ws, tap);
 }
 
+void project_kv(const Model& m, int l, const float* x, int n, Workspace& ws, float* k, float* v) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& w = m.layer_weights(l);
+  const int E = c.n_embd, Q = c.q_dim(), KV = c.kv_dim(), QKV = Q + 2 * KV;
+  CT_ASSERT(n >= 1, "project_kv on {} rows", n);
+  ws.reserve(c, n);
+  (ws.use_reference ? cpu::rms_norm_ref : cpu::rms_norm)(x, w.attn_norm.data(), ws.xn.data(), n, E,
+                                                          c.rms_eps);
+  // The stacked product forward_batch runs, so that each row's K and V are the tap's.
+  project({&w.wq, &w.wk, &w.wv}, ws.xn.data(), n, ws.qkv.data(),
+          w.bqkv.empty() ? nullptr : w.bqkv.data(), ws);
+  for (int i = 0; i < n; ++i) {
+    const float* row = ws.qkv.data() + (size_t)i * QKV;
+    std::memcpy(k + (size_t)i * KV, row + Q, KV * sizeof(float));
+    std::memcpy(v + (size_t)i * KV, row + Q + KV, KV * sizeof(float));
+  }
+}
+
 void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, const BatchSeq* seqs,
                    int n_seqs, Workspace& ws, const LayerTap* tap) {
   const ModelConfig& c = m.config();

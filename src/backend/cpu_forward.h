@@ -78,6 +78,10 @@ void forward_layer(const Model& m, int l, float* x, const int32_t* pos, int n, K
 // probs_accum needs n_seqs == 1.
 void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n_rows,
                    const BatchSeq* seqs, int n_seqs, Workspace& ws, const LayerTap* tap = nullptr);
+// Layer l's keys before RoPE and values of n rows of the residual stream x[n][n_embd]: its
+// attention norm and K/V products (with their bias) only, into k and v (F32 [n][kv_dim] each).
+// Each row is what forward_layer's tap would give for the same rows (one prefill product).
+void project_kv(const Model& m, int l, const float* x, int n, Workspace& ws, float* k, float* v);
 // One decode step of n sequences: tokens[i] is fed at position kvs[i]->n_pos of its cache
 // (which grows by one). Writes the next-token logits into logits, F32 [n][n_vocab] (resized;
 // a caller that keeps the vector between steps allocates nothing). Each sequence's logits equal

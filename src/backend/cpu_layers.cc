@@ -260,6 +260,14 @@ class CpuLayers final : public LayerBackend {
     act_ = to;
     batch_[0].n = (int)w;
   }
+  void project_kv(int l, float* k, float* v) override {
+    CT_THROW_IF_NOT(seqs_.size() == 1, "project_kv on a pass of {} sequences", seqs_.size());
+    CT_THROW_IF_NOT(l >= 0 && l < m_.config().n_layer, "project_kv of layer {} of {}", l,
+                    m_.config().n_layer);
+    Timer t;
+    cpu::project_kv(m_, l, x_.data(), (int)act_.size(), ws_, k, v);
+    times_.compute_ms += t.ms();
+  }
   std::vector<float> finish() override {
     CT_THROW_IF_NOT(seqs_.size() == 1, "finish() on a pass of {} sequences: use finish_batch()",
                     seqs_.size());

@@ -104,6 +104,7 @@ class CudaLayers final : public LayerBackend {
     dec_.keep_rows(idx.data(), (int)idx.size(), to.data(), cos.data(), sin.data());
     act_ = to;
   }
+  void project_kv(int l, float* k, float* v) override { dec_.project_kv(l, k, v); }
   std::vector<float> finish() override {
     std::vector<float> logits = dec_.finish();
     times_.compute_ms += pass_.ms() - load_ms_;

@@ -101,6 +101,7 @@ void Decoder::layer(int, const DecoderTap*) { CT_NO_DECODER; }
 void Decoder::keep_rows(const int32_t*, int, const int32_t*, const float*, const float*) {
   CT_NO_DECODER;
 }
+void Decoder::project_kv(int, float*, float*) { CT_NO_DECODER; }
 std::vector<float> Decoder::finish() { CT_NO_DECODER; }
 void Decoder::set_reused_rows(RowType, const int32_t*, int, const float*, const float*) {
   CT_NO_DECODER;

@@ -347,6 +347,35 @@ void Engine::score_rows(Generation& g, double work, StepRows& step) {
   if (g.gen_.max_tokens <= 0) finish(g);
 }
 
+bool Engine::selection_step(Generation& g, StepRows& step) {
+  const double budget = opt_.prefill_chunk;
+  try {
+    SlicedPrefill& sp = *g.sliced_;
+    while (sp.select_rows_left() > 0) {
+      const int rows = sp.select_rows_within(row_work_, budget);
+      const double work = sp.select_work_of(row_work_, rows);
+      if (step.work > 0 && step.work + work > budget) return false;
+      Workspace ws;
+      sp.select_step(rows, ws);
+      step.work += work;
+    }
+    return true;
+  } catch (const ChunkReadError& e) {
+    // As a first slice's failed read (mixed_step): its chunks staged again, this one re-encoded.
+    g.sliced_.reset();
+    drop_unreadable(e);
+    try {
+      count_read_failure(g, e.chunk_id());
+      restage(g);
+    } catch (...) {
+      fail(g, std::current_exception());
+    }
+  } catch (...) {
+    fail(g, std::current_exception());
+  }
+  return false;
+}
+
 Generation::~Generation() {
   if (share_ && leads_ && share_->state == SharedPrefill::State::kPending)
     share_->state = SharedPrefill::State::kFailed;
@@ -609,7 +638,8 @@ void Engine::start_prefill(Generation& g) {
     Workspace ws;
     try {
       if (sliced) {
-        // The selection now; the rows step by step in advance() (at least the query's).
+        // The selection now (a layer-0 policy's after its selection pass, stepped in
+        // advance()); the rows step by step in advance() (at least the query's).
         g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
@@ -716,11 +746,12 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       continue;
     }
     if (g.sliced_) {
+      if (stop_if_cancelled(g)) continue;
+      if (g.sliced_->select_rows_left() > 0 && !selection_step(g, rows)) continue;
       // Its next slice joins this step while the step's prefill work stays within the budget
       // (the oldest first; a slice's size depends only on its own request).
       const int want = g.sliced_->rows_within(row_work_, opt_.prefill_chunk);
       const double want_work = g.sliced_->work_of(row_work_, want);
-      if (stop_if_cancelled(g)) continue;
       if (rows.work == 0 || rows.work + want_work <= opt_.prefill_chunk) {
         pre.push_back(&g);
         slices.push_back(want);

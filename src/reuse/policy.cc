@@ -111,8 +111,8 @@ std::vector<std::vector<int32_t>> Policy::select_request(const PolicyRequest& r)
   return out;
 }
 
-std::vector<int32_t> Policy::select_after_layer0(const ChunkSource&, const float*, const float*,
-                                                 const PolicyOptions&) const {
+std::vector<int32_t> Policy::select_after_layer0(const ChunkSource&, int, const float*,
+                                                 const float*, const PolicyOptions&) const {
   wrong_stage(*this, "layer-0 selection");
 }
 

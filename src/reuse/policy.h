@@ -43,7 +43,7 @@ struct PolicyOptions {
 enum class PolicyStage {
   kChunk,        // select_chunk(): from each stored chunk alone (offline, query-independent)
   kRequest,      // select_request(): from the whole request, before the layer loop
-  kAfterLayer0,  // select_after_layer0(): layer 0 recomputes every row, its fresh K/V decide
+  kAfterLayer0,  // select_after_layer0(): layer 0 recomputes every row, layer 1's fresh K/V decide
   kTokens,       // plan_tokens(): no layer loop; a plain prefill of a token list
 };
 
@@ -108,10 +108,16 @@ class Policy {
   // kChunk and kRequest: per chunk of the request in prompt order, the tokens to recompute.
   // Default: select_chunk of each chunk.
   virtual std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const;
-  // kAfterLayer0: the selection of chunk c from its tokens' fresh layer-0 pre-RoPE K and V in
-  // the request, F32 [n_tok][kv_dim] in text order.
-  virtual std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0,
-                                                   const float* v0, const PolicyOptions& p) const;
+  // kAfterLayer0: the selection of chunk c from its tokens' fresh pre-RoPE K and V of `layer`
+  // in the request, F32 [n_tok][kv_dim] in text order. Layer 0 has run on every row, so these
+  // are what a full prefill computes there; the selected rows then run from that layer on, the
+  // others keep the stored K/V from it. The layer is kCheckLayer (CacheBlend's, as LMCache's
+  // check_layers = [1]): layer 0's own K/V are a function of the token alone, equal to the
+  // stored ones up to their rounding, so they could not tell which tokens the context changed.
+  static constexpr int kCheckLayer = 1;
+  virtual std::vector<int32_t> select_after_layer0(const ChunkSource& c, int layer,
+                                                   const float* k, const float* v,
+                                                   const PolicyOptions& p) const;
   // kTokens: what to prefill instead of the layer loop; after_tokens sees the finished kv.
   virtual TokenPlan plan_tokens(const PolicyRequest& r, KVCache& kv) const;
   virtual void after_tokens(const PolicyRequest& r, const std::vector<int32_t>& tokens,

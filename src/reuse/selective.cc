@@ -146,20 +146,36 @@ ReusedRows reused_rows(const std::vector<ChunkPlan>& plans, bool sparse) {
   return r;
 }
 
-// A layer-0 policy's selection of every chunk from layer 0's K (before RoPE) and V of every
-// position of the request, F32 [n_total][kv_dim] each.
-void select_from_layer0(std::vector<ChunkPlan>& plans, const float* k0, const float* v0, int kv_dim,
-                        const PolicyOptions& po) {
+// A layer-0 policy's selection of every chunk, once layer 0 has run on every row of the request:
+// from the fresh pre-RoPE K and V of Policy::kCheckLayer at every position, F32
+// [n_total][kv_dim] each (check_kv projects them). A model with no layer after layer 0 has
+// nothing to recompute there: no selection (k and v are then not read).
+bool has_check_layer(const Model& m) { return m.config().n_layer > Policy::kCheckLayer; }
+
+void select_at_check_layer(const Model& m, std::vector<ChunkPlan>& plans, const float* k,
+                           const float* v, const PolicyOptions& po) {
+  const int KV = m.config().kv_dim();
   for (ChunkPlan& p : plans) {
-    const size_t at = (size_t)p.offset * kv_dim;
-    set_selection(p, po.kind->select_after_layer0(*p.c, k0 + at, v0 + at, po));
+    const size_t at = (size_t)p.offset * KV;
+    set_selection(p, has_check_layer(m) ? po.kind->select_after_layer0(*p.c, Policy::kCheckLayer,
+                                                                       k + at, v + at, po)
+                                        : std::vector<int32_t>());
   }
 }
 
+// The check layer's K and V of the pass's active rows (after layer 0), into k and v from row
+// `first` on; nothing without a check layer.
+void check_kv(const Model& m, LayerBackend& be, std::vector<float>& k, std::vector<float>& v,
+              size_t first) {
+  if (!has_check_layer(m)) return;
+  const size_t at = first * m.config().kv_dim();
+  be.project_kv(Policy::kCheckLayer, k.data() + at, v.data() + at);
+}
+
 // The layer loop, on either backend. With a layer-0 policy (PolicyStage::kAfterLayer0), layer 0
-// recomputes every row and the policy then chooses each chunk's selection from the fresh layer-0
-// K/V; the reused rows are placed from layer 1 on. Taps and the layer-0 stage need a backend
-// whose caps() has them.
+// recomputes every row and the policy then chooses each chunk's selection from layer 1's fresh
+// K/V (select_at_check_layer); the reused rows are placed from layer 1 on. Taps and the layer-0
+// stage need a backend whose caps() has them.
 PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
                     std::vector<ChunkPlan>& plans, bool tap_query,
                     const PolicyOptions* after_layer0, bool sparse, PrefillBreakdown& bd) {
@@ -167,9 +183,8 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
   const int KV = c.kv_dim();
   const bool blend = after_layer0 != nullptr;
   const BackendCaps caps = be.caps();
-  CT_THROW_IF_NOT(caps.taps || (!tap_query && !blend),
-                  "the {} backend has no layer taps, which {} needs", caps.name,
-                  blend ? "a layer-0 policy" : "query attention");
+  CT_THROW_IF_NOT(caps.taps || !tap_query,
+                  "the {} backend has no layer taps, which query attention needs", caps.name);
   CT_THROW_IF_NOT(caps.keep_rows || !blend, "the {} backend cannot run a layer-0 policy",
                   caps.name);
   PassResult res;
@@ -184,7 +199,6 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
   for (size_t i = 0; i < act.size(); ++i) toks[i] = lay.tokens[act[i]];
   be.begin(toks.data(), act.data(), (int)act.size());
   if (tap_query) res.attn.assign(lay.n_total, 0.0f);
-  std::vector<float> k0, v0;  // layer-0 taps of a layer-0 policy, F32 [n_total][KV]
   // A layer-0 policy decides its selection after layer 0, so its rows are placed from layer 1.
   ReusedRows rows;
   if (!blend) {
@@ -200,17 +214,12 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
           (int)(std::lower_bound(act.begin(), act.end(), lay.query_begin) - act.begin());
       tapped = true;
     }
-    if (blend && l == 0) {
-      k0.resize((size_t)lay.n_total * KV);
-      v0.resize((size_t)lay.n_total * KV);
-      tap.k_pre_rope = k0.data();
-      tap.v = v0.data();
-      tapped = true;
-    }
     be.layer(l, tapped ? &tap : nullptr);
     if (blend && l == 0) {
       Timer st;
-      select_from_layer0(plans, k0.data(), v0.data(), KV, *after_layer0);
+      std::vector<float> k1((size_t)lay.n_total * KV), v1(k1.size());
+      check_kv(m, be, k1, v1, 0);
+      select_at_check_layer(m, plans, k1.data(), v1.data(), *after_layer0);
       act = active_positions(lay, plans);
       be.keep_rows(act);
       rows = reused_rows(plans, sparse);
@@ -437,6 +446,19 @@ struct SlicedPrefill::State {
   const Policy* token_policy = nullptr;
   ComposedRequest req;
   SelectiveOptions opt;
+  // A layer-0 policy's selection pass (select_step): layer 0 over rows [0, sel_next) of the
+  // sel_rows done so far, and the check layer's K/V of those rows (F32 [n_total][KV] each).
+  int sel_rows = 0, sel_next = 0;
+  std::vector<float> sel_k, sel_v;
+  // Once the selection is made (at construction, or after the selection pass's last row): the
+  // active rows, the reused rows and the breakdown's counts.
+  void plan_rows() {
+    act = active_positions(lay, plans);
+    rows = reused_rows(plans, opt.pipeline.sparse);
+    bd.n_total = lay.n_total;
+    bd.n_active = (int)act.size();
+    bd.n_loaded = rows.n_placed();
+  }
 };
 
 bool SlicedPrefill::supports(const SelectiveOptions& opt) {
@@ -455,6 +477,7 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
   s.n_vocab = m.config().n_vocab;
   s.lay = checked_layout(m, req, opt, kv, s.plans);
   s.tokens = s.lay.tokens;
+  s.opt = opt;
   Timer st;
   const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
   const PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
@@ -470,43 +493,73 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
     s.bd.n_loaded = tp.n_reused;
     s.token_policy = &pol;
     s.req = req;
-    s.opt = opt;
     return;
   }
   if (pol.stage() == PolicyStage::kAfterLayer0) {
-    // Layer 0 of every row now, into kv (where the rows left out keep it) and tapped for the
-    // selection; the slices then recompute the selected rows through every layer and place the
-    // others from layer 1, as the whole prefill does.
-    const int KV = m.config().kv_dim();
+    // The selection pass runs in blocks (select_step) before the first slice: layer 0 of every
+    // row into kv (where the rows left out keep it), with the check layer's K/V projected for
+    // the selection. The slices then recompute the selected rows through every layer and place
+    // the others from layer 1, as the whole prefill does.
     for (ChunkPlan& p : s.plans) set_selection(p, {});
-    std::vector<int32_t> all(s.lay.n_total);
-    for (int i = 0; i < s.lay.n_total; ++i) all[i] = i;
-    std::vector<float> k0((size_t)s.lay.n_total * KV), v0((size_t)s.lay.n_total * KV);
-    LayerTap tap;
-    tap.k_pre_rope = k0.data();
-    tap.v = v0.data();
-    const auto be = layers(true);
-    be->begin(s.lay.tokens.data(), all.data(), s.lay.n_total);
-    be->layer(0, &tap);
-    s.bd.compute_ms = be->times().compute_ms;
-    Timer sel;
-    select_from_layer0(s.plans, k0.data(), v0.data(), KV, opt.policy);
-    s.bd.select_ms = sel.ms();
+    s.sel_rows = s.lay.n_total;
+    const size_t cells = has_check_layer(m) ? (size_t)s.lay.n_total * m.config().kv_dim() : 0;
+    s.sel_k.resize(cells);
+    s.sel_v.resize(cells);
     s.rows_from_layer = 1;
-  } else {
-    select_before_layers(preq, s.plans);
     s.bd.select_ms = st.ms();
+    s.bd.n_total = s.lay.n_total;
+    return;
   }
-  s.act = active_positions(s.lay, s.plans);
-  s.rows = reused_rows(s.plans, opt.pipeline.sparse);
-  s.bd.n_total = s.lay.n_total;
-  s.bd.n_active = (int)s.act.size();
-  s.bd.n_loaded = s.rows.n_placed();
+  select_before_layers(preq, s.plans);
+  s.bd.select_ms = st.ms();
+  s.plan_rows();
+}
+
+int SlicedPrefill::select_rows_left() const { return s_->sel_rows - s_->sel_next; }
+
+double SlicedPrefill::select_share() const { return 1.0 / s_->m.config().n_layer; }
+
+int SlicedPrefill::select_rows_within(const RowWork& w, double work) const {
+  const int left = select_rows_left();
+  return std::min(left, std::max(1, w.fit(s_->sel_next, left, work, select_share())));
+}
+
+double SlicedPrefill::select_work_of(const RowWork& w, int rows) const {
+  return w.rows(s_->sel_next, std::min(rows, select_rows_left()), select_share());
+}
+
+void SlicedPrefill::select_step(int n, Workspace& ws) {
+  State& s = *s_;
+  n = std::min(n, select_rows_left());
+  CT_THROW_IF_NOT(n > 0, "a selection block of {} rows ({} left)", n, select_rows_left());
+  const int a = s.sel_next;
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), a);
+  const auto be = make_cpu_layers(s.m, s.kv, ws, s.opt.pipeline);
+  be->begin(s.lay.tokens.data() + a, pos.data(), n);
+  be->layer(0, nullptr);  // over the rows before the block, which earlier blocks put in kv
+  check_kv(s.m, *be, s.sel_k, s.sel_v, a);
+  s.bd.compute_ms += be->times().compute_ms;
+  if (a + n < s.sel_rows) {
+    s.sel_next = a + n;
+    return;
+  }
+  // The last block: the selection (reading each chunk's stored check-layer rows; a read that
+  // fails leaves the pass to be run again, as a slice's does).
+  Timer sel;
+  select_at_check_layer(s.m, s.plans, s.sel_k.data(), s.sel_v.data(), s.opt.policy);
+  s.bd.select_ms += sel.ms();
+  s.sel_next = s.sel_rows;
+  s.sel_k = std::vector<float>();
+  s.sel_v = std::vector<float>();
+  s.plan_rows();
 }
 
 SlicedPrefill::~SlicedPrefill() = default;
 
 int SlicedPrefill::rows_left() const { return (int)(s_->act.size() - s_->next); }
+
+bool SlicedPrefill::done() const { return select_rows_left() == 0 && rows_left() == 0; }
 
 int SlicedPrefill::rows_within(const RowWork& w, double work) const {
   const int left = rows_left();
@@ -522,6 +575,8 @@ const ReusedRows* SlicedPrefill::add_slice(int n, std::vector<int32_t>& tokens,
                                            std::vector<BatchSeq>& seqs) const {
   const State& s = *s_;
   n = std::min(n, rows_left());
+  CT_THROW_IF_NOT(select_rows_left() == 0, "a slice before the selection pass's {} rows",
+                  select_rows_left());
   CT_THROW_IF_NOT(n > 0, "a slice of {} rows ({} left)", n, rows_left());
   for (size_t i = s.next; i < s.next + n; ++i) {
     pos.push_back(s.act[i]);

@@ -114,9 +114,10 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
 // continuous batching (engine/engine.h) steps one slice at a time in a pass it shares with other
 // sequences' rows, so decode rows of running requests go on while a long prompt is prefilled.
 // The selection is made at construction: a request-stage policy runs its own reuse pass there,
-// a layer-0 policy (CacheBlend) runs layer 0 over every row there (1/n_layer of a full prefill;
-// its K/V stay in the cache for the rows left out), and a token-stage policy (prefix, lfonly)
-// places its reused rows there. Each slice is the next active rows in ascending position,
+// and a token-stage policy (prefix, lfonly) places its reused rows there. A layer-0 policy
+// (CacheBlend) selects after a selection pass that its caller steps in blocks of rows
+// (select_step) before the first slice: layer 0 over every row (1/n_layer of a full prefill;
+// its K/V stay in the cache for the rows left out) and the check layer's K/V projected. Each slice is the next active rows in ascending position,
 // through every layer; the first slice's pass also places the reused rows of every layer from
 // reused_from_layer() on (1 for a layer-0 policy, else 0), so later slices attend over them. A
 // row computes what it computes in the whole prefill, over the same keys; only the grouping of
@@ -132,8 +133,22 @@ class SlicedPrefill {
   ~SlicedPrefill();
   SlicedPrefill(const SlicedPrefill&) = delete;
   SlicedPrefill& operator=(const SlicedPrefill&) = delete;
+  // A layer-0 policy's selection pass, before any slice: its rows not run yet (0 for other
+  // policies, and once it has run: the selection is then made and rows_left() counts the
+  // slices' rows). Its blocks, like the slices, are the next rows in ascending position.
+  int select_rows_left() const;
+  // The next block within `work` as w counts it (a selection row is 1/n_layer of a row; at least
+  // one row, at most select_rows_left()), and what the next `rows` rows cost.
+  int select_rows_within(const RowWork& w, double work) const;
+  double select_work_of(const RowWork& w, int rows) const;
+  // Runs the next min(rows, select_rows_left()) rows of the selection pass, a pass of their own
+  // on ws. After the last it selects, reading each chunk's stored check-layer rows: a
+  // ChunkReadError there leaves no selection (the caller restarts the request on re-encoded
+  // chunks, as after a slice's read failure).
+  void select_step(int rows, Workspace& ws);
+  // The slices' rows left (0 while the selection pass has rows left).
   int rows_left() const;
-  bool done() const { return rows_left() == 0; }
+  bool done() const;
   // The next slice within `work` as w counts it (at least one row, at most rows_left()), and
   // what the next `rows` rows cost: the engine's step budget (EngineOptions::prefill_chunk).
   int rows_within(const RowWork& w, double work) const;
@@ -157,6 +172,7 @@ class SlicedPrefill {
   const PrefillBreakdown& breakdown() const;
 
  private:
+  double select_share() const;
   struct State;
   std::unique_ptr<State> s_;
 };

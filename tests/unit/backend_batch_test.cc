@@ -250,6 +250,8 @@ TEST_F(BackendBatchTest, ASequenceCountThePassCannotTakeIsRefused) {
   LayerTap tap;
   EXPECT_THROW(be->layer(0, &tap), Error);  // taps need a pass of one sequence
   EXPECT_THROW(be->keep_rows({0}), Error);
+  std::vector<float> pk((size_t)3 * m_->config().kv_dim()), pv(pk.size());
+  EXPECT_THROW(be->project_kv(1, pk.data(), pv.data()), Error);  // so does project_kv
 
   // A backend of one sequence per pass (the GPU's today) refuses more through the defaults.
   struct OneSeq final : LayerBackend {
@@ -258,6 +260,7 @@ TEST_F(BackendBatchTest, ASequenceCountThePassCannotTakeIsRefused) {
     void set_reused(const ReusedRows&, int) override {}
     void layer(int, LayerTap*) override {}
     void keep_rows(const std::vector<int32_t>&) override {}
+    void project_kv(int, float*, float*) override {}
     std::vector<float> finish() override { return {1.0f}; }
     int begun = 0;
   } one;

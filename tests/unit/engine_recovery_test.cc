@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "reuse/policy.h"
 #include "store/disk_tier.h"
 #include "store/record_format.h"
 #include "support/chunk_fixtures.h"
@@ -75,13 +76,14 @@ class EngineRecoveryTest : public ::testing::Test {
 
   // Byte offset of layer 0's last slab row in a stored record: the lowest-ranked token, covered
   // by a row-group CRC and read by every request with r < 1 (it is always in the complement).
-  static uint64_t last_slab_row_byte(const std::string& path) {
+  static uint64_t last_slab_row_byte(const std::string& path, int layer = 0) {
     std::ifstream f(path, std::ios::binary);
     std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
     std::string err;
     std::optional<store::RecordHeader> h = store::decode_header(bytes.data(), bytes.size(), &err);
     EXPECT_TRUE(h.has_value()) << path << ": " << err;
-    return h ? h->slab_offset(0) + (uint64_t)(h->meta.n_tok - 1) * store::slab_row_bytes(h->meta)
+    return h ? h->slab_offset(layer) +
+                   (uint64_t)(h->meta.n_tok - 1) * store::slab_row_bytes(h->meta)
              : 0;
   }
 
@@ -158,12 +160,15 @@ TEST_F(EngineRecoveryTest, FlippedByteFoundInAChunkedPrefillsFirstSlice) {
   expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
 }
 
-// A sliced CacheBlend reads every chunk's layer 0 when its chunks are all there, to choose: the
-// damage is found there, and the chunk is staged (re-encoded) again before the first slice.
-TEST_F(EngineRecoveryTest, FlippedByteFoundBySlicedCacheBlendsLayer0Selection) {
+// A sliced CacheBlend reads every chunk's check layer (1) once its selection pass has run, to
+// choose: the damage is found there, and the chunk is staged (re-encoded) again before the first
+// slice. (It never reads layer 0, which it recomputes.)
+TEST_F(EngineRecoveryTest, FlippedByteFoundBySlicedCacheBlendsSelection) {
   prefill_chunk_ = 4;
   policy_ = "cacheblend";
-  expect_recovers([](const std::string& path) { flip_byte(path, last_slab_row_byte(path) + 10); });
+  expect_recovers([](const std::string& path) {
+    flip_byte(path, last_slab_row_byte(path, Policy::kCheckLayer) + 10);
+  });
 }
 
 // With chunked prefill a request looks its chunks up (and encodes missing ones) step by step and

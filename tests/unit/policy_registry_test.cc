@@ -129,25 +129,27 @@ class TailPolicy final : public Policy {
   }
 };
 
-// Not registered: from layer 0's fresh K/V, the token whose key has the largest first channel.
+// Not registered: from the check layer's fresh K/V, the token whose key has the largest first
+// channel.
 class Layer0Policy final : public Policy {
  public:
   Layer0Policy()
-      : Policy("layer0-argmax", "largest layer-0 key channel 0 (test only)",
+      : Policy("layer0-argmax", "largest check-layer key channel 0 (test only)",
                PolicyStage::kAfterLayer0) {}
-  std::vector<int32_t> select_after_layer0(const ChunkSource& c, const float* k0, const float*,
-                                           const PolicyOptions&) const override {
+  std::vector<int32_t> select_after_layer0(const ChunkSource& c, int layer, const float* k,
+                                           const float*, const PolicyOptions&) const override {
     const int n = c.meta().n_tok, KV = c.meta().kv_dim;
     int best = 0;
     for (int t = 1; t < n; ++t) {
-      if (k0[(size_t)t * KV] > k0[(size_t)best * KV]) best = t;
+      if (k[(size_t)t * KV] > k[(size_t)best * KV]) best = t;
     }
     seen.push_back(best);
-    k0_rows.emplace_back(k0, k0 + (size_t)n * KV);
+    layers.push_back(layer);
+    k_rows.emplace_back(k, k + (size_t)n * KV);
     return {best};
   }
-  mutable std::vector<int32_t> seen;
-  mutable std::vector<std::vector<float>> k0_rows;  // per call, the rows the hook was given
+  mutable std::vector<int32_t> seen, layers;
+  mutable std::vector<std::vector<float>> k_rows;  // per call, the rows the hook was given
 };
 
 TEST_F(PolicyInterfaceTest, AnUnregisteredChunkPolicyRunsThroughTheLayerLoop) {
@@ -170,7 +172,7 @@ TEST_F(PolicyInterfaceTest, AnUnregisteredChunkPolicyRunsThroughTheLayerLoop) {
   EXPECT_EQ(got, want);
 }
 
-TEST_F(PolicyInterfaceTest, AnUnregisteredLayer0PolicyChoosesAfterLayerZero) {
+TEST_F(PolicyInterfaceTest, AnUnregisteredLayer0PolicyChoosesFromLayerOnesFreshKeys) {
   Layer0Policy p;
   SelectionReport rep;
   run(p, &rep);
@@ -178,21 +180,31 @@ TEST_F(PolicyInterfaceTest, AnUnregisteredLayer0PolicyChoosesAfterLayerZero) {
   ASSERT_EQ(rep.selected.size(), 2u);
   EXPECT_EQ(rep.selected[0], std::vector<int32_t>{p.seen[0]});
   EXPECT_EQ(rep.selected[1], std::vector<int32_t>{p.seen[1]});
-  // The hook got each chunk's own rows: layer-0 pre-RoPE keys depend on the token alone, so they
-  // equal the stored ones of the isolated encoding up to the F16 storage rounding. Rows of other
-  // positions (a wrong offset) would differ by about the keys' own size.
+  EXPECT_EQ(p.layers, (std::vector<int32_t>{Policy::kCheckLayer, Policy::kCheckLayer}));
+  // The hook got layer 1's keys of each chunk's own positions as a full prefill of the request
+  // computes them (layer 0 ran on every row), not the stored ones of the chunk encoded alone:
+  // layer 1's keys see the context, which in the request is another one. (Layer 0's keys depend
+  // on the token alone: ranking them, as this hook's first version did, ranks rounding.)
+  const ComposedRequest req = request();
+  const RequestLayout lay = layout_request(req);
+  const int N = lay.n_total, KV = model_->config().kv_dim(), L = model_->config().n_layer;
+  std::vector<float> k((size_t)L * N * KV), v(k.size());
+  tapped_prefill(*model_, lay.tokens.data(), N, nullptr, k.data(), v.data());
   for (int c = 0; c < 2; ++c) {
     const ChunkKV& rec = c == 0 ? *a_ : *b_;
-    const int n = rec.meta.n_tok, KV = rec.meta.kv_dim;
+    const int n = rec.meta.n_tok;
+    const float* want = k.data() + ((size_t)Policy::kCheckLayer * N + lay.chunk_offset[c]) * KV;
     const ChunkKVF32 f = unpack_text_order(rec);
-    const float* want = f.k_layer(0, n, KV);
-    ASSERT_EQ(p.k0_rows[c].size(), (size_t)n * KV);
-    float worst = 0, scale = 0;
-    for (size_t i = 0; i < p.k0_rows[c].size(); ++i) {
-      worst = std::max(worst, std::fabs(p.k0_rows[c][i] - want[i]));
+    const float* stored = f.k_layer(Policy::kCheckLayer, n, KV);
+    ASSERT_EQ(p.k_rows[c].size(), (size_t)n * KV);
+    float worst = 0, apart = 0, scale = 0;
+    for (size_t i = 0; i < p.k_rows[c].size(); ++i) {
+      worst = std::max(worst, std::fabs(p.k_rows[c][i] - want[i]));
+      apart = std::max(apart, std::fabs(p.k_rows[c][i] - stored[i]));
       scale = std::max(scale, std::fabs(want[i]));
     }
-    EXPECT_LT(worst, 1e-2f * scale + 1e-4f) << "chunk " << c << ", key scale " << scale;
+    EXPECT_LE(worst, 1e-5f * scale) << "chunk " << c << ", key scale " << scale;
+    EXPECT_GT(apart, 0.05f * scale) << "chunk " << c << ", key scale " << scale;
   }
 }
 
@@ -200,7 +212,7 @@ TEST_F(PolicyInterfaceTest, HooksOfAnotherStageAreRefused) {
   const PolicyOptions po;
   EXPECT_THROW(find_policy("cacheblend").select_chunk(*sa_, po), Error);
   EXPECT_THROW(find_policy("prophetkv").select_chunk(*sa_, po), Error);
-  EXPECT_THROW(find_policy("cachetune").select_after_layer0(*sa_, nullptr, nullptr, po), Error);
+  EXPECT_THROW(find_policy("cachetune").select_after_layer0(*sa_, 1, nullptr, nullptr, po), Error);
   // The oracle without the true drift names what is missing.
   SelectionReport rep;
   EXPECT_THROW(run(find_policy("oracle"), &rep), Error);

@@ -427,6 +427,24 @@ void Decoder::keep_rows(const int32_t* idx, int n, const int32_t* pos, const flo
   s.n_keys = pos[n - 1] + 1;
 }
 
+void Decoder::project_kv(int l, float* k, float* v) {
+  Impl& s = *impl_;
+  CT_THROW_IF_NOT(s.n_rows > 0, "cuda::Decoder::project_kv: begin() first");
+  CT_THROW_IF_NOT(l >= 0 && l < s.d.n_layer, "cuda::Decoder::project_kv: layer {} of {}", l,
+                  s.d.n_layer);
+  const DecoderDims& d = s.d;
+  const int n = s.n_rows, E = d.n_embd, Q = d.q_dim(), KV = d.kv_dim(), QKV = Q + 2 * KV;
+  Impl::Layer& w = s.layers[l];
+  // The start of layer(): xn and qkv are scratch that every layer writes before it reads them.
+  check(launch_rms_norm(s.x.p, w.attn_norm.p, s.xn.p, n, E, d.rms_eps, s.stream), "rms_norm");
+  s.gemm_wt(s.xn.p, n, E, w.wqkv.p, QKV, s.qkv.p, 0.0f);
+  if (w.bqkv.p != nullptr)
+    check(launch_add_bias(s.qkv.p, w.bqkv.p, n, QKV, s.stream), "add_bias");
+  s.rows_to_host(k, s.qkv.p + Q, QKV, n, KV, "project_kv K");
+  s.rows_to_host(v, s.qkv.p + Q + KV, QKV, n, KV, "project_kv V");
+  check(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize(project_kv)");
+}
+
 std::vector<float> Decoder::finish() {
   Impl& s = *impl_;
   const DecoderDims& d = s.d;

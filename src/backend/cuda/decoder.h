@@ -102,6 +102,10 @@ class Decoder {
   // (CacheBlend chooses from layer 0's K/V).
   void keep_rows(const int32_t* idx, int n, const int32_t* pos, const float* cos,
                  const float* sin);
+  // Layer l's keys before RoPE and values of the current rows into host k and v (F32
+  // [n][kv_dim] each; waits for them): its attention norm and K/V products only, changing
+  // nothing else (CacheBlend's check layer, before the layer runs).
+  void project_kv(int l, float* k, float* v);
   std::vector<float> finish();
 
   // Reused chunk rows copied as stored and unpacked, rotated and placed on the device (the
