@@ -24,9 +24,9 @@ struct RowWork {
     return share * ((double)n + attn);
   }
   // The rows at the given positions.
-  double rows_at(const int32_t* pos, int n) const {
+  double rows_at(const int32_t* pos, int n, double share = 1.0) const {
     double w = 0;
-    for (int i = 0; i < n; ++i) w += rows(pos[i], 1);
+    for (int i = 0; i < n; ++i) w += rows(pos[i], 1, share);
     return w;
   }
   // How many of the next n rows (contiguous from position first) fit within `work`: the most
@@ -44,11 +44,11 @@ struct RowWork {
     return lo;
   }
   // The same for rows at the given ascending positions.
-  int fit_at(const int32_t* pos, int n, double work) const {
+  int fit_at(const int32_t* pos, int n, double work, double share = 1.0) const {
     double w = 0;
     int r = 0;
     for (; r < n; ++r) {
-      w += rows(pos[r], 1);
+      w += rows(pos[r], 1, share);
       if (w > work) break;
     }
     return r;

@@ -638,7 +638,7 @@ void Engine::start_prefill(Generation& g) {
     Workspace ws;
     try {
       if (sliced) {
-        // The selection now (a layer-0 policy's after its selection pass, stepped in
+        // The selection now (CacheBlend's and ProphetKV's after a selection pass, stepped in
         // advance()); the rows step by step in advance() (at least the query's).
         g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
       } else {

@@ -369,11 +369,11 @@ class Engine {
   // (answer_.prompt_logprobs). After the last row its logits are the next token's, and g
   // decodes (or ends, with max_tokens 0). Adds the rows and their work to `step`.
   void score_rows(Generation& g, double work, StepRows& step);
-  // The next blocks of a layer-0 policy's selection pass (SlicedPrefill::select_step), each of
-  // the rows whose work fits within the step budget (so that its blocks are its own whatever
-  // shares the steps), while they fit beside the step's work so far (the first at least). A
-  // chunk that cannot be read at the selection restages g; other failures fail it. Adds the
-  // work to `step`; returns whether the pass is done (the first slice may join this step).
+  // The next blocks of a selection pass (CacheBlend's, ProphetKV's: SlicedPrefill::select_step),
+  // each of the rows whose work fits within the step budget (so that its blocks are its own
+  // whatever shares the steps), while they fit beside the step's work so far (the first at
+  // least). A chunk that cannot be read restages g; other failures fail it. Adds the work to
+  // `step`; returns whether the pass is done (the first slice may then join this step).
   bool selection_step(Generation& g, StepRows& step);
   // g's prefill has ended (its cache holds the prompt's rows, logits_ the next token's): a leader
   // leaves them for its followers (SharedPrefill), or on the GPU says it cannot.

@@ -94,6 +94,9 @@ class Policy {
   virtual bool uses_prefix_cache() const { return false; }
   // Needs PolicyOptions::drift, the true drift that only the eval harness knows.
   virtual bool eval_only() const { return false; }
+  // A request-stage policy whose select_request reads PolicyRequest::reuse_pass_attention (a
+  // two-pass policy, ProphetKV): a sliced prefill runs that pass in blocks of rows first.
+  virtual bool reads_reuse_pass() const { return false; }
   // The rankings this policy reads from the chunk (stored_ranking, policy/probe.h), which a
   // deployment computes at ingest. The eval harness has the encoder compute them beside the
   // stored one (EncodeOptions::also); `generate` and `serve` store one ranking (`--rank`), and a

@@ -446,10 +446,16 @@ struct SlicedPrefill::State {
   const Policy* token_policy = nullptr;
   ComposedRequest req;
   SelectiveOptions opt;
-  // A layer-0 policy's selection pass (select_step): layer 0 over rows [0, sel_next) of the
-  // sel_rows done so far, and the check layer's K/V of those rows (F32 [n_total][KV] each).
-  int sel_rows = 0, sel_next = 0;
-  std::vector<float> sel_k, sel_v;
+  // The selection pass (select_step) before the first slice, in blocks of its rows (sel_pos,
+  // ascending; sel_next the first not run): a layer-0 policy's (layer 0 over every position,
+  // the check layer's K/V projected into sel_k and sel_v, F32 [n_total][KV] each) or a two-pass
+  // policy's reuse pass (every layer over the non-chunk positions with every chunk row reused,
+  // placed by the first block; the query rows' attention added into sel_attn, F32 [n_total]).
+  enum class Pass { kNone, kLayer0, kReuse } pass = Pass::kNone;
+  std::vector<int32_t> sel_pos;
+  size_t sel_next = 0;
+  std::vector<float> sel_k, sel_v, sel_attn;
+  ReusedRows sel_reused;
   // Once the selection is made (at construction, or after the selection pass's last row): the
   // active rows, the reused rows and the breakdown's counts.
   void plan_rows() {
@@ -478,6 +484,7 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
   s.lay = checked_layout(m, req, opt, kv, s.plans);
   s.tokens = s.lay.tokens;
   s.opt = opt;
+  s.req = req;
   Timer st;
   const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
   const PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
@@ -492,7 +499,6 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
     s.bd.n_active = (int)s.act.size();
     s.bd.n_loaded = tp.n_reused;
     s.token_policy = &pol;
-    s.req = req;
     return;
   }
   if (pol.stage() == PolicyStage::kAfterLayer0) {
@@ -501,57 +507,100 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
     // the selection. The slices then recompute the selected rows through every layer and place
     // the others from layer 1, as the whole prefill does.
     for (ChunkPlan& p : s.plans) set_selection(p, {});
-    s.sel_rows = s.lay.n_total;
+    s.pass = State::Pass::kLayer0;
+    s.sel_pos.resize(s.lay.n_total);
+    std::iota(s.sel_pos.begin(), s.sel_pos.end(), 0);
     const size_t cells = has_check_layer(m) ? (size_t)s.lay.n_total * m.config().kv_dim() : 0;
     s.sel_k.resize(cells);
     s.sel_v.resize(cells);
     s.rows_from_layer = 1;
+  } else if (pol.reads_reuse_pass()) {
+    // The reuse pass in blocks (select_step) over the rows it recomputes, every chunk row
+    // reused, as PolicyRequest::reuse_pass_attention runs it whole; it writes into kv, which
+    // the slices then overwrite (every row a slice attends over is placed or recomputed first).
+    for (ChunkPlan& p : s.plans) set_selection(p, {});
+    s.pass = State::Pass::kReuse;
+    s.sel_pos = active_positions(s.lay, s.plans);
+    s.sel_reused = reused_rows(s.plans, opt.pipeline.sparse);
+    s.sel_attn.assign(s.lay.n_total, 0.0f);
+  } else {
+    select_before_layers(preq, s.plans);
     s.bd.select_ms = st.ms();
-    s.bd.n_total = s.lay.n_total;
+    s.plan_rows();
     return;
   }
-  select_before_layers(preq, s.plans);
   s.bd.select_ms = st.ms();
-  s.plan_rows();
+  s.bd.n_total = s.lay.n_total;
 }
 
-int SlicedPrefill::select_rows_left() const { return s_->sel_rows - s_->sel_next; }
+int SlicedPrefill::select_rows_left() const {
+  return (int)(s_->sel_pos.size() - s_->sel_next);
+}
 
-double SlicedPrefill::select_share() const { return 1.0 / s_->m.config().n_layer; }
+double SlicedPrefill::select_share() const {
+  // A layer-0 pass row is one layer of n_layer; a reuse pass row goes through all of them.
+  return s_->pass == State::Pass::kLayer0 ? 1.0 / s_->m.config().n_layer : 1.0;
+}
 
 int SlicedPrefill::select_rows_within(const RowWork& w, double work) const {
   const int left = select_rows_left();
-  return std::min(left, std::max(1, w.fit(s_->sel_next, left, work, select_share())));
+  const int32_t* pos = s_->sel_pos.data() + s_->sel_next;
+  return std::min(left, std::max(1, w.fit_at(pos, left, work, select_share())));
 }
 
 double SlicedPrefill::select_work_of(const RowWork& w, int rows) const {
-  return w.rows(s_->sel_next, std::min(rows, select_rows_left()), select_share());
+  return w.rows_at(s_->sel_pos.data() + s_->sel_next, std::min(rows, select_rows_left()),
+                   select_share());
 }
 
 void SlicedPrefill::select_step(int n, Workspace& ws) {
   State& s = *s_;
   n = std::min(n, select_rows_left());
   CT_THROW_IF_NOT(n > 0, "a selection block of {} rows ({} left)", n, select_rows_left());
-  const int a = s.sel_next;
-  std::vector<int32_t> pos(n);
-  std::iota(pos.begin(), pos.end(), a);
-  const auto be = make_cpu_layers(s.m, s.kv, ws, s.opt.pipeline);
-  be->begin(s.lay.tokens.data() + a, pos.data(), n);
-  be->layer(0, nullptr);  // over the rows before the block, which earlier blocks put in kv
-  check_kv(s.m, *be, s.sel_k, s.sel_v, a);
-  s.bd.compute_ms += be->times().compute_ms;
-  if (a + n < s.sel_rows) {
+  const size_t a = s.sel_next;
+  const int32_t* pos = s.sel_pos.data() + a;
+  std::vector<int32_t> toks(n);
+  for (int i = 0; i < n; ++i) toks[i] = s.lay.tokens[pos[i]];
+  {
+    const auto be = make_cpu_layers(s.m, s.kv, ws, s.opt.pipeline);
+    be->begin(toks.data(), pos, n);  // over the rows before the block, in kv
+    if (s.pass == State::Pass::kLayer0) {
+      be->layer(0, nullptr);
+      check_kv(s.m, *be, s.sel_k, s.sel_v, a);
+    } else {
+      if (a == 0) be->set_reused(s.sel_reused, 0);
+      // The query rows' attention: from the block's first query row, if it has one.
+      const int q = (int)(std::lower_bound(pos, pos + n, s.lay.query_begin) - pos);
+      for (int l = 0; l < s.m.config().n_layer; ++l) {
+        LayerTap tap;
+        tap.probs_accum = s.sel_attn.data();
+        tap.probs_from_row = q;
+        be->layer(l, q < n ? &tap : nullptr);
+      }
+    }
+    s.bd.compute_ms += be->times().compute_ms;
+  }
+  if (a + n < s.sel_pos.size()) {
     s.sel_next = a + n;
     return;
   }
-  // The last block: the selection (reading each chunk's stored check-layer rows; a read that
-  // fails leaves the pass to be run again, as a slice's does).
+  // The last block: the selection (a layer-0 policy reads each chunk's stored check-layer rows
+  // here; a read that fails leaves the pass to be run again, as a slice's does).
   Timer sel;
-  select_at_check_layer(s.m, s.plans, s.sel_k.data(), s.sel_v.data(), s.opt.policy);
+  if (s.pass == State::Pass::kLayer0) {
+    select_at_check_layer(s.m, s.plans, s.sel_k.data(), s.sel_v.data(), s.opt.policy);
+  } else {
+    const double n_q = (double)(s.lay.n_total - s.lay.query_begin) * s.m.config().n_layer;
+    for (float& x : s.sel_attn) x = (float)(x / n_q);
+    const PolicyRequest preq{s.m, s.req, s.lay, s.opt, [&s] { return s.sel_attn; }};
+    select_before_layers(preq, s.plans);
+  }
   s.bd.select_ms += sel.ms();
-  s.sel_next = s.sel_rows;
+  s.sel_next = s.sel_pos.size();
   s.sel_k = std::vector<float>();
   s.sel_v = std::vector<float>();
+  s.sel_attn = std::vector<float>();
+  s.sel_reused = ReusedRows();
   s.plan_rows();
 }
 

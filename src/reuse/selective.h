@@ -113,11 +113,12 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
 // A selective prefill run in slices of its active rows (chunked prefill): the engine's
 // continuous batching (engine/engine.h) steps one slice at a time in a pass it shares with other
 // sequences' rows, so decode rows of running requests go on while a long prompt is prefilled.
-// The selection is made at construction: a request-stage policy runs its own reuse pass there,
-// and a token-stage policy (prefix, lfonly) places its reused rows there. A layer-0 policy
-// (CacheBlend) selects after a selection pass that its caller steps in blocks of rows
-// (select_step) before the first slice: layer 0 over every row (1/n_layer of a full prefill;
-// its K/V stay in the cache for the rows left out) and the check layer's K/V projected. Each slice is the next active rows in ascending position,
+// The selection is made at construction, where a token-stage policy (prefix, lfonly) also
+// places its reused rows, or after a selection pass that the caller steps in blocks of rows
+// (select_step) before the first slice: a layer-0 policy's (CacheBlend: layer 0 over every row,
+// 1/n_layer of a full prefill, whose K/V stay in the cache for the rows left out, and the check
+// layer's K/V projected) or a two-pass policy's reuse pass (ProphetKV, Policy::reads_reuse_pass:
+// every layer over the non-chunk rows, every chunk row reused, the query's attention tapped). Each slice is the next active rows in ascending position,
 // through every layer; the first slice's pass also places the reused rows of every layer from
 // reused_from_layer() on (1 for a layer-0 policy, else 0), so later slices attend over them. A
 // row computes what it computes in the whole prefill, over the same keys; only the grouping of
@@ -133,18 +134,19 @@ class SlicedPrefill {
   ~SlicedPrefill();
   SlicedPrefill(const SlicedPrefill&) = delete;
   SlicedPrefill& operator=(const SlicedPrefill&) = delete;
-  // A layer-0 policy's selection pass, before any slice: its rows not run yet (0 for other
-  // policies, and once it has run: the selection is then made and rows_left() counts the
-  // slices' rows). Its blocks, like the slices, are the next rows in ascending position.
+  // The selection pass, before any slice: its rows not run yet (0 for other policies, and once
+  // it has run: the selection is then made and rows_left() counts the slices' rows). Its
+  // blocks, like the slices, are the next rows in ascending position.
   int select_rows_left() const;
-  // The next block within `work` as w counts it (a selection row is 1/n_layer of a row; at least
-  // one row, at most select_rows_left()), and what the next `rows` rows cost.
+  // The next block within `work` as w counts it (a layer-0 pass row is 1/n_layer of a row; at
+  // least one row, at most select_rows_left()), and what the next `rows` rows cost.
   int select_rows_within(const RowWork& w, double work) const;
   double select_work_of(const RowWork& w, int rows) const;
   // Runs the next min(rows, select_rows_left()) rows of the selection pass, a pass of their own
-  // on ws. After the last it selects, reading each chunk's stored check-layer rows: a
-  // ChunkReadError there leaves no selection (the caller restarts the request on re-encoded
-  // chunks, as after a slice's read failure).
+  // on ws. The reuse pass's first block reads every chunk row; a layer-0 policy reads each
+  // chunk's stored check-layer rows after the last block, where it selects. A ChunkReadError
+  // leaves no selection (the caller restarts the request on re-encoded chunks, as after a
+  // slice's read failure).
   void select_step(int rows, Workspace& ws);
   // The slices' rows left (0 while the selection pass has rows left).
   int rows_left() const;

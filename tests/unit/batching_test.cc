@@ -613,50 +613,58 @@ TEST_F(BatchingTest, ChunkEncodingsAreSpreadOverStepsBesideDecodeRows) {
   EXPECT_EQ(ge->answer().tokens, alone(eo, {d}, 4)[0]);
 }
 
-// CacheBlend's selection pass (layer 0 over every row of the request, layer 1's K/V projected)
-// runs in blocks of the step budget, a selection row costing 1/n_layer of a row, beside the
-// decode rows of running requests; no slice runs before it ends; the tokens are the ones the
-// request gets alone.
-TEST_F(BatchingTest, CacheBlendsSelectionPassIsSpreadOverStepsBesideDecodeRows) {
+// The selection passes run in blocks of the step budget beside the decode rows of running
+// requests, and no slice runs before they end: CacheBlend's (layer 0 over every row of the
+// request, layer 1's K/V projected; a row costs 1/n_layer of a row) and ProphetKV's reuse pass
+// (every layer over the prefix and query rows, every chunk row reused). Each request gets the
+// tokens it gets alone.
+TEST_F(BatchingTest, SelectionPassesAreSpreadOverStepsBesideDecodeRows) {
   EngineOptions eo = engine_options();
   eo.prefill_chunk = 4;
   const std::vector<Req> rs = requests();
   const Req& a = rs[1];
-  const Req b{rs[0].docs, "Who kept the diary?", &find_policy("cacheblend")};
-  Engine eng(eo);
-  const Tokenizer& tok = eng.model().tokenizer();
-  const RagPromptTokens pa = build_rag_prompt(tok, a.docs, a.question);
-  const RagPromptTokens pb = build_rag_prompt(tok, b.docs, b.question);
-  eng.answer(pb, sel_of(b), gen_of(1));  // stores b's chunks: its steps below only look them up
-  std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(64));
-  Generation* one = ga.get();
-  while (ga->prefilling()) eng.advance(&one, 1);
-  std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
-  Generation* both[2] = {ga.get(), gb.get()};
-  const int n_total = pb.n_tokens(), n_layer = eng.model().config().n_layer;
-  const int block = eo.prefill_chunk * n_layer;  // selection rows within one budget
-  ASSERT_GT(n_total, 2 * block);
-  int selection_steps = 0;
-  for (;;) {
-    const size_t before = ga->answer().tokens.size();
-    const StepRows st = eng.advance(both, 2);
-    EXPECT_EQ(st.decode, 1);  // a's row in every step
-    EXPECT_EQ(ga->answer().tokens.size(), before + 1) << "a waited for b's selection";
-    EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
-    if (st.prefill > 0) break;  // b's first slice
-    EXPECT_GT(st.work, 0.0);
-    ++selection_steps;
-    ASSERT_LT(selection_steps, 1000);
+  for (const char* name : {"cacheblend", "prophetkv"}) {
+    SCOPED_TRACE(name);
+    const Req b{rs[0].docs, "Who kept the lighthouse on Gull Point for forty years?",
+                &find_policy(name)};
+    Engine eng(eo);
+    const Tokenizer& tok = eng.model().tokenizer();
+    const RagPromptTokens pa = build_rag_prompt(tok, a.docs, a.question);
+    const RagPromptTokens pb = build_rag_prompt(tok, b.docs, b.question);
+    eng.answer(pb, sel_of(b), gen_of(1));  // stores b's chunks: its steps below look them up
+    std::unique_ptr<Generation> ga = eng.begin(pa, sel_of(a), gen_of(64));
+    Generation* one = ga.get();
+    while (ga->prefilling()) eng.advance(&one, 1);
+    std::unique_ptr<Generation> gb = eng.begin(pb, sel_of(b), gen_of(8));
+    Generation* both[2] = {ga.get(), gb.get()};
+    const int n_total = pb.n_tokens(), n_layer = eng.model().config().n_layer;
+    const bool layer0 = std::string(name) == "cacheblend";
+    // The pass's rows, and how many fit in one budget.
+    const int rows = layer0 ? n_total : (int)(pb.prefix.size() + pb.query.size());
+    const int block = layer0 ? eo.prefill_chunk * n_layer : eo.prefill_chunk;
+    ASSERT_GT(rows, 2 * block);
+    int selection_steps = 0;
+    for (;;) {
+      const size_t before = ga->answer().tokens.size();
+      const StepRows st = eng.advance(both, 2);
+      EXPECT_EQ(st.decode, 1);  // a's row in every step
+      EXPECT_EQ(ga->answer().tokens.size(), before + 1) << "a waited for b's selection";
+      EXPECT_LE(st.work, eo.prefill_chunk + 1e-9);
+      if (st.prefill > 0) break;  // b's first slice
+      EXPECT_GT(st.work, 0.0);
+      ++selection_steps;
+      ASSERT_LT(selection_steps, 1000);
+    }
+    EXPECT_EQ(selection_steps, (rows + block - 1) / block);
+    while (!ga->done() || !gb->done()) eng.advance(both, 2);
+    ASSERT_FALSE(ga->error());
+    ASSERT_FALSE(gb->error());
+    for (const ChunkInfo& c : gb->answer().chunks) EXPECT_TRUE(c.hit);
+    EXPECT_GT(gb->answer().prefill.n_loaded, 0);
+    EXPECT_LT(gb->answer().prefill.n_active, n_total);
+    EXPECT_EQ(gb->answer().tokens, alone(eo, {b}, 8)[0]);
+    EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 64)[0]);
   }
-  EXPECT_EQ(selection_steps, (n_total + block - 1) / block);
-  while (!ga->done() || !gb->done()) eng.advance(both, 2);
-  ASSERT_FALSE(ga->error());
-  ASSERT_FALSE(gb->error());
-  for (const ChunkInfo& c : gb->answer().chunks) EXPECT_TRUE(c.hit);
-  EXPECT_GT(gb->answer().prefill.n_loaded, 0);
-  EXPECT_LT(gb->answer().prefill.n_active, n_total);
-  EXPECT_EQ(gb->answer().tokens, alone(eo, {b}, 8)[0]);
-  EXPECT_EQ(ga->answer().tokens, alone(eo, {a}, 64)[0]);
 }
 
 // An encoding's slices are blocks of the budget whoever steps it and whatever shares the step:

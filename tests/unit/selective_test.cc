@@ -438,12 +438,16 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       cpu::prefill(*model_, other_prompt.data(), 3, 0, other, ws);
       cpu::prefill(*model_, other_prompt.data(), 3, 0, alone, ws);
       SlicedPrefill sp(*model_, req, opt, kv, ws);
-      // A layer-0 policy's selection pass first, in blocks of the same size, each a pass of
-      // its own: no slice before it has run.
+      // A layer-0 or two-pass policy's selection pass first, in blocks of the same size, each
+      // a pass of its own: no slice before it has run.
       const bool layer0 = opt.policy.kind->stage() == PolicyStage::kAfterLayer0;
-      EXPECT_EQ(sp.select_rows_left(), layer0 ? lay.n_total : 0);
+      const bool reuse_pass = opt.policy.kind->reads_reuse_pass();
+      int non_chunk = 0;
+      for (int8_t c : lay.is_chunk) non_chunk += !c;
+      const int sel_rows = layer0 ? lay.n_total : reuse_pass ? non_chunk : 0;
+      EXPECT_EQ(sp.select_rows_left(), sel_rows);
       EXPECT_FALSE(sp.done());
-      if (layer0) {
+      if (sel_rows > 0) {
         std::vector<int32_t> t, p;
         std::vector<BatchSeq> sq;
         EXPECT_THROW(sp.add_slice(1, t, p, sq), Error);
@@ -451,7 +455,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       }
       int blocks = 0;
       for (; sp.select_rows_left() > 0; ++blocks) sp.select_step(chunk, ws);
-      EXPECT_EQ(blocks, layer0 ? (lay.n_total + chunk - 1) / chunk : 0);
+      EXPECT_EQ(blocks, (sel_rows + chunk - 1) / chunk);
       EXPECT_EQ(sp.rows_left(), want_bd.n_active);
       EXPECT_EQ(sp.reused_from_layer(), std::string(name) == "cacheblend" ? 1 : 0);
       int passes = 0;

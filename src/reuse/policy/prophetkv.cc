@@ -12,6 +12,7 @@ class ProphetKV final : public Policy {
       : Policy("prophetkv",
                "a full-reuse pass's query attention picks ceil(r*N) per chunk (sees the query)",
                PolicyStage::kRequest) {}
+  bool reads_reuse_pass() const override { return true; }
   std::vector<std::vector<int32_t>> select_request(const PolicyRequest& r) const override {
     const std::vector<float> attn = r.reuse_pass_attention();
     std::vector<std::vector<int32_t>> out;
