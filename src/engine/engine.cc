@@ -278,6 +278,8 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     all.insert(all.end(), p.query.begin(), p.query.end());
     g->sampler_->set_context(all);
   }
+  if (gen.json_object)
+    g->sampler_->set_constraint(std::make_unique<JsonObjectConstraint>(json_vocab()));
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   // A follower that scores its prompt computes it itself (the leader's rows have no scores); one
   // with no tokens to generate needs no prefill.
@@ -345,6 +347,12 @@ void Engine::score_rows(Generation& g, double work, StepRows& step) {
   g.next_pos_ = n;
   prefill_ended(g);
   if (g.gen_.max_tokens <= 0) finish(g);
+}
+
+std::shared_ptr<const VocabTrie> Engine::json_vocab() {
+  std::call_once(json_vocab_once_,
+                 [this] { json_vocab_ = std::make_shared<VocabTrie>(model_->tokenizer()); });
+  return json_vocab_;
 }
 
 bool Engine::selection_step(Generation& g, StepRows& step) {

@@ -18,6 +18,7 @@
 #include "core/paths.h"
 #include "core/timer.h"
 #include "engine/generate.h"
+#include "model/json_constraint.h"
 #include "model/sampler.h"
 #include "model/stop_matcher.h"
 #include "reuse/encoder.h"
@@ -439,6 +440,10 @@ class Engine {
   Workspace decode_ws_;                                            // advance()'s batch
   std::vector<float> decode_logits_;                               // its logits, kept between steps
   mutable std::unique_ptr<sched::CalibrationStore> calibrations_;  // loaded by auto_ratio()
+  // The vocabulary's trie for JSON output, built by the first request that asks for it.
+  std::shared_ptr<const VocabTrie> json_vocab();
+  std::once_flag json_vocab_once_;
+  std::shared_ptr<const VocabTrie> json_vocab_;
 };
 
 }  // namespace ct

@@ -16,6 +16,10 @@ struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 128;
   bool stop_at_eog = true;
+  // The answer is one JSON object (OpenAI's response_format json_object): only tokens that
+  // continue valid JSON text may be chosen, and an end-of-generation token only once the object
+  // is whole (JsonObjectConstraint). max_tokens may still cut it short.
+  bool json_object = false;
   // Stop sequences (StopMatcher, at most 4): generation ends before the first occurrence, which
   // is left out of the text and of what on_piece receives.
   std::vector<std::string> stop;

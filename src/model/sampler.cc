@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "backend/cpu/vec.h"
 #include "core/error.h"
+#include "model/json_constraint.h"
 
 namespace ct {
 
@@ -278,6 +280,12 @@ void Sampler::see(int32_t id) {
   seen_.push_back(id);
 }
 
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+
+Sampler::~Sampler() = default;
+
+void Sampler::set_constraint(std::unique_ptr<TokenConstraint> c) { constraint_ = std::move(c); }
+
 const float* Sampler::adjust(const float* logits, int n_vocab) {
   const bool penalties = p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f;
   const bool repetition = p_.repetition_penalty != 1.0f;
@@ -289,7 +297,14 @@ const float* Sampler::adjust(const float* logits, int n_vocab) {
       is_seen_[id] = 1;
     }
   }
-  if (p_.logit_bias.empty() && (!penalties || counts_.empty()) && (!repetition || seen_.empty()))
+  if (constraint_) {
+    constraint_->allowed(allowed_);
+    CT_THROW_IF_NOT((int)allowed_.size() == n_vocab,
+                    "the sampler's constraint has a {}-token vocabulary; the logits have {}",
+                    allowed_.size(), n_vocab);
+  }
+  if (!constraint_ && p_.logit_bias.empty() && (!penalties || counts_.empty()) &&
+      (!repetition || seen_.empty()))
     return logits;
   adjusted_.assign(logits, logits + n_vocab);
   if (repetition) {
@@ -305,6 +320,12 @@ const float* Sampler::adjust(const float* logits, int n_vocab) {
   }
   for (const auto& [id, n] : counts_) {
     adjusted_[id] -= (float)n * p_.frequency_penalty + p_.presence_penalty;
+  }
+  if (constraint_) {
+    constexpr float kNever = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n_vocab; ++i) {
+      if (!allowed_[i]) adjusted_[i] = kNever;
+    }
   }
   return adjusted_.data();
 }
@@ -328,6 +349,16 @@ int32_t Sampler::sample(const float* raw, int n_vocab) {
   }
   // Greedy, or no finite scaled logit (argmax's rule then: a NaN at index 0 wins, none elsewhere).
   if (id < 0) id = argmax(logits, n_vocab);
+  if (constraint_) {
+    // A draw's zero-weight candidate (its -inf) or a NaN argmax: the best allowed token instead.
+    if (!allowed_[id]) {
+      id = -1;
+      for (int i = 0; i < n_vocab; ++i) {
+        if (allowed_[i] && (id < 0 || logits[i] > logits[id])) id = i;
+      }
+    }
+    constraint_->accept(id);
+  }
   if (p_.repetition_penalty != 1.0f) see(id);
   if (p_.frequency_penalty != 0.0f || p_.presence_penalty != 0.0f) {
     auto it = std::find_if(counts_.begin(), counts_.end(), [&](const auto& c) { return c.first == id; });

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -36,9 +37,16 @@ struct SampleCandidates {
   std::vector<double> w;
 };
 
+class TokenConstraint;  // model/json_constraint.h
+
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  explicit Sampler(const SamplingParams& p);
+  ~Sampler();
+  // Only the tokens the constraint allows may be chosen (the others' logits count as -inf after
+  // the adjustments; greedy and every draw choose among the allowed ones), and each chosen
+  // token is passed to its accept(). E.g. JSON output (JsonObjectConstraint).
+  void set_constraint(std::unique_ptr<TokenConstraint> c);
   // The tokens before the first one sampled (the prompt), for repetition_penalty; ids outside
   // [0, n_vocab) are refused when sampling.
   void set_context(const std::vector<int32_t>& tokens);
@@ -62,6 +70,8 @@ class Sampler {
   std::vector<std::pair<int32_t, int>> counts_;  // chosen tokens and their counts
   std::vector<int32_t> seen_;  // repetition_penalty: the context's and chosen tokens, each once
   std::vector<char> is_seen_;  // [n_vocab], once sampling has begun: whether a token is in seen_
+  std::unique_ptr<TokenConstraint> constraint_;
+  std::vector<uint8_t> allowed_;  // the constraint's mask of this step
   void see(int32_t id);
   // logits, or adjusted_ holding them with the penalties and bias applied.
   const float* adjust(const float* logits, int n_vocab);

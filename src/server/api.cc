@@ -243,12 +243,19 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");
-  // Structured output is not done: asking for JSON must not get free text silently.
+  // JSON output: {"type": "json_object"} constrains the answer to one JSON object. A schema is
+  // not done: asking for one must not get unchecked text silently.
   if (const json* rf = field(body, "response_format")) {
     const json* t = rf->is_object() ? field(*rf, "type") : nullptr;
-    if (!t || !t->is_string() || t->get<std::string>() != "text") {
-      bad("response_format", "'response_format' other than {\"type\": \"text\"} is not supported "
-                             "(no JSON or schema-constrained output)");
+    const std::string type = t && t->is_string() ? t->get<std::string>() : "";
+    if (type == "json_object") {
+      r.gen.json_object = true;
+    } else if (type != "text") {
+      bad("response_format",
+          "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}" +
+              (type == "json_schema" ? std::string("; json_schema (schema-constrained output) is not "
+                                                   "supported")
+                                     : std::string()));
     }
   }
   if (const json* s = field(body, "stream")) {

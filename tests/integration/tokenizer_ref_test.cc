@@ -16,6 +16,7 @@
 #include "core/model_registry.h"
 #include "core/paths.h"
 #include "model/gguf.h"
+#include "model/json_constraint.h"
 #include "model/tokenizer.h"
 
 namespace ct {
@@ -170,6 +171,31 @@ TEST_F(TokenizerRefTest, VocabularyMatchesSmolLM2) {
   EXPECT_TRUE(tok_->is_eog(2));
   EXPECT_TRUE(tok_->is_eog(0));  // <|endoftext|>
   EXPECT_FALSE(tok_->is_eog(1));
+}
+
+// JSON output's vocabulary trie on a real vocabulary (49,152 tokens, multi-byte pieces): after
+// each prefix it allows exactly the tokens whose bytes continue the text, checked token by token.
+TEST_F(TokenizerRefTest, JsonTrieAllowsExactlyTheTokensThatContinueTheText) {
+  const VocabTrie trie(*tok_);
+  for (const std::string prefix : {"", " {", "{\n  \"na", "{\"a\": ", "{\"a\": -1", "{\"a\": [tr",
+                                   "{\"a\": \"caf\xc3", "{\"a\": \"\\u00", "{\"a\": {}, "}) {
+    SCOPED_TRACE(prefix);
+    JsonRecognizer r;
+    ASSERT_TRUE(r.feed(prefix));
+    std::vector<uint8_t> got(tok_->n_vocab(), 0);
+    const int n = trie.allow(r, got);
+    int want_n = 0, wrong = 0;
+    for (int32_t id = 0; id < tok_->n_vocab(); ++id) {
+      const std::string piece = tok_->token_to_piece(id);
+      JsonRecognizer c = r;
+      const bool want = !tok_->is_eog(id) && !piece.empty() && c.feed(piece);
+      want_n += want;
+      wrong += (got[id] != 0) != want;
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(n, want_n);
+    EXPECT_GT(n, 0);
+  }
 }
 
 TEST_F(TokenizerRefTest, ChatTemplateMatchesTheGgufTemplate) {

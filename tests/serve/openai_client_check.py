@@ -8,6 +8,7 @@ anything else = failure, with the failed check on stderr.
     python3 tests/serve/openai_client_check.py --base-url http://127.0.0.1:8080/v1 --api-key KEY
 """
 import argparse
+import json
 import sys
 
 SKIP = 77
@@ -176,6 +177,36 @@ def main():
     check(len(el.tokens) == ech.usage.prompt_tokens and el.token_logprobs[0] is None
           and all(x is not None and x <= 0 for x in el.token_logprobs[1:]),
           f"echo logprobs {el}")
+
+    # JSON mode: the answer is one JSON object (whole when it ended on its own; max_tokens may
+    # cut it short), whole and streamed; a schema is refused, not ignored.
+    jmsgs = [{"role": "user", "content": "Reply with a JSON object whose key name holds a name."}]
+    for stream in (False, True):
+        if stream:
+            text, finish = "", None
+            for c in client.chat.completions.create(model=args.model, messages=jmsgs,
+                                                    max_tokens=48, stream=True,
+                                                    response_format={"type": "json_object"}):
+                if c.choices and c.choices[0].delta.content:
+                    text += c.choices[0].delta.content
+                if c.choices and c.choices[0].finish_reason:
+                    finish = c.choices[0].finish_reason
+        else:
+            jr = client.chat.completions.create(model=args.model, messages=jmsgs, max_tokens=48,
+                                                response_format={"type": "json_object"})
+            text, finish = jr.choices[0].message.content, jr.choices[0].finish_reason
+        check(text.lstrip().startswith("{"), f"json_object answer {text!r}")
+        if finish == "stop":
+            check(isinstance(json.loads(text), dict), f"json_object answer {text!r}")
+        print(f"json_object{' streamed' if stream else ''}: {finish}: {text!r}")
+    try:
+        client.chat.completions.create(
+            model=args.model, messages=jmsgs, max_tokens=8,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "n", "schema": {"type": "object"}}})
+        check(False, "a json_schema response_format was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "json_schema" in str(e.body), f"json_schema: {e.body}")
 
     # Error paths map onto the client's exception classes.
     wrong = openai.OpenAI(base_url=args.base_url, api_key="sk-wrong", max_retries=0)

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <thread>
 
+#include "model/json_constraint.h"
 #include "model/model.h"
 #include "reuse/prompt.h"
 #include "server/api.h"
@@ -193,10 +194,17 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                  "token 5 twice");
   expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", "up"}}}}, "logit_bias",
                  "[-100, 100]");
-  expect_refused({{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}},
-                 "response_format", "not supported");
+  expect_refused({{"messages", {user("q")}}, {"response_format", {{"type", "json_schema"}}}},
+                 "response_format", "json_schema (schema-constrained output) is not supported");
   expect_refused({{"messages", {user("q")}}, {"response_format", "text"}}, "response_format",
-                 "not supported");
+                 "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+  EXPECT_TRUE(parse_chat_request(
+                  {{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}}, {})
+                  .gen.json_object);
+  EXPECT_TRUE(parse_completion_request(
+                  {{"prompt", "q"}, {"response_format", {{"type", "json_object"}}}}, ApiLimits{})
+                  .gen.json_object);
+  EXPECT_FALSE(parse_chat_request({{"messages", {user("q")}}}, {}).gen.json_object);
   expect_refused({{"messages", {user("q")}}, {"top_k", -2}}, "top_k", "[-1, ");
   EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}},
                                {})
@@ -782,6 +790,56 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
 // the text starts with the prompt's, and logprobs list the prompt's tokens first, the first with
 // null, the others the engine's scores of each token after those before it
 // (Answer::prompt_logprobs), then the generated tokens' as without echo.
+// response_format json_object: each choice's content is JSON text (a whole object when the
+// choice ended on its own), whole and streamed, on both routes.
+TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
+  for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
+    for (bool stream : {false, true}) {
+      SCOPED_TRACE(std::string(route) + (stream ? ", streamed" : ""));
+      json req = {{"max_tokens", 60}, {"n", 3}, {"temperature", 1.2}, {"seed", 5},
+                  {"response_format", {{"type", "json_object"}}}, {"stream", stream}};
+      if (std::string(route) == "/v1/completions") {
+        req["prompt"] = "A JSON object:";
+      } else {
+        req["messages"] = {{{"role", "user"}, {"content", "Answer in JSON."}}};
+      }
+      std::vector<std::string> text(3);
+      std::vector<std::string> finish(3);
+      const bool chat = std::string(route) != "/v1/completions";
+      if (!stream) {
+        const json body = post_ok(route, req.dump());
+        ASSERT_EQ(body["choices"].size(), 3u);
+        for (const json& c : body["choices"]) {
+          const int i = c["index"];
+          text[i] = chat ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+          finish[i] = c["finish_reason"];
+        }
+      } else {
+        auto res = post(route, req.dump());
+        ASSERT_TRUE(res);
+        ASSERT_EQ(res->status, 200) << res->body;
+        bool done = false;
+        for (const json& ev : sse_events(res->body, &done)) {
+          for (const json& c : ev["choices"]) {
+            const int i = c["index"];
+            const json& piece = chat ? c["delta"]["content"] : c["text"];
+            if (piece.is_string()) text[i] += piece.get<std::string>();
+            if (c["finish_reason"].is_string()) finish[i] = c["finish_reason"];
+          }
+        }
+        EXPECT_TRUE(done);
+      }
+      for (int i = 0; i < 3; ++i) {
+        JsonRecognizer r;
+        EXPECT_TRUE(r.feed(text[i])) << text[i];
+        if (finish[i] == "stop") {
+          EXPECT_TRUE(json::parse(text[i]).is_object()) << text[i];
+        }
+      }
+    }
+  }
+}
+
 TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   const Tokenizer& tok = engine_->model().tokenizer();
   const std::vector<int32_t> ids = tok.encode("Who kept the light", /*parse_special=*/false);
