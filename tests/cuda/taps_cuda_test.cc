@@ -1,8 +1,8 @@
 // The GPU LayerBackend's taps and keep_rows against the CPU backend's, through the same contract
 // (backend/backend.h) on tiny random models: keys before RoPE, values and the query rows'
 // attention per layer; a pass that drops rows after layer 0 (CacheBlend's shape); the isolated
-// chunk encoding on the device; and the layer-loop policies that need them (CacheBlend's layer-0
-// selection, ProphetKV's attention pass, the eval's query attention) selecting (nearly) the same
+// chunk encoding on the device; and the layer-loop policies that need them (CacheBlend's
+// selection after layer 0 from layer 1's projected K/V, ProphetKV's attention pass, the eval's query attention) selecting (nearly) the same
 // rows as on the CPU. Skipped without a device.
 #include <gtest/gtest.h>
 
@@ -38,6 +38,7 @@ struct TapRun {
   std::vector<std::vector<float>> k, v;  // per layer, F32 [n][kv_dim]
   std::vector<float> attn;               // F32 [n_keys], summed over layers
   std::vector<float> logits;
+  std::vector<float> k1, v1;  // with keep: layer 1's K/V of every row, projected after layer 0
 };
 
 // One pass of n rows at positions pos through backend be, every layer tapped; with keep, the
@@ -60,6 +61,9 @@ TapRun tapped_pass(const Model& m, LayerBackend& be, const std::vector<int32_t>&
     tap.probs_from_row = from;
     be.layer(l, &tap);
     if (l == 0 && keep) {
+      r.k1.resize((size_t)n * c.kv_dim());
+      r.v1.resize(r.k1.size());
+      be.project_kv(1, r.k1.data(), r.v1.data());
       be.keep_rows(*keep);
       from = (int)keep->size() - (n - probs_from_row);  // the tapped rows are the last ones
       n = (int)keep->size();
@@ -101,7 +105,7 @@ TEST(CudaTaps, KeysValuesAndAttentionMatchTheCpu) {
   }
 }
 
-TEST(CudaTaps, KeepRowsAfterLayerZeroMatchesTheCpu) {
+TEST(CudaTaps, KeepRowsAndProjectKvAfterLayerZeroMatchTheCpu) {
   if (!cuda_ranking_available()) GTEST_SKIP() << "no CUDA device";
   test::TempDir dir;
   const auto m = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
@@ -126,6 +130,8 @@ TEST(CudaTaps, KeepRowsAfterLayerZeroMatchesTheCpu) {
     EXPECT_LT(rel(gpu.k[l], cpu.k[l]), kTol) << "K before RoPE, layer " << l;
     EXPECT_LT(rel(gpu.v[l], cpu.v[l]), kTol) << "V, layer " << l;
   }
+  EXPECT_LT(rel(gpu.k1, cpu.k1), kTol) << "layer 1's K, projected after layer 0";
+  EXPECT_LT(rel(gpu.v1, cpu.v1), kTol) << "layer 1's V, projected after layer 0";
   EXPECT_LT(rel(gpu.attn, cpu.attn), kTol) << "query attention";
   EXPECT_LT(rel(gpu.logits, cpu.logits), kTol) << "logits";
   const size_t cells = (size_t)n * m->config().kv_dim();
@@ -213,9 +219,9 @@ TEST(CudaTaps, LayerLoopPoliciesSelectAsOnTheCpu) {
     const std::vector<float> gpu =
         selective_prefill(*m, req, so, gpu_kv, ws, nullptr, &gpu_sel);
     // The same budget; the same tokens for the offline ranking. CacheBlend ranks by how far the
-    // fresh layer-0 K/V lie from the stored F16 copy, i.e. by F16 rounding error, and ProphetKV by
-    // attention scores, so a token at the cut may swap under the backends' ~1e-7 differences:
-    // at most one per chunk is allowed there, and then the logits are not compared.
+    // fresh layer-1 K/V (project_kv) lie from the stored copy, and ProphetKV by attention
+    // scores, so a token at the cut may swap under the backends' ~1e-7 differences: at most one
+    // per chunk is allowed there, and then the logits are not compared.
     ASSERT_EQ(gpu_sel.selected.size(), cpu_sel.selected.size());
     bool same = true;
     for (size_t b = 0; b < cpu_sel.selected.size(); ++b) {

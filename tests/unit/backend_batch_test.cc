@@ -236,6 +236,42 @@ void BackendBatchTest::reused_rows_rounded_once(KvDtype type) {
   }
 }
 
+// project_kv (CacheBlend's check layer): layer l's K/V of the pass's rows from their residual
+// stream, before layer l runs, are what layer l's tap then gives for the same rows, bit for bit,
+// and the call changes nothing the layer computes after it.
+TEST_F(BackendBatchTest, ProjectedKvAreTheNextLayersTap) {
+  const ModelConfig& c = m_->config();
+  ASSERT_GE(c.n_layer, 2);
+  const int n = 23;
+  const std::vector<int32_t> toks = test::random_byte_tokens(n, 41);
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  const size_t cells = (size_t)n * c.kv_dim();
+  std::vector<float> pk(cells), pv(cells), tk(cells), tv(cells);
+  KVCache kv = m_->make_cache(kCtx), plain = m_->make_cache(kCtx);
+  Workspace ws;
+  std::vector<float> with, without;
+  for (bool project : {true, false}) {
+    const auto be = make_cpu_layers(*m_, project ? kv : plain, ws, PipelineOptions());
+    be->begin(toks.data(), pos.data(), n);
+    be->layer(0, nullptr);
+    LayerTap tap;
+    if (project) {
+      be->project_kv(1, pk.data(), pv.data());
+      tap.k_pre_rope = tk.data();
+      tap.v = tv.data();
+    }
+    for (int l = 1; l < c.n_layer; ++l) be->layer(l, l == 1 && project ? &tap : nullptr);
+    (project ? with : without) = be->finish();
+  }
+  EXPECT_EQ(0, std::memcmp(pk.data(), tk.data(), cells * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(pv.data(), tv.data(), cells * sizeof(float)));
+  EXPECT_EQ(with, without);
+  const auto be = make_cpu_layers(*m_, kv, ws, PipelineOptions());
+  be->begin(toks.data(), pos.data(), n);
+  EXPECT_THROW(be->project_kv(c.n_layer, pk.data(), pv.data()), Error);
+}
+
 TEST_F(BackendBatchTest, ASequenceCountThePassCannotTakeIsRefused) {
   KVCache kv = m_->make_cache(kCtx), kv2 = m_->make_cache(kCtx);
   Workspace ws;
