@@ -365,8 +365,19 @@ void JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
     for (int32_t id : vocab_->eog()) allowed[id] = 1;
     return;
   }
+  for (size_t i = 0; i < masks_.size(); ++i) {
+    if (masks_[i].first == r_) {
+      allowed = masks_[i].second;
+      std::rotate(masks_.begin(), masks_.begin() + i, masks_.begin() + i + 1);
+      return;
+    }
+  }
   CT_THROW_IF_NOT(vocab_->allow(r_, allowed) > 0,
                   "JSON output: no token of the vocabulary continues the JSON text");
+  ++walks_;
+  if (masks_.size() < kMasks) masks_.emplace_back();
+  std::rotate(masks_.begin(), masks_.end() - 1, masks_.end());  // the oldest to the front
+  masks_.front() = {r_, allowed};
 }
 
 void JsonObjectConstraint::accept(int32_t id) {

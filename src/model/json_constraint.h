@@ -32,6 +32,8 @@ class JsonRecognizer {
   bool complete() const;
   // Whether the text is a whole value after which nothing but whitespace could follow.
   bool done() const { return mode_ == kDone; }
+  // Equal states take the same bytes from here on (the constraint reuses a mask by it).
+  bool operator==(const JsonRecognizer&) const = default;
 
  private:
   enum Mode : uint8_t {
@@ -112,10 +114,16 @@ class JsonObjectConstraint final : public TokenConstraint {
   void allowed(std::vector<uint8_t>& allowed) override;
   void accept(int32_t id) override;
   const JsonRecognizer& state() const { return r_; }
+  int mask_walks() const { return walks_; }  // masks computed by a walk of the trie
 
  private:
   std::shared_ptr<const VocabTrie> vocab_;
   JsonRecognizer r_{true};
+  // The masks of the last few states, most recent first: inside a string, or between an
+  // object's members, the state repeats from token to token, and so does its mask.
+  static constexpr size_t kMasks = 8;
+  std::vector<std::pair<JsonRecognizer, std::vector<uint8_t>>> masks_;
+  int walks_ = 0;
 };
 
 }  // namespace ct

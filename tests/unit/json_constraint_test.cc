@@ -222,6 +222,30 @@ TEST_F(JsonConstraintTest, TheTrieAllowsExactlyTheTokensWhoseBytesContinueTheTex
   }
 }
 
+// The constraint keeps the masks of its last states: a reused one is the walk's for that state.
+TEST_F(JsonConstraintTest, AReusedMaskIsTheWalksMaskForItsState) {
+  const Tokenizer& tok = model_->tokenizer();
+  const auto trie = std::make_shared<const VocabTrie>(tok);
+  JsonObjectConstraint c(trie);
+  // A text whose states repeat: inside the long string, and after each member of the object.
+  const std::string text =
+      R"({"a": "the lighthouse keeper kept the light", "b": 1, "c": 2, "d": [true, false]})";
+  const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/false);
+  std::vector<uint8_t> got, want(tok.n_vocab());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    c.allowed(got);
+    std::fill(want.begin(), want.end(), 0);
+    trie->allow(c.state(), want);
+    ASSERT_EQ(got, want) << "token " << i;
+    ASSERT_EQ(got[ids[i]], 1) << "token " << i;
+    c.accept(ids[i]);
+  }
+  EXPECT_TRUE(c.state().done());
+  c.allowed(got);  // then only the end of generation
+  for (int32_t id = 0; id < tok.n_vocab(); ++id) EXPECT_EQ(got[id] != 0, tok.is_eog(id)) << id;
+  EXPECT_LT(c.mask_walks(), (int)ids.size() - 10);  // most masks were reused
+}
+
 // Random logits through the constrained sampler, greedy and sampled: every answer is a prefix of
 // JSON text; one that ends with an end-of-generation token is a whole object.
 TEST_F(JsonConstraintTest, ASampledAnswerIsJsonAndEndsOnlyWhenTheObjectIsWhole) {
