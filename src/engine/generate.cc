@@ -4,6 +4,7 @@
 #include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
+#include "model/json_constraint.h"
 #include "model/stop_matcher.h"
 
 namespace ct {
@@ -14,6 +15,9 @@ DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
                           const std::function<void(const std::string&)>& on_piece) {
   DecodeResult r;
   Sampler sampler(opt.sampling);
+  if (opt.json_object)
+    sampler.set_constraint(
+        std::make_unique<JsonObjectConstraint>(std::make_shared<VocabTrie>(tok)));
   StopMatcher stops(opt.stop);
   Timer t;
   for (int i = 0; i < opt.max_tokens; ++i) {

@@ -23,6 +23,7 @@ struct GenerateArgs {
   std::string prompt_file;
   std::string system;
   bool raw = false;
+  bool json = false;
   int max_tokens = 128;
   SamplingParams sampling;  // --temperature, --top-k, --top-p, --min-p, --seed, the penalties
   // Chunk mode
@@ -86,6 +87,7 @@ void run_chunked(const GenerateArgs& a) {
   GenerateOptions gen;
   gen.max_tokens = a.max_tokens;
   gen.sampling = a.sampling;
+  gen.json_object = a.json;
   double first_ttft = 0;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     SelectiveOptions sel;
@@ -164,6 +166,7 @@ void run_generate(const GenerateArgs& a) {
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
   opt.sampling = a.sampling;
+  opt.json_object = a.json;
   double ttft = -1;
   DecodeResult r = decode(*model, kv, ws, std::move(logits), opt, [&](const std::string& piece) {
     if (ttft < 0) ttft = t.seconds();
@@ -222,6 +225,8 @@ void register_generate(CLI::App& app) {
   c->add_option("-f,--prompt-file", a->prompt_file, "Read the prompt from a file");
   c->add_option("--system", a->system, "System message (chat mode)");
   c->add_flag("--raw", a->raw, "Use the prompt as is, without the chat template");
+  c->add_flag("--json", a->json,
+              "Answer with one JSON object (the server's response_format json_object)");
   c->add_option("-n,--max-tokens", a->max_tokens, "Maximum new tokens")->capture_default_str();
   SamplingParams& sp = a->sampling;
   c->add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();
