@@ -57,6 +57,11 @@ bool JsonRecognizer::end_value() {
   return true;
 }
 
+bool JsonRecognizer::close() {
+  --depth_;
+  return end_value();
+}
+
 bool JsonRecognizer::value_start(uint8_t c) {
   if (is_space(c)) return space(c);
   if (object_only_ && depth_ == 0 && c != '{') return false;
@@ -223,8 +228,7 @@ bool JsonRecognizer::feed(uint8_t c) {
       break;
     case kArrayFirst:
       if (c == ']') {
-        --depth_;
-        ok = end_value();
+        ok = close();
       } else {
         ok = value_start(c);
       }
@@ -236,8 +240,7 @@ bool JsonRecognizer::feed(uint8_t c) {
         key_ = true;
         ok = true;
       } else if (c == '}' && mode_ == kObjectFirst) {
-        --depth_;
-        ok = end_value();
+        ok = close();
       } else {
         ok = space(c);
       }
@@ -255,8 +258,7 @@ bool JsonRecognizer::feed(uint8_t c) {
         mode_ = top_object ? kKey : kValue;
         ok = true;
       } else if (c == (top_object ? '}' : ']')) {
-        --depth_;
-        ok = end_value();
+        ok = close();
       } else {
         ok = space(c);
       }

@@ -50,6 +50,7 @@ class JsonRecognizer {
   };
   bool value_start(uint8_t c);
   bool end_value();  // a value ended: kAfter inside a container, kDone at the top
+  bool close();      // the innermost container's closing bracket: it ended as a value
   bool space(uint8_t c);
   bool string_byte(uint8_t c);
   bool number_byte(uint8_t c);
