@@ -278,8 +278,12 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     all.insert(all.end(), p.query.begin(), p.query.end());
     g->sampler_->set_context(all);
   }
-  if (gen.json_object)
+  if (gen.json_object) {
+    CT_THROW_IF_NOT(gen.stop_at_eog,
+                    "JSON output ends with the object: it cannot be combined with generating past "
+                    "end-of-generation (ignore_eos)");
     g->sampler_->set_constraint(std::make_unique<JsonObjectConstraint>(json_vocab()));
+  }
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   // A follower that scores its prompt computes it itself (the leader's rows have no scores); one
   // with no tokens to generate needs no prefill.
@@ -363,9 +367,9 @@ bool Engine::selection_step(Generation& g, StepRows& step) {
       const int rows = sp.select_rows_within(row_work_, budget);
       const double work = sp.select_work_of(row_work_, rows);
       if (step.work > 0 && step.work + work > budget) return false;
-      Workspace ws;
-      sp.select_step(rows, ws);
+      sp.select_step(rows, decode_ws_);  // (its pass ends before this step's batch begins)
       step.work += work;
+      step.select += rows;
     }
     return true;
   } catch (const ChunkReadError& e) {
@@ -768,7 +772,13 @@ StepRows Engine::advance(Generation* const* gens, int n) {
       }
       continue;
     }
-    const int32_t id = g.sampler_->sample(g.logits_.data(), V);
+    int32_t id = -1;
+    try {
+      id = g.sampler_->sample(g.logits_.data(), V);  // (a constraint may find no token)
+    } catch (...) {
+      fail(g, std::current_exception());
+      continue;
+    }
     if (g.first_) {
       g.first_ = false;
       g.answer_.ttft_ms = g.ttft_.ms();

@@ -139,6 +139,7 @@ struct StepRows {
   int decode = 0;   // decode rows (one per generating request)
   int prefill = 0;  // prefill rows (slices of chunked prefills)
   int encode = 0;   // rows of chunk encodings' passes (ChunkEncoding::rows_done)
+  int select = 0;   // rows of selection passes (SlicedPrefill::select_step: CacheBlend, ProphetKV)
   double work = 0;  // the budgeted work of the prefill and encoding rows (RowWork)
 };
 

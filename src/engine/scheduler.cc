@@ -285,7 +285,7 @@ void Scheduler::loop() {
       stats_.running = (int)running.size();
       observer = observer_;
     }
-    if (observer && (rows > 0 || step.encode > 0)) {
+    if (observer && (rows > 0 || step.encode > 0 || step.select > 0)) {
       try {
         observer(step, step_s);
       } catch (...) {  // an observer's failure must not end the scheduler's thread

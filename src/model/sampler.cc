@@ -168,7 +168,14 @@ SampleCandidates& Sampler::top_candidates(const float* logits, int n_vocab) {
     }
     return false;
   };
-  const int k = (p_.top_k > 0 && p_.top_k < n_vocab) ? p_.top_k : n_vocab;
+  int k = (p_.top_k > 0 && p_.top_k < n_vocab) ? p_.top_k : n_vocab;
+  if (k < n_vocab && constraint_) {
+    // Most logits may be -inf (a constraint's mask): top-k of the allowed ones, found without
+    // widening the margin below them pass after pass.
+    int allowed = 0;
+    for (uint8_t a : allowed_) allowed += a != 0;
+    k = std::max(1, std::min(k, allowed));
+  }
   if (k < n_vocab) {
     // Top-k: the tokens within a logit margin of the best are the top ones; widen it until they
     // are k or more, then sort those alone. Top-p then within the k, as the reference does.

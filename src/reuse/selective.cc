@@ -216,9 +216,9 @@ PassResult run_pass(const Model& m, LayerBackend& be, const RequestLayout& lay,
     }
     be.layer(l, tapped ? &tap : nullptr);
     if (blend && l == 0) {
-      Timer st;
       std::vector<float> k1((size_t)lay.n_total * KV), v1(k1.size());
-      check_kv(m, be, k1, v1, 0);
+      check_kv(m, be, k1, v1, 0);  // (the backend counts it as compute)
+      Timer st;
       select_at_check_layer(m, plans, k1.data(), v1.data(), *after_layer0);
       act = active_positions(lay, plans);
       be.keep_rows(act);
@@ -487,7 +487,14 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
   s.req = req;
   Timer st;
   const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
-  const PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
+  PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
+  // The reuse pass runs in select_step's blocks, for the policies that declare they read it.
+  preq.reuse_pass_attention = [&pol]() -> std::vector<float> {
+    CT_THROW_IF_NOT(false,
+                    "policy '{}' reads the reuse pass without declaring it (reads_reuse_pass)",
+                    pol.name());
+    return {};
+  };
   if (pol.stage() == PolicyStage::kTokens) {
     // The policy places its reused rows now; the slices prefill the rest of its token list.
     TokenPlan tp = pol.plan_tokens(preq, kv);
@@ -578,7 +585,10 @@ void SlicedPrefill::select_step(int n, Workspace& ws) {
         be->layer(l, q < n ? &tap : nullptr);
       }
     }
-    s.bd.compute_ms += be->times().compute_ms;
+    // As in the whole prefill: layer 0 over every row is the layer loop's, the reuse pass is
+    // the selection's.
+    (s.pass == State::Pass::kLayer0 ? s.bd.compute_ms : s.bd.select_ms) +=
+        be->times().compute_ms;
   }
   if (a + n < s.sel_pos.size()) {
     s.sel_next = a + n;

@@ -278,6 +278,9 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
       bad("ignore_eos", "'ignore_eos' is a " + type_name(*s) + "; expected a boolean");
     r.gen.stop_at_eog = !s->get<bool>();
   }
+  if (r.gen.json_object && !r.gen.stop_at_eog)
+    bad("ignore_eos", "'ignore_eos' with response_format json_object: the answer ends with the "
+                      "JSON object");
 }
 
 }  // namespace

@@ -258,7 +258,9 @@ TEST_F(JsonConstraintTest, ASampledAnswerIsJsonAndEndsOnlyWhenTheObjectIsWhole) 
   for (int run = 0; run < 60; ++run) {
     SamplingParams p;
     p.temperature = run % 3 == 0 ? 0.0f : 1.0f;
-    p.top_k = run % 2 == 0 ? 0 : 40;
+    p.top_k = run % 2 == 0 ? 0 : 40;  // often more than the allowed tokens
+    p.top_p = run % 5 == 1 ? 0.9f : 1.0f;
+    p.min_p = run % 7 == 2 ? 0.05f : 0.0f;
     p.seed = run;
     Sampler s(p);
     s.set_constraint(std::make_unique<JsonObjectConstraint>(trie));

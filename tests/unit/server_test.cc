@@ -205,6 +205,10 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                   {{"prompt", "q"}, {"response_format", {{"type", "json_object"}}}}, ApiLimits{})
                   .gen.json_object);
   EXPECT_FALSE(parse_chat_request({{"messages", {user("q")}}}, {}).gen.json_object);
+  expect_refused({{"messages", {user("q")}},
+                  {"response_format", {{"type", "json_object"}}},
+                  {"ignore_eos", true}},
+                 "ignore_eos", "ends with the JSON object");
   expect_refused({{"messages", {user("q")}}, {"top_k", -2}}, "top_k", "[-1, ");
   EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}},
                                {})
@@ -786,10 +790,6 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
   EXPECT_EQ(e["bytes"], json({228}));
 }
 
-// echo (lm-evaluation-harness's scoring request: token ids, echo, logprobs, max_tokens 0 or 1):
-// the text starts with the prompt's, and logprobs list the prompt's tokens first, the first with
-// null, the others the engine's scores of each token after those before it
-// (Answer::prompt_logprobs), then the generated tokens' as without echo.
 // response_format json_object: each choice's content is JSON text (a whole object when the
 // choice ended on its own), whole and streamed, on both routes.
 TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
@@ -840,6 +840,10 @@ TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
   }
 }
 
+// echo (lm-evaluation-harness's scoring request: token ids, echo, logprobs, max_tokens 0 or 1):
+// the text starts with the prompt's, and logprobs list the prompt's tokens first, the first with
+// null, the others the engine's scores of each token after those before it
+// (Answer::prompt_logprobs), then the generated tokens' as without echo.
 TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   const Tokenizer& tok = engine_->model().tokenizer();
   const std::vector<int32_t> ids = tok.encode("Who kept the light", /*parse_special=*/false);
