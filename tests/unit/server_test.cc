@@ -822,9 +822,13 @@ TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
         for (const json& ev : sse_events(res->body, &done)) {
           for (const json& c : ev["choices"]) {
             const int i = c["index"];
-            const json& piece = chat ? c["delta"]["content"] : c["text"];
-            if (piece.is_string()) text[i] += piece.get<std::string>();
-            if (c["finish_reason"].is_string()) finish[i] = c["finish_reason"];
+            // (A chat event's delta may hold no content: the role, or nothing at the end.)
+            const json& holder = chat ? c["delta"] : c;
+            const char* key = chat ? "content" : "text";
+            if (holder.contains(key) && holder[key].is_string())
+              text[i] += holder[key].get<std::string>();
+            if (c.contains("finish_reason") && c["finish_reason"].is_string())
+              finish[i] = c["finish_reason"];
           }
         }
         EXPECT_TRUE(done);
