@@ -11,6 +11,7 @@
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/paths.h"
+#include "model/json_constraint.h"
 #include "core/timer.h"
 #include "reuse/pooled_chunk.h"
 #include "store/record_format.h"
@@ -652,7 +653,7 @@ void Engine::start_prefill(Generation& g) {
       if (sliced) {
         // The selection now (CacheBlend's and ProphetKV's after a selection pass, stepped in
         // advance()); the rows step by step in advance() (at least the query's).
-        g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv, ws);
+        g.sliced_ = std::make_unique<SlicedPrefill>(*model_, req, sel, kv);
       } else {
         g.logits_ = selective_prefill(*model_, req, sel, kv, ws, &ans.prefill);
         g.next_pos_ = kv.n_pos;  // a token-stage list can be shorter than the prompt (lfonly)

@@ -18,7 +18,6 @@
 #include "core/paths.h"
 #include "core/timer.h"
 #include "engine/generate.h"
-#include "model/json_constraint.h"
 #include "model/sampler.h"
 #include "model/stop_matcher.h"
 #include "reuse/encoder.h"
@@ -29,6 +28,8 @@
 #include "store/tier_registry.h"
 
 namespace ct {
+
+class VocabTrie;  // model/json_constraint.h
 
 // Tier specs are parsed, checked and built by store/tier_registry.h; the engine only holds them.
 using store::calibration_tier_key;

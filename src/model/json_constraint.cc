@@ -358,28 +358,30 @@ int VocabTrie::allow(const JsonRecognizer& r, std::vector<uint8_t>& allowed) con
   return n;
 }
 
-void JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
-  allowed.assign(vocab_->n_vocab(), 0);
+int JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
   if (r_.done()) {  // the object is whole: the answer ends
     CT_THROW_IF_NOT(!vocab_->eog().empty(),
                     "JSON output: the object is complete but the vocabulary has no "
                     "end-of-generation token to end the answer with");
+    allowed.assign(vocab_->n_vocab(), 0);
     for (int32_t id : vocab_->eog()) allowed[id] = 1;
-    return;
+    return (int)vocab_->eog().size();
   }
   for (size_t i = 0; i < masks_.size(); ++i) {
-    if (masks_[i].first == r_) {
-      allowed = masks_[i].second;
+    if (masks_[i].state == r_) {
+      allowed = masks_[i].allowed;
       std::rotate(masks_.begin(), masks_.begin() + i, masks_.begin() + i + 1);
-      return;
+      return masks_.front().n;
     }
   }
-  CT_THROW_IF_NOT(vocab_->allow(r_, allowed) > 0,
-                  "JSON output: no token of the vocabulary continues the JSON text");
+  allowed.assign(vocab_->n_vocab(), 0);
+  const int n = vocab_->allow(r_, allowed);
+  CT_THROW_IF_NOT(n > 0, "JSON output: no token of the vocabulary continues the JSON text");
   ++walks_;
   if (masks_.size() < kMasks) masks_.emplace_back();
   std::rotate(masks_.begin(), masks_.end() - 1, masks_.end());  // the oldest to the front
-  masks_.front() = {r_, allowed};
+  masks_.front() = {r_, allowed, n};
+  return n;
 }
 
 void JsonObjectConstraint::accept(int32_t id) {

@@ -101,9 +101,9 @@ class VocabTrie {
 class TokenConstraint {
  public:
   virtual ~TokenConstraint() = default;
-  // allowed: resized to n_vocab, 1 for the tokens that may come next. Throws ct::Error when
-  // none may.
-  virtual void allowed(std::vector<uint8_t>& allowed) = 0;
+  // allowed: resized to n_vocab, 1 for the tokens that may come next; returns how many. Throws
+  // ct::Error when none may.
+  virtual int allowed(std::vector<uint8_t>& allowed) = 0;
   virtual void accept(int32_t id) = 0;
 };
 
@@ -112,7 +112,7 @@ class JsonObjectConstraint final : public TokenConstraint {
  public:
   explicit JsonObjectConstraint(std::shared_ptr<const VocabTrie> vocab)
       : vocab_(std::move(vocab)) {}
-  void allowed(std::vector<uint8_t>& allowed) override;
+  int allowed(std::vector<uint8_t>& allowed) override;
   void accept(int32_t id) override;
   const JsonRecognizer& state() const { return r_; }
   int mask_walks() const { return walks_; }  // masks computed by a walk of the trie
@@ -123,7 +123,12 @@ class JsonObjectConstraint final : public TokenConstraint {
   // The masks of the last few states, most recent first: inside a string, or between an
   // object's members, the state repeats from token to token, and so does its mask.
   static constexpr size_t kMasks = 8;
-  std::vector<std::pair<JsonRecognizer, std::vector<uint8_t>>> masks_;
+  struct Mask {
+    JsonRecognizer state;
+    std::vector<uint8_t> allowed;
+    int n = 0;
+  };
+  std::vector<Mask> masks_;
   int walks_ = 0;
 };
 

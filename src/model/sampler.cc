@@ -172,9 +172,7 @@ SampleCandidates& Sampler::top_candidates(const float* logits, int n_vocab) {
   if (k < n_vocab && constraint_) {
     // Most logits may be -inf (a constraint's mask): top-k of the allowed ones, found without
     // widening the margin below them pass after pass.
-    int allowed = 0;
-    for (uint8_t a : allowed_) allowed += a != 0;
-    k = std::max(1, std::min(k, allowed));
+    k = std::max(1, std::min(k, n_allowed_));
   }
   if (k < n_vocab) {
     // Top-k: the tokens within a logit margin of the best are the top ones; widen it until they
@@ -305,7 +303,7 @@ const float* Sampler::adjust(const float* logits, int n_vocab) {
     }
   }
   if (constraint_) {
-    constraint_->allowed(allowed_);
+    n_allowed_ = constraint_->allowed(allowed_);
     CT_THROW_IF_NOT((int)allowed_.size() == n_vocab,
                     "the sampler's constraint has a {}-token vocabulary; the logits have {}",
                     allowed_.size(), n_vocab);

@@ -72,6 +72,7 @@ class Sampler {
   std::vector<char> is_seen_;  // [n_vocab], once sampling has begun: whether a token is in seen_
   std::unique_ptr<TokenConstraint> constraint_;
   std::vector<uint8_t> allowed_;  // the constraint's mask of this step
+  int n_allowed_ = 0;             // and how many tokens it allows
   void see(int32_t id);
   // logits, or adjusted_ holding them with the penalties and bias applied.
   const float* adjust(const float* logits, int n_vocab);

@@ -472,7 +472,7 @@ bool SlicedPrefill::supports(const SelectiveOptions& opt) {
 }
 
 SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
-                             const SelectiveOptions& opt, KVCache& kv, Workspace& ws)
+                             const SelectiveOptions& opt, KVCache& kv)
     : s_(std::make_unique<State>(m, kv)) {
   CT_THROW_IF_NOT(supports(opt),
                   "policy '{}' cannot prefill in slices with a device or query attention; run it "
@@ -486,15 +486,14 @@ SlicedPrefill::SlicedPrefill(const Model& m, const ComposedRequest& req,
   s.opt = opt;
   s.req = req;
   Timer st;
-  const LayersFn layers = [&](bool) { return make_cpu_layers(m, kv, ws, opt.pipeline); };
-  PolicyRequest preq = policy_request(m, req, s.lay, opt, s.plans, layers);
   // The reuse pass runs in select_step's blocks, for the policies that declare they read it.
-  preq.reuse_pass_attention = [&pol]() -> std::vector<float> {
-    CT_THROW_IF_NOT(false,
-                    "policy '{}' reads the reuse pass without declaring it (reads_reuse_pass)",
-                    pol.name());
-    return {};
-  };
+  const PolicyRequest preq{m, req, s.lay, opt, [&pol]() -> std::vector<float> {
+                             CT_THROW_IF_NOT(false,
+                                             "policy '{}' reads the reuse pass without declaring "
+                                             "it (reads_reuse_pass)",
+                                             pol.name());
+                             return {};
+                           }};
   if (pol.stage() == PolicyStage::kTokens) {
     // The policy places its reused rows now; the slices prefill the rest of its token list.
     TokenPlan tp = pol.plan_tokens(preq, kv);

@@ -127,10 +127,10 @@ std::vector<float> selective_prefill(const Model& m, const ComposedRequest& req,
 class SlicedPrefill {
  public:
   static bool supports(const SelectiveOptions& opt);
-  // The chunk sources and kv (at least n_total positions) must outlive this object; req, opt and
-  // ws are used only here (a two-pass policy's first pass runs on ws).
+  // The chunk sources and kv (at least n_total positions) must outlive this object; req and opt
+  // are copied.
   SlicedPrefill(const Model& m, const ComposedRequest& req, const SelectiveOptions& opt,
-                KVCache& kv, Workspace& ws);
+                KVCache& kv);
   ~SlicedPrefill();
   SlicedPrefill(const SlicedPrefill&) = delete;
   SlicedPrefill& operator=(const SlicedPrefill&) = delete;

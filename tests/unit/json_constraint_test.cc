@@ -233,9 +233,9 @@ TEST_F(JsonConstraintTest, AReusedMaskIsTheWalksMaskForItsState) {
   const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/false);
   std::vector<uint8_t> got, want(tok.n_vocab());
   for (size_t i = 0; i < ids.size(); ++i) {
-    c.allowed(got);
+    const int n = c.allowed(got);
     std::fill(want.begin(), want.end(), 0);
-    trie->allow(c.state(), want);
+    EXPECT_EQ(n, trie->allow(c.state(), want)) << "token " << i;  // the count, reused too
     ASSERT_EQ(got, want) << "token " << i;
     ASSERT_EQ(got[ids[i]], 1) << "token " << i;
     c.accept(ids[i]);

@@ -437,7 +437,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
       const auto other_prompt = test::random_byte_tokens(3, 34);
       cpu::prefill(*model_, other_prompt.data(), 3, 0, other, ws);
       cpu::prefill(*model_, other_prompt.data(), 3, 0, alone, ws);
-      SlicedPrefill sp(*model_, req, opt, kv, ws);
+      SlicedPrefill sp(*model_, req, opt, kv);
       // A layer-0 or two-pass policy's selection pass first, in blocks of the same size, each
       // a pass of its own: no slice before it has run.
       const bool layer0 = opt.policy.kind->stage() == PolicyStage::kAfterLayer0;
@@ -521,7 +521,7 @@ TEST_P(SelectiveTest, SlicedPrefillEqualsTheWholePrefill) {
     EXPECT_FALSE(SlicedPrefill::supports(opt));
     KVCache kv = model_->make_cache(lay.n_total);
     try {
-      SlicedPrefill sp(*model_, req, opt, kv, ws);
+      SlicedPrefill sp(*model_, req, opt, kv);
       ADD_FAILURE() << "a prefill with query attention was sliced";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("whole"), std::string::npos) << e.what();
