@@ -4,7 +4,8 @@
 # (the committed corpus is never written). Prints executions and the result per target; exits
 # non-zero when any target finds a crash, a sanitizer report, a leak or an out-of-memory input,
 # and keeps the input under build-fuzz/findings/.
-#   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer json (default all);
+#   tools/fuzz.sh [SECONDS] [TARGET...]   targets: gguf record api tier_spec tokenizer json json_schema
+#                                         (default all);
 #                                         tokenizer:VOCAB runs that one on one vocabulary (tiny,
 #                                         smollm2, qwen2, llama-bpe, llama-spm, ...)
 #                                         CT_FUZZ_RUNS=N also stops each after N executions
@@ -21,7 +22,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BUILD="${CT_FUZZ_BUILD_DIR:-build-fuzz}"
-ALL=(gguf record api tier_spec tokenizer json)
+ALL=(gguf record api tier_spec tokenizer json json_schema)
 
 configure_and_build() {
   command -v clang++ >/dev/null || {

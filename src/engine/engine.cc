@@ -279,11 +279,16 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     all.insert(all.end(), p.query.begin(), p.query.end());
     g->sampler_->set_context(all);
   }
-  if (gen.json_object) {
+  if (gen.json_object || gen.json_schema) {
     CT_THROW_IF_NOT(gen.stop_at_eog,
-                    "JSON output ends with the object: it cannot be combined with generating past "
+                    "JSON output ends with the value: it cannot be combined with generating past "
                     "end-of-generation (ignore_eos)");
-    g->sampler_->set_constraint(std::make_unique<JsonObjectConstraint>(json_vocab()));
+    if (gen.json_schema) {
+      g->sampler_->set_constraint(
+          std::make_unique<JsonSchemaConstraint>(json_vocab(), gen.json_schema));
+    } else {
+      g->sampler_->set_constraint(std::make_unique<JsonObjectConstraint>(json_vocab()));
+    }
   }
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   // A follower that scores its prompt computes it itself (the leader's rows have no scores); one

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 
 namespace ct {
 
+class JsonSchema;  // model/json_constraint.h
+
 struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 128;
@@ -20,6 +23,9 @@ struct GenerateOptions {
   // continue valid JSON text may be chosen, and an end-of-generation token only once the object
   // is whole (JsonObjectConstraint). max_tokens may still cut it short.
   bool json_object = false;
+  // The answer is one JSON value that this schema accepts (response_format json_schema;
+  // JsonSchemaConstraint); when set, json_object is not.
+  std::shared_ptr<const JsonSchema> json_schema;
   // Stop sequences (StopMatcher, at most 4): generation ends before the first occurrence, which
   // is left out of the text and of what on_piece receives.
   std::vector<std::string> stop;

@@ -33,42 +33,53 @@ constexpr const char* kLiterals[] = {"true", "false", "null"};
 
 }  // namespace
 
-JsonRecognizer::JsonRecognizer(bool object_only) : object_only_(object_only) {}
+template <class Ev>
+BasicJsonRecognizer<Ev>::BasicJsonRecognizer(bool object_only, Ev ev)
+    : object_only_(object_only), ev_(ev) {}
 
-bool JsonRecognizer::complete() const {
-  return mode_ == kDone || (mode_ == kNumber && depth_ == 0 && number_final(num_));
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::complete() const {
+  return mode_ == kDone || (mode_ == kNumber && depth_ == 0 && number_final(num_) && ev_.can_end());
 }
 
-bool JsonRecognizer::feed(std::string_view s) {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::feed(std::string_view s) {
   for (char c : s) {
     if (!feed((uint8_t)c)) return false;
   }
   return true;
 }
 
-bool JsonRecognizer::space(uint8_t c) {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::space(uint8_t c) {
   if (!is_space(c) || spaces_ >= kMaxSpaces) return false;
   ++spaces_;
   return true;
 }
 
-bool JsonRecognizer::end_value() {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::end_value() {
   mode_ = depth_ == 0 ? kDone : kAfter;
   return true;
 }
 
-bool JsonRecognizer::close() {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::close() {
   --depth_;
   return end_value();
 }
 
-bool JsonRecognizer::value_start(uint8_t c) {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::value_start(uint8_t c) {
   if (is_space(c)) return space(c);
   if (object_only_ && depth_ == 0 && c != '{') return false;
+  if ((c == '{' || c == '[') && depth_ >= kMaxDepth) return false;
+  if (!is_digit(c) && std::string_view("{[\"-tfn").find((char)c) == std::string_view::npos)
+    return false;
+  if (!ev_.value(c)) return false;
   switch (c) {
     case '{':
     case '[':
-      if (depth_ >= kMaxDepth) return false;
       if (c == '{') {
         stack_ |= uint64_t(1) << depth_;
       } else {
@@ -93,14 +104,14 @@ bool JsonRecognizer::value_start(uint8_t c) {
       lit_pos_ = 1;
       return true;
     default:
-      if (!is_digit(c)) return false;
       mode_ = kNumber;
       num_ = c == '0' ? kZero : kInt;
       return true;
   }
 }
 
-bool JsonRecognizer::string_byte(uint8_t c) {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::string_byte(uint8_t c) {
   if (utf8_ > 0) {  // a continuation byte of a multi-byte character
     if (c < utf8_lo_ || c > utf8_hi_) return false;
     --utf8_;
@@ -176,7 +187,20 @@ bool JsonRecognizer::string_byte(uint8_t c) {
   return true;
 }
 
-bool JsonRecognizer::number_byte(uint8_t c) {
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::number_byte(uint8_t c) {
+  if (number_step(c)) return ev_.scalar_byte(c);
+  if (!number_final(num_)) return false;
+  // The number ended: c is the next byte after a value.
+  num_ = 0;
+  if (!ev_.scalar_end()) return false;
+  end_value();
+  return feed(c);
+}
+
+// The number's next state after c, if c continues it (else false, num_ unchanged).
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::number_step(uint8_t c) {
   switch (num_) {
     case kMinus:
       if (!is_digit(c)) return false;
@@ -211,13 +235,12 @@ bool JsonRecognizer::number_byte(uint8_t c) {
     num_ = kExp;
     return true;
   }
-  num_ = 0;
-  end_value();
-  return feed(c);
+  return false;
 }
 
-bool JsonRecognizer::feed(uint8_t c) {
-  const JsonRecognizer before = *this;
+template <class Ev>
+bool BasicJsonRecognizer<Ev>::feed(uint8_t c) {
+  const BasicJsonRecognizer before = *this;
   bool ok = false;
   const bool counts_space = mode_ != kString && mode_ != kNumber && mode_ != kLiteral;
   if (!counts_space || !is_space(c)) spaces_ = 0;
@@ -228,7 +251,7 @@ bool JsonRecognizer::feed(uint8_t c) {
       break;
     case kArrayFirst:
       if (c == ']') {
-        ok = close();
+        ok = ev_.close(false) && close();
       } else {
         ok = value_start(c);
       }
@@ -238,9 +261,9 @@ bool JsonRecognizer::feed(uint8_t c) {
       if (c == '"') {
         mode_ = kString;
         key_ = true;
-        ok = true;
+        ok = ev_.key_open();
       } else if (c == '}' && mode_ == kObjectFirst) {
-        ok = close();
+        ok = ev_.close(true) && close();
       } else {
         ok = space(c);
       }
@@ -256,23 +279,33 @@ bool JsonRecognizer::feed(uint8_t c) {
     case kAfter:
       if (c == ',') {
         mode_ = top_object ? kKey : kValue;
-        ok = true;
+        ok = ev_.comma(top_object);
       } else if (c == (top_object ? '}' : ']')) {
-        ok = close();
+        ok = ev_.close(top_object) && close();
       } else {
         ok = space(c);
       }
       break;
-    case kString:
+    case kString: {
+      const bool key = key_;
       ok = string_byte(c);
+      if (ok) {
+        const bool closed = mode_ != kString;
+        if (key) {
+          ok = closed ? ev_.key_close() : ev_.key_byte(c);
+        } else {
+          ok = ev_.scalar_byte(c) && (!closed || ev_.scalar_end());
+        }
+      }
       break;
+    }
     case kNumber:
       ok = number_byte(c);
       break;
     case kLiteral: {
       const char* lit = kLiterals[lit_];
-      ok = c == (uint8_t)lit[lit_pos_];
-      if (ok && lit[++lit_pos_] == '\0') end_value();
+      ok = c == (uint8_t)lit[lit_pos_] && ev_.scalar_byte(c);
+      if (ok && lit[++lit_pos_] == '\0') ok = ev_.scalar_end() && end_value();
       break;
     }
     case kDone:
@@ -332,12 +365,13 @@ VocabTrie::VocabTrie(const Tokenizer& tok) : n_vocab_(tok.n_vocab()) {
   }
 }
 
-int VocabTrie::allow(const JsonRecognizer& r, std::vector<uint8_t>& allowed) const {
+template <class R>
+int VocabTrie::allow(const R& r, std::vector<uint8_t>& allowed) const {
   int n = 0;
   // Depth first, each node's recognizer state on the stack; a refused byte prunes its subtree.
   struct Frame {
     uint32_t node;
-    JsonRecognizer state;
+    R state;
   };
   std::vector<Frame> stack;
   stack.reserve(256);
@@ -358,10 +392,25 @@ int VocabTrie::allow(const JsonRecognizer& r, std::vector<uint8_t>& allowed) con
   return n;
 }
 
-int JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
-  if (r_.done()) {  // the object is whole: the answer ends
+template <class Ev>
+JsonConstraint<Ev>::JsonConstraint(std::shared_ptr<const VocabTrie> vocab,
+                                   std::shared_ptr<const JsonSchema> schema)
+    : vocab_(std::move(vocab)), schema_(std::move(schema)) {
+  if constexpr (std::is_same_v<Ev, NoJsonEvents>) {
+    CT_THROW_IF_NOT(!schema_, "JSON output: a schema needs JsonSchemaConstraint");
+    r_ = Recognizer(true);
+  } else {
+    CT_THROW_IF_NOT(schema_ != nullptr, "JSON output: JsonSchemaConstraint without a schema");
+    r_ = Recognizer(false, Ev(schema_.get()));
+  }
+}
+
+template <class Ev>
+int JsonConstraint<Ev>::allowed(std::vector<uint8_t>& allowed) {
+  CT_THROW_IF_NOT(!ended_, "JSON output: the answer has ended");
+  if (r_.done()) {  // the value is whole: the answer ends
     CT_THROW_IF_NOT(!vocab_->eog().empty(),
-                    "JSON output: the object is complete but the vocabulary has no "
+                    "JSON output: the value is complete but the vocabulary has no "
                     "end-of-generation token to end the answer with");
     allowed.assign(vocab_->n_vocab(), 0);
     for (int32_t id : vocab_->eog()) allowed[id] = 1;
@@ -375,7 +424,13 @@ int JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
     }
   }
   allowed.assign(vocab_->n_vocab(), 0);
-  const int n = vocab_->allow(r_, allowed);
+  int n = vocab_->allow(r_, allowed);
+  if (r_.complete()) {  // a top-level number may end here or go on
+    for (int32_t id : vocab_->eog()) {
+      if (!allowed[id]) ++n;
+      allowed[id] = 1;
+    }
+  }
   CT_THROW_IF_NOT(n > 0, "JSON output: no token of the vocabulary continues the JSON text");
   ++walks_;
   if (masks_.size() < kMasks) masks_.emplace_back();
@@ -384,13 +439,27 @@ int JsonObjectConstraint::allowed(std::vector<uint8_t>& allowed) {
   return n;
 }
 
-void JsonObjectConstraint::accept(int32_t id) {
+template <class Ev>
+void JsonConstraint<Ev>::accept(int32_t id) {
   CT_THROW_IF_NOT(id >= 0 && id < vocab_->n_vocab(), "JSON output: token {} of a {}-token vocabulary",
                   id, vocab_->n_vocab());
-  if (r_.done()) return;  // the end-of-generation token
+  const auto& eog = vocab_->eog();
+  if (std::find(eog.begin(), eog.end(), id) != eog.end()) {
+    CT_THROW_IF_NOT(r_.complete(), "JSON output: end-of-generation token {} before the value is whole",
+                    id);
+    ended_ = true;
+    return;
+  }
   CT_THROW_IF_NOT(r_.feed(vocab_->piece(id)),
                   "JSON output: token {} ('{}') does not continue the JSON text", id,
                   vocab_->piece(id));
 }
+
+template class BasicJsonRecognizer<NoJsonEvents>;
+template class BasicJsonRecognizer<JsonSchemaEvents>;
+template class JsonConstraint<NoJsonEvents>;
+template class JsonConstraint<JsonSchemaEvents>;
+template int VocabTrie::allow(const JsonRecognizer&, std::vector<uint8_t>&) const;
+template int VocabTrie::allow(const JsonSchemaRecognizer&, std::vector<uint8_t>&) const;
 
 }  // namespace ct

@@ -1,7 +1,7 @@
-// JSON-constrained decoding (OpenAI's `response_format: {"type": "json_object"}`): a byte-level
-// recognizer of JSON text (RFC 8259, UTF-8) and a token constraint that lets the sampler choose
-// only tokens whose bytes continue a valid JSON object, and an end-of-generation token only once
-// the object is complete.
+// JSON-constrained decoding (OpenAI's `response_format`): a byte-level recognizer of JSON text
+// (RFC 8259, UTF-8), optionally checked against a JSON Schema as it goes, and a token constraint
+// that lets the sampler choose only tokens whose bytes continue a valid text, and an
+// end-of-generation token only once the value is complete.
 #pragma once
 
 #include <cstdint>
@@ -10,9 +10,29 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace ct {
 
 class Tokenizer;
+
+// What a recognizer tells a checker of the text's meaning as it goes (each call may refuse the
+// byte by returning false): a value begins with byte c; the bytes of a scalar value (string,
+// number, true/false/null) after its first, and its end; an object key's opening quote, its raw
+// bytes (escapes as written) and its closing quote; a comma or closing bracket of an object or
+// array. This one checks nothing.
+struct NoJsonEvents {
+  bool value(uint8_t) { return true; }
+  bool scalar_byte(uint8_t) { return true; }
+  bool scalar_end() { return true; }
+  bool key_open() { return true; }
+  bool key_byte(uint8_t) { return true; }
+  bool key_close() { return true; }
+  bool comma(bool) { return true; }
+  bool close(bool) { return true; }
+  bool can_end() const { return true; }
+  bool operator==(const NoJsonEvents&) const = default;
+};
 
 // A pushdown recognizer of one JSON value: feed() takes the text byte by byte and refuses the
 // first byte after which no continuation could be valid JSON; complete() says whether the text so
@@ -20,12 +40,14 @@ class Tokenizer;
 // A \u escape of a UTF-16 surrogate must be a high one followed by a low one's escape.
 // Limits beyond RFC 8259 (a generator's, not a parser's): nesting depth at most kMaxDepth, and at
 // most kMaxSpaces whitespace bytes in a row outside strings, so a constrained model cannot pad
-// forever. Only an object at the top level with object_only.
-class JsonRecognizer {
+// forever. Only an object at the top level with object_only. Ev (NoJsonEvents, JsonSchemaEvents)
+// is told the text's structure and may refuse a byte; it is part of the state.
+template <class Ev>
+class BasicJsonRecognizer {
  public:
   static constexpr int kMaxDepth = 64;
   static constexpr int kMaxSpaces = 32;
-  explicit JsonRecognizer(bool object_only = true);
+  explicit BasicJsonRecognizer(bool object_only = true, Ev ev = Ev());
   // Whether byte c may come next; if so, the state moves past it (else it is unchanged).
   bool feed(uint8_t c);
   bool feed(std::string_view s);  // every byte, stopping at the first refused one
@@ -33,7 +55,8 @@ class JsonRecognizer {
   // Whether the text is a whole value after which nothing but whitespace could follow.
   bool done() const { return mode_ == kDone; }
   // Equal states take the same bytes from here on (the constraint reuses a mask by it).
-  bool operator==(const JsonRecognizer&) const = default;
+  bool operator==(const BasicJsonRecognizer&) const = default;
+  const Ev& events() const { return ev_; }
 
  private:
   enum Mode : uint8_t {
@@ -54,6 +77,7 @@ class JsonRecognizer {
   bool space(uint8_t c);
   bool string_byte(uint8_t c);
   bool number_byte(uint8_t c);
+  bool number_step(uint8_t c);
   uint64_t stack_ = 0;  // bit i: container i is an object (1) or an array (0)
   uint8_t depth_ = 0;
   Mode mode_ = kValue;
@@ -67,7 +91,95 @@ class JsonRecognizer {
   uint8_t lit_ = 0, lit_pos_ = 0;
   bool key_ = false;      // the string is an object key
   bool object_only_ = true;
+  [[no_unique_address]] Ev ev_;
 };
+using JsonRecognizer = BasicJsonRecognizer<NoJsonEvents>;
+
+// A JSON Schema compiled for the recognizer (OpenAI's response_format json_schema). The subset
+// (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
+// schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems, enum,
+// const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
+// annotations (title, description, default, examples, ...). Any other keyword is refused by name:
+// a schema the text would not be checked against must not pass silently. The recognizer decides
+// which anyOf alternative a value follows by the value's first byte, so alternatives must differ
+// in type (e.g. a string or null). Keys and enum/const values are matched as written in compact
+// JSON (a key spelled with an escape it does not need is refused); integers are written without
+// fraction or exponent. At most 64 properties per object, 4096 schema nodes, 128 levels of
+// nesting (a $ref's target counts as nested where it is referred to).
+class JsonSchema {
+ public:
+  // Throws ct::Error naming the keyword and its place (a JSON pointer) for what is not supported.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+
+  // A value's kind, by its first byte.
+  enum Kind : uint8_t { kObject, kArray, kString, kNumber, kTrue, kFalse, kNull, kKinds };
+  static constexpr uint16_t kAny = 0;        // node 0: any value
+  static constexpr uint16_t kNone = 0xFFFF;  // no node: the value is refused
+  // Bounds on what compile() takes (a schema comes from a request): nodes (each schema object,
+  // $ref and anyOf) and nesting of schema objects.
+  static constexpr size_t kMaxNodes = 4096;
+  static constexpr int kMaxNesting = 128;
+  struct Node {
+    // The node a value of each kind follows (after anyOf and $ref): a leaf, kAny or kNone.
+    uint16_t leaf[kKinds];
+    bool integer = false;            // a number without fraction or exponent
+    std::vector<std::string> names;  // properties: the keys as written, sorted (bytewise)
+    std::vector<uint16_t> props;     // each name's node
+    uint64_t required = 0;           // bit i: names[i] is required
+    uint16_t additional = kAny;      // other keys' values; kNone: no other key
+    uint16_t items = kAny;
+    uint32_t min_items = 0, max_items = UINT32_MAX;
+    std::vector<std::string> literals;  // enum / const as compact JSON, sorted; empty: none
+  };
+  const Node& node(uint16_t i) const { return nodes_[i]; }
+  uint16_t root() const { return root_; }
+  size_t size() const { return nodes_.size(); }
+
+ private:
+  friend class JsonSchemaCompiler;
+  std::vector<Node> nodes_;
+  uint16_t root_ = kAny;
+};
+
+// The events that check a text against a JsonSchema as the recognizer reads it: a stack of the
+// open objects and arrays (the properties seen, the elements counted), and the key or scalar
+// being read (the range of property names or enum values it may still be). A value the schema
+// leaves free is followed by counting its brackets alone.
+class JsonSchemaEvents {
+ public:
+  static constexpr int kMaxFrames = 20;  // open objects and arrays the schema constrains
+  JsonSchemaEvents() = default;
+  explicit JsonSchemaEvents(const JsonSchema* s) : s_(s) {}
+  bool value(uint8_t c);
+  bool scalar_byte(uint8_t c);
+  bool scalar_end();
+  bool key_open();
+  bool key_byte(uint8_t c);
+  bool key_close();
+  bool comma(bool object);
+  bool close(bool object);
+  bool can_end() const;
+  bool operator==(const JsonSchemaEvents&) const = default;
+
+ private:
+  struct Frame {
+    uint16_t node = 0;   // an object or array leaf; kAny: a free value (count: its open brackets)
+    uint16_t child = 0;  // an object's: the node of the value after the current key
+    uint32_t count = 0;  // an array's elements so far
+    uint64_t seen = 0;   // an object's properties so far
+    bool operator==(const Frame&) const = default;
+  };
+  bool narrow(const std::vector<std::string>& v, uint8_t c);
+  const JsonSchema* s_ = nullptr;
+  Frame frames_[kMaxFrames];
+  uint8_t depth_ = 0;
+  uint32_t objects_ = 0;  // bit i: frame i is an object
+  // The key or scalar being read: its leaf (kNone: none, or nothing to check), the bytes read
+  // so far and the range [lo_, hi_) of names / literals that begin with them.
+  uint16_t slot_ = JsonSchema::kNone;
+  uint16_t pos_ = 0, lo_ = 0, hi_ = 0;
+};
+using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 
 // The vocabulary as a trie of its tokens' bytes (Tokenizer::token_to_piece), built once per model
 // and shared by every constrained request; special and control tokens (empty or unrendered
@@ -78,7 +190,8 @@ class VocabTrie {
   int32_t n_vocab() const { return n_vocab_; }
   // Marks allowed[id] = 1 for every token whose bytes r accepts in full (allowed: n_vocab
   // entries, zeroed by the caller); returns how many.
-  int allow(const JsonRecognizer& r, std::vector<uint8_t>& allowed) const;
+  template <class R>
+  int allow(const R& r, std::vector<uint8_t>& allowed) const;
   const std::vector<int32_t>& eog() const { return eog_; }
   const std::string& piece(int32_t id) const { return pieces_[id]; }
 
@@ -107,29 +220,37 @@ class TokenConstraint {
   virtual void accept(int32_t id) = 0;
 };
 
-// The json_object constraint: the answer is one JSON object, then an end-of-generation token.
-class JsonObjectConstraint final : public TokenConstraint {
+// The JSON constraints: the answer is one JSON value (json_object: an object; json_schema: a
+// value the schema accepts), then an end-of-generation token.
+template <class Ev>
+class JsonConstraint final : public TokenConstraint {
  public:
-  explicit JsonObjectConstraint(std::shared_ptr<const VocabTrie> vocab)
-      : vocab_(std::move(vocab)) {}
+  using Recognizer = BasicJsonRecognizer<Ev>;
+  // json_object: no schema; json_schema: its compiled schema.
+  explicit JsonConstraint(std::shared_ptr<const VocabTrie> vocab,
+                          std::shared_ptr<const JsonSchema> schema = nullptr);
   int allowed(std::vector<uint8_t>& allowed) override;
   void accept(int32_t id) override;
-  const JsonRecognizer& state() const { return r_; }
+  const Recognizer& state() const { return r_; }
   int mask_walks() const { return walks_; }  // masks computed by a walk of the trie
 
  private:
   std::shared_ptr<const VocabTrie> vocab_;
-  JsonRecognizer r_{true};
+  std::shared_ptr<const JsonSchema> schema_;  // what r_'s events point into
+  Recognizer r_;
+  bool ended_ = false;  // an end-of-generation token was accepted
   // The masks of the last few states, most recent first: inside a string, or between an
   // object's members, the state repeats from token to token, and so does its mask.
   static constexpr size_t kMasks = 8;
   struct Mask {
-    JsonRecognizer state;
+    Recognizer state;
     std::vector<uint8_t> allowed;
     int n = 0;
   };
   std::vector<Mask> masks_;
   int walks_ = 0;
 };
+using JsonObjectConstraint = JsonConstraint<NoJsonEvents>;
+using JsonSchemaConstraint = JsonConstraint<JsonSchemaEvents>;
 
 }  // namespace ct

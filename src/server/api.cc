@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "core/error.h"
+#include "model/json_constraint.h"
 #include "model/stop_matcher.h"
 
 namespace ct::server {
@@ -243,19 +245,37 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
   if (field(body, "tools") || field(body, "functions"))
     bad("tools", "tool calls are not supported");
-  // JSON output: {"type": "json_object"} constrains the answer to one JSON object. A schema is
-  // not done: asking for one must not get unchecked text silently.
+  // JSON output: {"type": "json_object"} constrains the answer to one JSON object,
+  // {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}} to one
+  // JSON value the schema accepts (JsonSchema: a schema with a keyword it does not check is
+  // refused, never answered with unchecked text).
   if (const json* rf = field(body, "response_format")) {
     const json* t = rf->is_object() ? field(*rf, "type") : nullptr;
     const std::string type = t && t->is_string() ? t->get<std::string>() : "";
     if (type == "json_object") {
       r.gen.json_object = true;
+    } else if (type == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        bad("response_format", "response_format json_schema needs a 'json_schema' object "
+                               "({\"name\": ..., \"schema\": {...}})");
+      if (const json* n = field(*js, "name"); n && !n->is_string())
+        bad("response_format", "response_format.json_schema.name is a " + type_name(*n) +
+                                   "; expected a string");
+      if (const json* st = field(*js, "strict"); st && !st->is_boolean())
+        bad("response_format", "response_format.json_schema.strict is a " + type_name(*st) +
+                                   "; expected a boolean");
+      const json* schema = field(*js, "schema");
+      if (!schema) bad("response_format", "response_format.json_schema.schema is missing");
+      try {
+        r.gen.json_schema = JsonSchema::compile(*schema);
+      } catch (const Error& e) {
+        bad("response_format", std::string("response_format.json_schema.schema: ") + e.what());
+      }
     } else if (type != "text") {
-      bad("response_format",
-          "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}" +
-              (type == "json_schema" ? std::string("; json_schema (schema-constrained output) is not "
-                                                   "supported")
-                                     : std::string()));
+      bad("response_format", "'response_format' must be {\"type\": \"text\"}, "
+                             "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+                             "\"json_schema\": {...}}");
     }
   }
   if (const json* s = field(body, "stream")) {
@@ -278,9 +298,9 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
       bad("ignore_eos", "'ignore_eos' is a " + type_name(*s) + "; expected a boolean");
     r.gen.stop_at_eog = !s->get<bool>();
   }
-  if (r.gen.json_object && !r.gen.stop_at_eog)
-    bad("ignore_eos", "'ignore_eos' with response_format json_object: the answer ends with the "
-                      "JSON object");
+  if ((r.gen.json_object || r.gen.json_schema) && !r.gen.stop_at_eog)
+    bad("ignore_eos", "'ignore_eos' with a JSON response_format: the answer ends with the "
+                      "JSON value");
 }
 
 }  // namespace

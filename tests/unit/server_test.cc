@@ -195,9 +195,38 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", {user("q")}}, {"logit_bias", {{"5", "up"}}}}, "logit_bias",
                  "[-100, 100]");
   expect_refused({{"messages", {user("q")}}, {"response_format", {{"type", "json_schema"}}}},
-                 "response_format", "json_schema (schema-constrained output) is not supported");
+                 "response_format", "needs a 'json_schema' object");
+  expect_refused({{"messages", {user("q")}},
+                  {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "n"}}}}}},
+                 "response_format", "response_format.json_schema.schema is missing");
+  expect_refused({{"messages", {user("q")}},
+                  {"response_format",
+                   {{"type", "json_schema"},
+                    {"json_schema",
+                     {{"name", "n"},
+                      {"schema", {{"type", "string"}, {"format", "email"}}}}}}}},
+                 "response_format", "json_schema at #: keyword 'format' is not supported");
+  expect_refused({{"messages", {user("q")}},
+                  {"response_format",
+                   {{"type", "json_schema"},
+                    {"json_schema", {{"name", 3}, {"schema", {{"type", "string"}}}}}}}},
+                 "response_format", "name is a number; expected a string");
+  const json schema_rf = {{"type", "json_schema"},
+                          {"json_schema",
+                           {{"name", "cat"},
+                            {"strict", true},
+                            {"schema", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}}}}}};
+  for (bool chat : {true, false}) {
+    const GenerateOptions g =
+        chat ? parse_chat_request({{"messages", {user("q")}}, {"response_format", schema_rf}}, {}).gen
+             : parse_completion_request({{"prompt", "q"}, {"response_format", schema_rf}}, ApiLimits{})
+                   .gen;
+    ASSERT_TRUE(g.json_schema);
+    EXPECT_FALSE(g.json_object);
+    EXPECT_EQ(g.json_schema->node(g.json_schema->root()).names, std::vector<std::string>{"a"});
+  }
   expect_refused({{"messages", {user("q")}}, {"response_format", "text"}}, "response_format",
-                 "must be {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+                 "must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or");
   EXPECT_TRUE(parse_chat_request(
                   {{"messages", {user("q")}}, {"response_format", {{"type", "json_object"}}}}, {})
                   .gen.json_object);
@@ -208,7 +237,7 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", {user("q")}},
                   {"response_format", {{"type", "json_object"}}},
                   {"ignore_eos", true}},
-                 "ignore_eos", "ends with the JSON object");
+                 "ignore_eos", "ends with the JSON value");
   expect_refused({{"messages", {user("q")}}, {"top_k", -2}}, "top_k", "[-1, ");
   EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}},
                                {})
@@ -793,11 +822,21 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
 // response_format json_object: each choice's content is JSON text (a whole object when the
 // choice ended on its own), whole and streamed, on both routes.
 TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
+  // json_schema: every key forced and every value a short choice, so the tiny random model's
+  // answers end within max_tokens.
+  const json schema = {{"type", "object"},
+                       {"properties", {{"ok", {{"type", "boolean"}}}, {"n", {{"enum", {1, 2, 3}}}}}},
+                       {"required", {"ok", "n"}},
+                       {"additionalProperties", false}};
+  const json formats[] = {{{"type", "json_object"}},
+                          {{"type", "json_schema"},
+                           {"json_schema", {{"name", "answer"}, {"schema", schema}}}}};
+  for (const json& format : formats)
   for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
     for (bool stream : {false, true}) {
-      SCOPED_TRACE(std::string(route) + (stream ? ", streamed" : ""));
-      json req = {{"max_tokens", 60}, {"n", 3}, {"temperature", 1.2}, {"seed", 5},
-                  {"response_format", {{"type", "json_object"}}}, {"stream", stream}};
+      SCOPED_TRACE(std::string(route) + (stream ? ", streamed" : "") + ", " + format.dump());
+      json req = {{"max_tokens", 200}, {"n", 3}, {"temperature", 1.2}, {"seed", 5},
+                  {"response_format", format}, {"stream", stream}};
       if (std::string(route) == "/v1/completions") {
         req["prompt"] = "A JSON object:";
       } else {
@@ -833,12 +872,29 @@ TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
         }
         EXPECT_TRUE(done);
       }
+      const bool schema_mode = format["type"] == "json_schema";
+      const auto compiled = JsonSchema::compile(schema);
+      int stopped = 0;
       for (int i = 0; i < 3; ++i) {
         JsonRecognizer r;
         EXPECT_TRUE(r.feed(text[i])) << text[i];
-        if (finish[i] == "stop") {
-          EXPECT_TRUE(json::parse(text[i]).is_object()) << text[i];
+        JsonSchemaRecognizer rs(false, JsonSchemaEvents(compiled.get()));
+        if (schema_mode) {
+          EXPECT_TRUE(rs.feed(text[i])) << text[i];
         }
+        if (finish[i] == "stop") {
+          ++stopped;
+          const json doc = json::parse(text[i]);
+          EXPECT_TRUE(doc.is_object()) << text[i];
+          if (schema_mode) {  // the schema's meaning, checked on the parsed answer
+            EXPECT_EQ(doc.size(), 2u) << text[i];
+            EXPECT_TRUE(doc["ok"].is_boolean()) << text[i];
+            EXPECT_TRUE(doc["n"] == 1 || doc["n"] == 2 || doc["n"] == 3) << text[i];
+          }
+        }
+      }
+      if (schema_mode) {
+        EXPECT_GT(stopped, 0) << text[0];
       }
     }
   }

@@ -5,10 +5,13 @@
 #include <optional>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/cpu_forward.h"
 #include "core/error.h"
 #include "core/timer.h"
 #include "engine/generate.h"
+#include "model/json_constraint.h"
 #include "reuse/prompt.h"
 #include "tools/cli/commands.h"
 #include "tools/cli/engine_flags.h"
@@ -24,6 +27,7 @@ struct GenerateArgs {
   std::string system;
   bool raw = false;
   bool json = false;
+  std::string json_schema;  // a file holding a JSON Schema
   int max_tokens = 128;
   SamplingParams sampling;  // --temperature, --top-k, --top-p, --min-p, --seed, the penalties
   // Chunk mode
@@ -39,12 +43,31 @@ struct GenerateArgs {
   double step_attn_keys = EngineOptions().step_attn_keys;  // the model's estimate
 };
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, const char* what = "prompt") {
   std::ifstream f(path, std::ios::binary);
-  CT_THROW_IF_NOT(f.good(), "cannot open prompt file '{}'", path);
+  CT_THROW_IF_NOT(f.good(), "cannot open {} file '{}'", what, path);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// --json / --json-schema FILE: the answer's JSON constraint, the schema compiled (and refused
+// with its reason) before any model loads.
+void set_json_output(const GenerateArgs& a, GenerateOptions& gen) {
+  CT_THROW_IF_NOT(!(a.json && !a.json_schema.empty()), "--json and --json-schema: give one");
+  gen.json_object = a.json;
+  if (a.json_schema.empty()) return;
+  nlohmann::json schema;
+  try {
+    schema = nlohmann::json::parse(read_file(a.json_schema, "JSON Schema"));
+  } catch (const nlohmann::json::exception& e) {
+    CT_THROW("--json-schema '{}': not JSON: {}", a.json_schema, e.what());
+  }
+  try {
+    gen.json_schema = JsonSchema::compile(schema);
+  } catch (const Error& e) {
+    CT_THROW("--json-schema '{}': {}", a.json_schema, e.what());
+  }
 }
 
 // Chunk mode: documents are reused from (or encoded into) the cache pool; each policy answers
@@ -87,7 +110,7 @@ void run_chunked(const GenerateArgs& a) {
   GenerateOptions gen;
   gen.max_tokens = a.max_tokens;
   gen.sampling = a.sampling;
-  gen.json_object = a.json;
+  set_json_output(a, gen);
   double first_ttft = 0;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     SelectiveOptions sel;
@@ -166,7 +189,7 @@ void run_generate(const GenerateArgs& a) {
   GenerateOptions opt;
   opt.max_tokens = a.max_tokens;
   opt.sampling = a.sampling;
-  opt.json_object = a.json;
+  set_json_output(a, opt);
   double ttft = -1;
   DecodeResult r = decode(*model, kv, ws, std::move(logits), opt, [&](const std::string& piece) {
     if (ttft < 0) ttft = t.seconds();
@@ -227,6 +250,9 @@ void register_generate(CLI::App& app) {
   c->add_flag("--raw", a->raw, "Use the prompt as is, without the chat template");
   c->add_flag("--json", a->json,
               "Answer with one JSON object (the server's response_format json_object)");
+  c->add_option("--json-schema", a->json_schema,
+                "Answer with one JSON value that the JSON Schema in this file accepts (the "
+                "server's response_format json_schema; supported keywords: docs/SERVER.md)");
   c->add_option("-n,--max-tokens", a->max_tokens, "Maximum new tokens")->capture_default_str();
   SamplingParams& sp = a->sampling;
   c->add_option("--temperature", sp.temperature, "0 = greedy")->capture_default_str();

@@ -1,0 +1,56 @@
+// libFuzzer target: response_format json_schema (model/json_constraint.h). The input is a schema's
+// JSON text, a NUL byte, then a document. The compiler either compiles the schema or refuses it
+// with ct::Error (no other exception, no crash, whatever the nesting or size); a compiled schema's
+// recognizer must refuse the same byte whether the document is fed whole or byte by byte, leave
+// its state unchanged when it refuses one, and accept only documents that nlohmann::json parses
+// (a schema narrows JSON, never widens it).
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "fuzz_common.h"
+#include "model/json_constraint.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in(reinterpret_cast<const char*>(data), size);
+  const size_t nul = in.find('\0');
+  if (nul == std::string::npos) return 0;
+  nlohmann::json schema;
+  try {
+    schema = nlohmann::json::parse(in.substr(0, nul));
+  } catch (const nlohmann::json::exception&) {
+    return 0;
+  }
+  std::shared_ptr<const ct::JsonSchema> compiled;
+  try {
+    compiled = ct::JsonSchema::compile(schema);
+  } catch (const ct::Error&) {
+    return 0;  // refused, with its reason
+  } catch (const std::exception& e) {
+    ct::fuzz::finding("the compiler threw something other than ct::Error", e.what());
+  }
+  const std::string doc = in.substr(nul + 1);
+  const ct::JsonSchemaRecognizer start(false, ct::JsonSchemaEvents(compiled.get()));
+  ct::JsonSchemaRecognizer whole = start;
+  const bool fed = whole.feed(doc);
+  ct::JsonSchemaRecognizer r = start;
+  size_t taken = 0;
+  for (; taken < doc.size(); ++taken) {
+    const ct::JsonSchemaRecognizer before = r;
+    if (!r.feed(static_cast<uint8_t>(doc[taken]))) {
+      if (!(r == before)) ct::fuzz::finding("a refusal changed the state");
+      break;
+    }
+  }
+  if ((taken == doc.size()) != fed) ct::fuzz::finding("whole and byte-by-byte feeding differ");
+  if (!fed || !whole.complete()) return 0;
+  try {
+    (void)nlohmann::json::parse(doc);
+  } catch (const nlohmann::json::out_of_range&) {
+    return 0;  // a number beyond a double: the reference's limit
+  } catch (const nlohmann::json::exception&) {
+    ct::fuzz::finding("the schema's recognizer accepted text that is not JSON", doc.c_str());
+  }
+  return 0;
+}

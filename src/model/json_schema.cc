@@ -1,0 +1,490 @@
+// JSON Schema for constrained output: the compiler (JsonSchema::compile) and the events that
+// check a text against the compiled schema as the recognizer reads it (json_constraint.h).
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/json_constraint.h"
+
+namespace ct {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kKindNames[JsonSchema::kKinds] = {"an object", "an array", "a string",
+                                                        "a number",  "true",     "false",
+                                                        "null"};
+
+// Keywords that only describe: they constrain nothing, so any schema may carry them.
+bool is_annotation(const std::string& k) {
+  static const char* const kNames[] = {"title",    "description", "default", "examples",
+                                       "$schema",  "$id",         "$comment", "deprecated",
+                                       "readOnly", "writeOnly",   "$defs",   "definitions"};
+  return std::find_if(std::begin(kNames), std::end(kNames),
+                      [&](const char* n) { return k == n; }) != std::end(kNames);
+}
+
+bool is_supported(const std::string& k) {
+  static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
+                                       "items",    "minItems",   "maxItems", "enum",
+                                       "const",    "anyOf",      "$ref"};
+  return std::find_if(std::begin(kNames), std::end(kNames),
+                      [&](const char* n) { return k == n; }) != std::end(kNames);
+}
+
+std::string pointer_token(const std::string& s) {  // RFC 6901
+  std::string out;
+  for (char c : s) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// A value's kind by its first byte (JsonSchema::kKinds: none).
+uint8_t kind_of(uint8_t c) {
+  switch (c) {
+    case '{': return JsonSchema::kObject;
+    case '[': return JsonSchema::kArray;
+    case '"': return JsonSchema::kString;
+    case 't': return JsonSchema::kTrue;
+    case 'f': return JsonSchema::kFalse;
+    case 'n': return JsonSchema::kNull;
+    default: return c == '-' || (c >= '0' && c <= '9') ? JsonSchema::kNumber : JsonSchema::kKinds;
+  }
+}
+
+}  // namespace
+
+// Two passes: build() turns each schema object into a node (a leaf, a $ref or an anyOf), then
+// resolve() gives every node its table of leaves by kind, refusing anyOf alternatives that admit
+// the same kind and $ref / anyOf cycles that never reach a value.
+class JsonSchemaCompiler {
+ public:
+  explicit JsonSchemaCompiler(const json& doc) : doc_(doc) {}
+
+  std::shared_ptr<const JsonSchema> run() {
+    add(kLeaf, "#");  // node 0: any value
+    raw_[0].kinds = (1u << JsonSchema::kKinds) - 1;
+    const uint16_t root = build(doc_, "#");
+    for (uint16_t i = 0; i < raw_.size(); ++i) resolve(i);
+    auto s = std::make_shared<JsonSchema>();
+    s->nodes_ = std::move(out_);
+    s->root_ = root;
+    return s;
+  }
+
+ private:
+  enum Type : uint8_t { kLeaf, kRef, kUnion };
+  struct Raw {
+    Type type = kLeaf;
+    uint8_t kinds = 0;              // a leaf's kinds
+    std::vector<uint16_t> alts;     // an anyOf's alternatives
+    uint16_t target = 0;            // a $ref's node
+    std::string path;
+    int state = 0;                  // resolve(): 0 not yet, 1 under way, 2 done
+  };
+
+  uint16_t add(Type t, const std::string& path) {
+    CT_THROW_IF_NOT(raw_.size() < JsonSchema::kMaxNodes,
+                    "json_schema at {}: more than {} schema nodes", path, JsonSchema::kMaxNodes);
+    raw_.push_back(Raw{t, 0, {}, 0, path, 0});
+    out_.emplace_back();
+    std::fill(std::begin(out_.back().leaf), std::end(out_.back().leaf), JsonSchema::kNone);
+    return (uint16_t)(raw_.size() - 1);
+  }
+
+  [[noreturn]] static void fail(const std::string& path, const std::string& what) {
+    CT_THROW("json_schema at {}: {}", path, what);
+  }
+
+  uint16_t build(const json& s, const std::string& path) {
+    // Bounded: a hostile schema nested a million deep must not exhaust the stack.
+    if (++depth_ > JsonSchema::kMaxNesting)
+      fail(path, "nested more than " + std::to_string(JsonSchema::kMaxNesting) + " deep");
+    const uint16_t id = build_node(s, path);
+    --depth_;
+    return id;
+  }
+
+  uint16_t build_node(const json& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail(path, "the schema false admits no value");
+      return JsonSchema::kAny;
+    }
+    if (!s.is_object()) fail(path, "a schema is an object or a boolean, not " + std::string(s.type_name()));
+    size_t constraints = 0;
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (is_annotation(it.key())) continue;
+      if (!is_supported(it.key()))
+        fail(path, "keyword '" + it.key() +
+                       "' is not supported (supported: type, properties, required, "
+                       "additionalProperties, items, minItems, maxItems, enum, const, anyOf, "
+                       "$ref, and annotations such as title and description)");
+      ++constraints;
+    }
+    if (s.contains("$ref")) {
+      if (constraints > 1) fail(path, "$ref beside other constraining keywords is not supported");
+      return ref(s["$ref"], path);
+    }
+    if (s.contains("anyOf")) {
+      if (constraints > 1) fail(path, "anyOf beside other constraining keywords is not supported");
+      const json& a = s["anyOf"];
+      if (!a.is_array() || a.empty()) fail(path, "anyOf must be a non-empty array");
+      const uint16_t id = add(kUnion, path);
+      for (size_t i = 0; i < a.size(); ++i) {
+        const uint16_t alt = build(a[i], path + "/anyOf/" + std::to_string(i));
+        raw_[id].alts.push_back(alt);
+      }
+      return id;
+    }
+    return leaf(s, path);
+  }
+
+  uint16_t leaf(const json& s, const std::string& path) {
+    const uint16_t id = add(kLeaf, path);
+    uint8_t kinds = (1u << JsonSchema::kKinds) - 1;
+    bool integer = false;
+    if (s.contains("type")) {
+      const json& t = s["type"];
+      std::vector<std::string> types;
+      if (t.is_string()) {
+        types.push_back(t.get<std::string>());
+      } else if (t.is_array() && !t.empty() &&
+                 std::all_of(t.begin(), t.end(), [](const json& x) { return x.is_string(); })) {
+        for (const auto& x : t) types.push_back(x.get<std::string>());
+      } else {
+        fail(path + "/type", "type must be a type name or a non-empty array of them");
+      }
+      kinds = 0;
+      bool number = false;
+      for (const auto& n : types) {
+        if (n == "object") {
+          kinds |= 1u << JsonSchema::kObject;
+        } else if (n == "array") {
+          kinds |= 1u << JsonSchema::kArray;
+        } else if (n == "string") {
+          kinds |= 1u << JsonSchema::kString;
+        } else if (n == "number" || n == "integer") {
+          kinds |= 1u << JsonSchema::kNumber;
+          (n == "number" ? number : integer) = true;
+        } else if (n == "boolean") {
+          kinds |= (1u << JsonSchema::kTrue) | (1u << JsonSchema::kFalse);
+        } else if (n == "null") {
+          kinds |= 1u << JsonSchema::kNull;
+        } else {
+          fail(path + "/type", "unknown type '" + n +
+                                   "' (object, array, string, number, integer, boolean, null)");
+        }
+      }
+      integer = integer && !number;
+    }
+    // The node's fields are set through its index: build() below may grow out_.
+    out_[id].integer = integer;
+    if (s.contains("additionalProperties")) {
+      const json& a = s["additionalProperties"];
+      out_[id].additional = a.is_boolean() && !a.get<bool>()
+                                ? JsonSchema::kNone
+                                : build(a, path + "/additionalProperties");
+    }
+    std::map<std::string, uint16_t> props;  // by the key as written in compact JSON
+    if (s.contains("properties")) {
+      const json& p = s["properties"];
+      if (!p.is_object()) fail(path + "/properties", "properties must be an object");
+      for (auto it = p.begin(); it != p.end(); ++it) {
+        const std::string written = json(it.key()).dump();
+        props[written.substr(1, written.size() - 2)] =
+            build(it.value(), path + "/properties/" + pointer_token(it.key()));
+      }
+    }
+    std::vector<std::string> required;
+    if (s.contains("required")) {
+      const json& r = s["required"];
+      if (!r.is_array() ||
+          !std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_string(); }))
+        fail(path + "/required", "required must be an array of property names");
+      for (const auto& x : r) {
+        const std::string written = json(x.get<std::string>()).dump();
+        required.push_back(written.substr(1, written.size() - 2));
+        if (!props.count(required.back())) {
+          if (out_[id].additional == JsonSchema::kNone)
+            fail(path + "/required", "'" + x.get<std::string>() +
+                                         "' is required but is not among the properties, and "
+                                         "additionalProperties is false");
+          props[required.back()] = out_[id].additional;
+        }
+      }
+    }
+    if (props.size() > 64) fail(path + "/properties", "more than 64 properties");
+    for (const auto& [name, node] : props) {  // sorted bytewise (std::string's order)
+      if (std::find(required.begin(), required.end(), name) != required.end())
+        out_[id].required |= uint64_t(1) << out_[id].names.size();
+      out_[id].names.push_back(name);
+      out_[id].props.push_back(node);
+    }
+    if (s.contains("items")) {
+      const json& it = s["items"];
+      if (it.is_boolean() && !it.get<bool>()) {
+        out_[id].max_items = 0;
+      } else {
+        if (it.is_array()) fail(path + "/items", "items as an array (tuple form) is not supported");
+        out_[id].items = build(it, path + "/items");
+      }
+    }
+    for (const char* k : {"minItems", "maxItems"}) {
+      if (!s.contains(k)) continue;
+      const json& v = s[k];
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX)
+        fail(path + "/" + k, std::string(k) + " must be an integer from 0 to 4294967295");
+      (std::string(k) == "minItems" ? out_[id].min_items : out_[id].max_items) =
+          (uint32_t)v.get<uint64_t>();
+    }
+    if (out_[id].min_items > out_[id].max_items)
+      fail(path, "minItems " + std::to_string(out_[id].min_items) + " is above maxItems " +
+                     std::to_string(out_[id].max_items));
+    if (s.contains("enum") || s.contains("const")) {
+      if (s.contains("enum") && s.contains("const")) fail(path, "enum beside const is not supported");
+      const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+      if (!values.is_array() || values.empty()) fail(path + "/enum", "enum must be a non-empty array");
+      uint8_t lit_kinds = 0;
+      for (const auto& v : values) {
+        if (v.is_object() || v.is_array())
+          fail(path, "enum or const values that are objects or arrays are not supported");
+        const std::string text = v.dump();
+        const uint8_t k = kind_of((uint8_t)text[0]);
+        // A value the type refuses can never be valid: left out.
+        if (!((kinds >> k) & 1) || (integer && !v.is_number_integer())) continue;
+        lit_kinds |= 1u << k;
+        out_[id].literals.push_back(text);
+      }
+      if (out_[id].literals.empty()) fail(path, "no enum or const value has the schema's type");
+      CT_THROW_IF_NOT(out_[id].literals.size() < JsonSchema::kNone,
+                      "json_schema at {}: more than {} enum values", path, JsonSchema::kNone - 1);
+      std::sort(out_[id].literals.begin(), out_[id].literals.end());
+      out_[id].literals.erase(std::unique(out_[id].literals.begin(), out_[id].literals.end()),
+                              out_[id].literals.end());
+      kinds = lit_kinds;
+    }
+    raw_[id].kinds = kinds;
+    return id;
+  }
+
+  uint16_t ref(const json& r, const std::string& path) {
+    if (!r.is_string()) fail(path + "/$ref", "$ref must be a string");
+    const std::string target = r.get<std::string>();
+    if (auto it = refs_.find(target); it != refs_.end()) return it->second;
+    if (target.empty() || target[0] != '#')
+      fail(path + "/$ref", "'" + target + "': only references inside the schema (#...) are supported");
+    const json* t = nullptr;
+    try {
+      t = &doc_.at(json::json_pointer(target.substr(1)));
+    } catch (const json::exception&) {
+      fail(path + "/$ref", "'" + target + "' does not name a place in the schema");
+    }
+    const uint16_t id = add(kRef, path);
+    refs_[target] = id;  // before the target is built: it may refer to itself
+    const uint16_t to = build(*t, target);
+    raw_[id].target = to;
+    return id;
+  }
+
+  void resolve(uint16_t i) {
+    Raw& r = raw_[i];
+    if (r.state == 2) return;
+    if (r.state == 1)
+      fail(r.path, "$ref or anyOf refers back to itself before any object or array");
+    r.state = 1;
+    uint16_t* leaf = out_[i].leaf;
+    if (i == JsonSchema::kAny) {
+      std::fill(leaf, leaf + JsonSchema::kKinds, JsonSchema::kAny);
+    } else if (r.type == kLeaf) {
+      for (int k = 0; k < JsonSchema::kKinds; ++k)
+        leaf[k] = (r.kinds >> k) & 1 ? i : JsonSchema::kNone;
+    } else if (r.type == kRef) {
+      resolve(r.target);
+      std::copy_n(out_[r.target].leaf, JsonSchema::kKinds, leaf);
+    } else {
+      std::vector<int> from(JsonSchema::kKinds, -1);
+      for (size_t a = 0; a < r.alts.size(); ++a) {
+        resolve(r.alts[a]);
+        for (int k = 0; k < JsonSchema::kKinds; ++k) {
+          const uint16_t l = out_[r.alts[a]].leaf[k];
+          if (l == JsonSchema::kNone) continue;
+          if (from[k] >= 0 && leaf[k] != l)
+            fail(r.path, "anyOf alternatives " + std::to_string(from[k]) + " and " +
+                             std::to_string(a) + " both admit " + kKindNames[k] +
+                             "; the alternative a value follows is chosen by its first byte, "
+                             "so they must differ in type");
+          from[k] = (int)a;
+          leaf[k] = l;
+        }
+      }
+    }
+    raw_[i].state = 2;
+  }
+
+  const json& doc_;
+  int depth_ = 0;  // build()'s nesting
+  std::vector<Raw> raw_;
+  std::vector<JsonSchema::Node> out_;
+  std::map<std::string, uint16_t> refs_;
+};
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
+  return JsonSchemaCompiler(schema).run();
+}
+
+// ---- the events ----
+
+bool JsonSchemaEvents::narrow(const std::vector<std::string>& v, uint8_t c) {
+  if (pos_ == 0xFFFF) return false;
+  const auto b = v.begin() + lo_, e = v.begin() + hi_;
+  // In [lo_, hi_) every string begins with the pos_ bytes read, in bytewise order: the one that
+  // ends there first, then the others by their next byte.
+  const auto l = std::partition_point(b, e, [&](const std::string& s) {
+    return s.size() <= pos_ || (uint8_t)s[pos_] < c;
+  });
+  const auto h = std::partition_point(l, e, [&](const std::string& s) { return (uint8_t)s[pos_] == c; });
+  lo_ = (uint16_t)(l - v.begin());
+  hi_ = (uint16_t)(h - v.begin());
+  ++pos_;
+  return lo_ < hi_;
+}
+
+namespace {
+uint64_t first_bits(size_t n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
+}  // namespace
+
+bool JsonSchemaEvents::value(uint8_t c) {
+  const uint8_t kind = kind_of(c);
+  const bool container = kind == JsonSchema::kObject || kind == JsonSchema::kArray;
+  uint16_t node = s_->root();
+  if (depth_ > 0) {
+    Frame& f = frames_[depth_ - 1];
+    if (f.node == JsonSchema::kAny) {  // inside a free value: count its brackets
+      if (container) ++f.count;
+      return true;
+    }
+    if ((objects_ >> (depth_ - 1)) & 1) {
+      node = f.child;
+    } else {
+      const JsonSchema::Node& a = s_->node(f.node);
+      if (f.count >= a.max_items) return false;
+      ++f.count;
+      node = a.items;
+    }
+  }
+  const uint16_t leaf = s_->node(node).leaf[kind];
+  if (leaf == JsonSchema::kNone) return false;
+  if (leaf != JsonSchema::kAny) {
+    const JsonSchema::Node& n = s_->node(leaf);
+    if (!n.literals.empty()) {  // an enum: the bytes must spell one of its values
+      slot_ = leaf;
+      pos_ = lo_ = 0;
+      hi_ = (uint16_t)n.literals.size();
+      return narrow(n.literals, c);
+    }
+    if (!container) {
+      if (n.integer) slot_ = leaf;
+      return true;
+    }
+  } else if (!container) {
+    return true;
+  }
+  if (depth_ >= kMaxFrames) return false;
+  frames_[depth_] = Frame{leaf, JsonSchema::kAny, leaf == JsonSchema::kAny ? 1u : 0u, 0};
+  if (kind == JsonSchema::kObject) objects_ |= 1u << depth_;
+  ++depth_;
+  return true;
+}
+
+bool JsonSchemaEvents::scalar_byte(uint8_t c) {
+  if (slot_ == JsonSchema::kNone) return true;
+  const JsonSchema::Node& n = s_->node(slot_);
+  if (!n.literals.empty()) return narrow(n.literals, c);
+  return c != '.' && c != 'e' && c != 'E';  // an integer
+}
+
+bool JsonSchemaEvents::can_end() const {
+  if (slot_ == JsonSchema::kNone) return true;
+  const JsonSchema::Node& n = s_->node(slot_);
+  return n.literals.empty() || (lo_ < hi_ && n.literals[lo_].size() == pos_);
+}
+
+bool JsonSchemaEvents::scalar_end() {
+  const bool ok = can_end();
+  slot_ = JsonSchema::kNone;
+  pos_ = lo_ = hi_ = 0;
+  return ok;
+}
+
+bool JsonSchemaEvents::key_open() {
+  const Frame& f = frames_[depth_ - 1];
+  if (f.node == JsonSchema::kAny) return true;
+  const JsonSchema::Node& n = s_->node(f.node);
+  slot_ = f.node;
+  pos_ = lo_ = 0;
+  hi_ = (uint16_t)n.names.size();
+  // Some key must still be possible: an unseen property, or any other key.
+  return n.additional != JsonSchema::kNone || (~f.seen & first_bits(n.names.size())) != 0;
+}
+
+bool JsonSchemaEvents::key_byte(uint8_t c) {
+  const Frame& f = frames_[depth_ - 1];
+  if (f.node == JsonSchema::kAny) return true;
+  const JsonSchema::Node& n = s_->node(f.node);
+  narrow(n.names, c);
+  if (pos_ == 0xFFFF) return false;
+  return n.additional != JsonSchema::kNone ||
+         (~f.seen & first_bits(hi_) & ~first_bits(lo_)) != 0;
+}
+
+bool JsonSchemaEvents::key_close() {
+  Frame& f = frames_[depth_ - 1];
+  if (f.node == JsonSchema::kAny) return true;
+  const JsonSchema::Node& n = s_->node(f.node);
+  const int exact = lo_ < hi_ && n.names[lo_].size() == pos_ ? lo_ : -1;
+  slot_ = JsonSchema::kNone;
+  pos_ = lo_ = hi_ = 0;
+  if (exact >= 0) {
+    if ((f.seen >> exact) & 1) return false;  // a key twice
+    f.seen |= uint64_t(1) << exact;
+    f.child = n.props[exact];
+    return true;
+  }
+  if (n.additional == JsonSchema::kNone) return false;
+  f.child = n.additional;
+  return true;
+}
+
+bool JsonSchemaEvents::comma(bool object) {
+  const Frame& f = frames_[depth_ - 1];
+  if (f.node == JsonSchema::kAny) return true;
+  const JsonSchema::Node& n = s_->node(f.node);
+  if (object)
+    return n.additional != JsonSchema::kNone || (~f.seen & first_bits(n.names.size())) != 0;
+  return f.count < n.max_items;
+}
+
+bool JsonSchemaEvents::close(bool object) {
+  Frame& f = frames_[depth_ - 1];
+  if (f.node == JsonSchema::kAny) {
+    if (--f.count > 0) return true;
+  } else {
+    const JsonSchema::Node& n = s_->node(f.node);
+    if (object ? (n.required & ~f.seen) != 0 : f.count < n.min_items) return false;
+  }
+  --depth_;
+  frames_[depth_] = Frame{};
+  objects_ &= ~(1u << depth_);
+  return true;
+}
+
+}  // namespace ct

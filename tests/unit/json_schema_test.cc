@@ -1,0 +1,450 @@
+// JSON Schema output (response_format json_schema): the compiled schema's recognizer against an
+// independent validator of the same subset on random documents, its refusals at the exact byte,
+// the compiler's refusals by name, and the constrained sampler and engine on a tiny random model.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/json_constraint.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "support/chunk_fixtures.h"
+#include "support/tiny_model.h"
+
+namespace ct {
+namespace {
+
+using json = nlohmann::json;
+
+// The reference: the subset's meaning on a parsed value, written from JSON Schema's definitions
+// (keys and enum values compared as compact JSON text, as the recognizer reads them).
+bool ref_valid(const json& v, const json& s, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    const std::string r = s["$ref"];
+    return ref_valid(v, root.at(json::json_pointer(r.substr(1))), root);
+  }
+  if (s.contains("anyOf")) {
+    for (const json& a : s["anyOf"])
+      if (ref_valid(v, a, root)) return true;
+    return false;
+  }
+  if (s.contains("type")) {
+    const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
+    bool any = false;
+    for (const json& t : types) {
+      const std::string n = t;
+      any = any || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) ||
+            (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
+            (n == "integer" && v.is_number_integer()) || (n == "boolean" && v.is_boolean()) ||
+            (n == "null" && v.is_null());
+    }
+    if (!any) return false;
+  }
+  if (s.contains("enum") || s.contains("const")) {
+    const json vals = s.contains("const") ? json::array({s["const"]}) : s["enum"];
+    bool any = false;
+    for (const json& x : vals) any = any || x.dump() == v.dump();
+    if (!any) return false;
+  }
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (props.contains(it.key())) {
+        if (!ref_valid(it.value(), props[it.key()], root)) return false;
+      } else if (s.contains("additionalProperties") &&
+                 !ref_valid(it.value(), s["additionalProperties"], root)) {
+        return false;
+      }
+    }
+    for (const json& r : s.value("required", json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+  }
+  if (v.is_array()) {
+    if (v.size() < s.value("minItems", 0u) || v.size() > s.value("maxItems", UINT32_MAX))
+      return false;
+    if (s.contains("items"))
+      for (const json& x : v)
+        if (!ref_valid(x, s["items"], root)) return false;
+  }
+  return true;
+}
+
+using Recognizer = JsonSchemaRecognizer;
+
+Recognizer recognizer(const std::shared_ptr<const JsonSchema>& s) {
+  return Recognizer(false, JsonSchemaEvents(s.get()));
+}
+
+bool accepts(const std::shared_ptr<const JsonSchema>& s, const std::string& text) {
+  Recognizer r = recognizer(s);
+  return r.feed(text) && r.complete();
+}
+
+int first_refused(const std::shared_ptr<const JsonSchema>& s, const std::string& text) {
+  Recognizer r = recognizer(s);
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!r.feed((uint8_t)text[i])) return (int)i;
+  return -1;
+}
+
+// Schemas of the kinds people send: an OpenAI strict object, pydantic's nested models with
+// $defs and Optional (anyOf with null), a recursive tree, enums, bounded arrays, free values.
+const char* const kSchemas[] = {
+    R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+        "color": {"enum": ["black", "white", "tabby"]}, "tags": {"type": "array",
+        "items": {"type": "string"}, "maxItems": 3}}, "required": ["name", "age", "color"],
+        "additionalProperties": false})",
+    R"({"$defs": {"Address": {"title": "Address", "type": "object", "properties": {
+          "street": {"type": "string"}, "zip": {"anyOf": [{"type": "string"}, {"type": "null"}],
+          "default": null}}, "required": ["street"], "additionalProperties": false}},
+        "type": "object", "properties": {"home": {"$ref": "#/$defs/Address"},
+          "work": {"anyOf": [{"$ref": "#/$defs/Address"}, {"type": "null"}]},
+          "score": {"type": "number"}}, "required": ["home", "score"],
+        "additionalProperties": false})",
+    R"({"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
+          "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"],
+          "additionalProperties": false}}, "$ref": "#/$defs/node"})",
+    R"({"type": "array", "items": {"enum": [1, 12, -3, "x", "xy", true, null]}, "minItems": 1,
+        "maxItems": 4})",
+    R"({"type": "object", "properties": {"a": {"const": "fixed"}, "b": {"type": ["integer", "null"]},
+        "c": true, "d": {"type": "boolean"}}, "additionalProperties": {"type": "integer"}})",
+    R"({"anyOf": [{"type": "object", "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"], "additionalProperties": false}, {"type": "array", "maxItems": 2},
+        {"type": "string"}]})",
+};
+
+// A random value shaped by the schema most of the time (so that both valid and invalid
+// documents are common), else any value.
+json random_value(std::mt19937& rng, const json& s, const json& root, int depth);
+
+json any_value(std::mt19937& rng, int depth) {
+  switch (rng() % (depth > 3 ? 5 : 7)) {
+    case 0: return nullptr;
+    case 1: return rng() % 2 == 0;
+    case 2: return (int64_t)(rng() % 40) - 20;
+    case 3: return (double)(rng() % 100) / 8.0;
+    case 4: {
+      static const char* const w[] = {"x", "tabby", "a\"b", "\xc3\xa9", "", "12", "null"};
+      return w[rng() % 7];
+    }
+    case 5: {
+      json a = json::array();
+      for (int i = rng() % 4; i > 0; --i) a.push_back(any_value(rng, depth + 1));
+      return a;
+    }
+    default: {
+      json o = json::object();
+      static const char* const k[] = {"name", "age", "v", "kids", "a", "b", "zz", "ok"};
+      for (int i = rng() % 3; i > 0; --i) o[k[rng() % 8]] = any_value(rng, depth + 1);
+      return o;
+    }
+  }
+}
+
+json random_value(std::mt19937& rng, const json& s, const json& root, int depth) {
+  if (depth > 5 || s.is_boolean() || rng() % 10 == 0) return any_value(rng, depth);
+  if (s.contains("$ref"))
+    return random_value(rng, root.at(json::json_pointer(s["$ref"].get<std::string>().substr(1))),
+                        root, depth);
+  if (s.contains("anyOf")) return random_value(rng, s["anyOf"][rng() % s["anyOf"].size()], root, depth);
+  if (s.contains("const")) return s["const"];
+  if (s.contains("enum")) return s["enum"][rng() % s["enum"].size()];
+  std::string type = "object";
+  if (s.contains("type"))
+    type = s["type"].is_array() ? s["type"][rng() % s["type"].size()].get<std::string>()
+                                : s["type"].get<std::string>();
+  if (type == "object") {
+    json o = json::object();
+    const json props = s.value("properties", json::object());
+    for (auto it = props.begin(); it != props.end(); ++it)
+      if (rng() % 8 != 0) o[it.key()] = random_value(rng, it.value(), root, depth + 1);
+    if (rng() % 6 == 0) o["extra"] = any_value(rng, depth + 1);
+    return o;
+  }
+  if (type == "array") {
+    json a = json::array();
+    for (int i = rng() % 5; i > 0; --i)
+      a.push_back(random_value(rng, s.value("items", json(true)), root, depth + 1));
+    return a;
+  }
+  if (type == "string") return rng() % 2 ? "tabby" : "a\"\xc3\xa9\n";
+  if (type == "integer") return (int64_t)(rng() % 2000) - 1000;
+  if (type == "number") return rng() % 2 ? json((double)(rng() % 1000) / 16.0) : json(rng() % 9);
+  if (type == "boolean") return rng() % 2 == 0;
+  return nullptr;
+}
+
+TEST(JsonSchema, TheRecognizerAgreesWithAnIndependentValidatorOnRandomDocuments) {
+  std::mt19937 rng(11);
+  for (const char* text : kSchemas) {
+    const json schema = json::parse(text);
+    SCOPED_TRACE(schema.dump());
+    const auto compiled = JsonSchema::compile(schema);
+    int valid = 0, invalid = 0;
+    for (int it = 0; it < 1500; ++it) {
+      const json v = random_value(rng, schema, schema, 0);
+      const std::string doc = v.dump(rng() % 3 == 0 ? 2 : -1);
+      const bool want = ref_valid(v, schema, schema);
+      ASSERT_EQ(accepts(compiled, doc), want) << doc;
+      (want ? valid : invalid) += 1;
+    }
+    EXPECT_GT(valid, 150);  // both occurred often
+    EXPECT_GT(invalid, 150);
+  }
+}
+
+TEST(JsonSchema, RefusesTheFirstByteNoValidDocumentCouldContinue) {
+  const auto cat = JsonSchema::compile(json::parse(kSchemas[0]));
+  const std::string ok = R"({"name": "Tom", "age": 3, "color": "tabby", "tags": ["a", "b", "c"]})";
+  EXPECT_TRUE(accepts(cat, ok));
+  struct Case {
+    std::string text;
+    int at;
+  };
+  const Case cases[] = {
+      {R"({"name": "Tom", "age": 3})", 24},                   // '}' before the required color
+      {R"({"name": "Tom", "name")", 17},  // a key twice: no unseen property begins with 'n'
+      {R"({"nick")", 3},                  // no property begins with "ni"
+      {R"({"age": 1.5)", 9},                                  // an integer's '.'
+      {R"({"age": 1e3)", 9},                                  // an integer's exponent
+      {R"({"color": "tab")", 14},                             // not a whole enum value
+      {R"({"color": "blue")", 13},                            // no enum value begins "blu"
+      {R"({"tags": ["a", "b", "c", "d"]})", 23},              // a fourth element's comma
+      {R"({"name": 3)", 9},                                   // a number for a string
+      {R"({"name": "T", "age": 1, "color": "black", "tags": [], )", 52},  // no property left
+  };
+  for (const Case& c : cases) EXPECT_EQ(first_refused(cat, c.text), c.at) << c.text;
+
+  const auto nums = JsonSchema::compile(json::parse(kSchemas[3]));
+  EXPECT_FALSE(accepts(nums, "[1, 12, -3, \"xy\", null]"));  // five: above maxItems
+  EXPECT_TRUE(accepts(nums, "[1, 12, -3, \"xy\"]"));
+  EXPECT_EQ(first_refused(nums, "[]"), 1);       // minItems 1
+  EXPECT_EQ(first_refused(nums, "[13]"), 2);     // 1, 12: no value begins "13"
+  EXPECT_EQ(first_refused(nums, "[1 ,2]"), 4);   // '2'
+  EXPECT_EQ(first_refused(nums, "[false]"), 1);  // true is an enum value, false not
+
+  const auto none = JsonSchema::compile(json::parse(R"({"type": "array", "items": false})"));
+  EXPECT_TRUE(accepts(none, "[ ]"));
+  EXPECT_EQ(first_refused(none, "[1]"), 1);  // no element at all
+
+  // A top-level number ends where the text does: complete once it is a whole allowed value.
+  const auto top = JsonSchema::compile(json::parse(R"({"enum": [1, 12]})"));
+  Recognizer r = recognizer(top);
+  ASSERT_TRUE(r.feed("1"));
+  EXPECT_TRUE(r.complete());
+  const auto twelve = JsonSchema::compile(json::parse(R"({"enum": [12]})"));
+  Recognizer r2 = recognizer(twelve);
+  ASSERT_TRUE(r2.feed("1"));
+  EXPECT_FALSE(r2.complete());
+  EXPECT_FALSE(r2.feed("3"));
+
+  // A free value (true, or additionalProperties absent) is only counted: any JSON inside.
+  const auto mixed = JsonSchema::compile(json::parse(kSchemas[4]));
+  EXPECT_TRUE(accepts(mixed, R"({"c": {"x": [1, {"y": null}]}, "a": "fixed", "z": 4})"));
+  EXPECT_EQ(first_refused(mixed, R"({"z": "s")"), 6);  // another key's value: an integer
+  EXPECT_EQ(first_refused(mixed, R"({"a": "fixee")"), 11);
+}
+
+TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type": "string", "pattern": "^a"})", "keyword 'pattern' is not supported"},
+      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})",
+       "json_schema at #/properties/d: keyword 'format'"},
+      {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
+      {R"({"type": "integer", "minimum": 0})", "keyword 'minimum'"},
+      {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})",
+       "anyOf alternatives 0 and 1 both admit a number"},
+      {R"({"anyOf": [{"type": "object"}, {"type": "object", "required": ["a"]}]})",
+       "both admit an object"},
+      {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
+          "$ref": "#/$defs/a"})",
+       "refers back to itself"},
+      {R"({"$ref": "#/$defs/missing"})", "does not name a place in the schema"},
+      {R"({"$ref": "https://example.com/s.json"})", "only references inside the schema"},
+      {R"({"type": "object", "required": ["a"], "additionalProperties": false})",
+       "'a' is required but is not among the properties"},
+      {R"({"type": "array", "minItems": 3, "maxItems": 2})", "minItems 3 is above maxItems 2"},
+      {R"({"type": "string", "enum": [1, 2]})", "no enum or const value has the schema's type"},
+      {R"({"enum": [{"a": 1}]})", "objects or arrays are not supported"},
+      {R"({"type": "thing"})", "unknown type 'thing'"},
+      {R"(false)", "the schema false admits no value"},
+      {R"({"items": [{"type": "string"}]})", "tuple form"},
+      {R"(3)", "a schema is an object or a boolean, not number"},
+  };
+  for (const auto& [schema, want] : cases) {
+    try {
+      JsonSchema::compile(json::parse(schema));
+      ADD_FAILURE() << "accepted " << schema;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << ": " << e.what();
+    }
+  }
+  std::string many = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 65; ++i) many += (i ? ", \"p" : "\"p") + std::to_string(i) + "\": {}";
+  EXPECT_THROW(JsonSchema::compile(json::parse(many + "}}")), Error);
+  // A hostile schema's size is bounded, not its stack: nesting, and nodes (a chain of $defs).
+  json deep = json::object();
+  for (int i = 0; i < 100000; ++i) deep = json{{"items", std::move(deep)}};
+  try {
+    JsonSchema::compile(deep);
+    ADD_FAILURE() << "a schema nested 100000 deep was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nested more than 128 deep"), std::string::npos) << e.what();
+  }
+  json chain = {{"$ref", "#/$defs/d0"}, {"$defs", json::object()}};
+  for (int i = 0; i < 5000; ++i)
+    chain["$defs"]["d" + std::to_string(i)] = {{"$ref", "#/$defs/d" + std::to_string(i + 1)}};
+  chain["$defs"]["d5000"] = {{"type", "integer"}};
+  EXPECT_THROW(JsonSchema::compile(chain), Error);  // too deep
+  json wide = {{"type", "object"}, {"properties", json::object()}};
+  for (int p = 0; p < 64; ++p) {
+    json alts = json::array();
+    for (int a = 0; a < 64; ++a) alts.push_back({{"const", a}});
+    wide["properties"]["p" + std::to_string(p)] = {{"anyOf", alts}};
+  }
+  try {
+    JsonSchema::compile(wide);
+    ADD_FAILURE() << "a schema of 4161 nodes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 4096 schema nodes"), std::string::npos)
+        << e.what();
+  }
+}
+
+class JsonSchemaConstraintTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test::TinyModelOptions o;
+    o.n_layer = 2;
+    path_ = new std::string(test::write_tiny_model(test::temp_path("ct_json_schema_tiny.gguf"), o));
+    model_ = Model::load(*path_).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete path_;
+  }
+  static inline std::string* path_ = nullptr;
+  static inline Model* model_ = nullptr;
+};
+
+TEST_F(JsonSchemaConstraintTest, TheTrieAllowsExactlyTheTokensWhoseBytesContinueTheText) {
+  const Tokenizer& tok = model_->tokenizer();
+  const VocabTrie trie(tok);
+  const auto cat = JsonSchema::compile(json::parse(kSchemas[0]));
+  for (const std::string prefix : {"", "{", "{\"", "{\"na", "{\"age\": 1", "{\"color\": \"t",
+                                   "{\"tags\": [\"a\", \"b\", \"c\"", "{\"name\": \"x\", "}) {
+    SCOPED_TRACE(prefix);
+    Recognizer r = recognizer(cat);
+    ASSERT_TRUE(r.feed(prefix));
+    std::vector<uint8_t> got(tok.n_vocab(), 0);
+    const int n = trie.allow(r, got);
+    int want_n = 0;
+    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
+      const std::string piece = tok.token_to_piece(id);
+      Recognizer c = r;
+      const bool want = !tok.is_eog(id) && !piece.empty() && c.feed(piece);
+      want_n += want;
+      EXPECT_EQ(got[id] != 0, want) << "token " << id;
+    }
+    EXPECT_EQ(n, want_n);
+    EXPECT_GT(n, 0);
+  }
+}
+
+// Random logits through the constrained sampler: the recognizer never strands the sampler (a
+// token always continues the text), and every answer that ends is a document the independent
+// validator accepts.
+TEST_F(JsonSchemaConstraintTest, SampledAnswersAreValidDocumentsForEverySchema) {
+  const Tokenizer& tok = model_->tokenizer();
+  const auto trie = std::make_shared<const VocabTrie>(tok);
+  const int V = tok.n_vocab();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> z(0.0f, 3.0f);
+  std::vector<std::string> pieces(V);
+  for (int32_t id = 0; id < V; ++id) pieces[id] = tok.token_to_piece(id);
+  for (const char* text : kSchemas) {
+    const json schema = json::parse(text);
+    SCOPED_TRACE(schema.dump());
+    const auto compiled = JsonSchema::compile(schema);
+    int ended = 0;
+    std::string last;
+    for (int run = 0; run < 16; ++run) {
+      SamplingParams p;
+      p.temperature = run % 3 == 0 ? 0.0f : 1.0f;
+      p.top_k = run % 2 == 0 ? 0 : 40;
+      p.seed = run;
+      Sampler s(p);
+      s.set_constraint(std::make_unique<JsonSchemaConstraint>(trie, compiled));
+      std::string out;
+      bool eog = false;
+      std::vector<float> logits(V);
+      for (int t = 0; t < 400 && !eog; ++t) {
+        for (float& x : logits) x = z(rng);
+        // Favour closing brackets and quotes, later on, and hold back runs of whitespace (many
+        // of the tiny vocabulary's tokens), so that documents end within the budget.
+        for (int32_t id = 0; id < V; ++id) {
+          const std::string& piece = pieces[id];
+          if (piece == "}" || piece == "]" || piece == "\"") logits[id] += (float)(t / 20);
+          if (!piece.empty() && piece.find_first_not_of(" \t\n\r") == std::string::npos)
+            logits[id] -= 4.0f;
+        }
+        const int32_t id = s.sample(logits.data(), V);
+        if (tok.is_eog(id)) {
+          eog = true;
+        } else {
+          out += tok.token_to_piece(id);
+        }
+      }
+      Recognizer r = recognizer(compiled);
+      ASSERT_TRUE(r.feed(out)) << out;
+      last = out;
+      if (eog) {
+        ++ended;
+        json doc;
+        try {
+          doc = json::parse(out);
+        } catch (const json::out_of_range&) {
+          continue;  // a number beyond a double (9e6654117971): the reference cannot read it
+        }
+        EXPECT_TRUE(ref_valid(doc, schema, schema)) << out;
+      }
+    }
+    EXPECT_GT(ended, 4) << last;
+  }
+}
+
+TEST_F(JsonSchemaConstraintTest, TheEngineAnswersADocumentOfTheSchema) {
+  EngineOptions eo;
+  eo.model_path = *path_;
+  Engine eng(eo);
+  SelectiveOptions sel;
+  // Every key forced, every value a short choice: a random model's answer ends within the budget.
+  const json schema = json::parse(R"({"type": "object", "properties": {"ok": {"type": "boolean"},
+      "n": {"enum": [1, 2, 3]}, "tag": {"anyOf": [{"const": "a"}, {"type": "null"}]}},
+      "required": ["ok", "n", "tag"], "additionalProperties": false})");
+  int whole = 0;
+  for (int run = 0; run < 6; ++run) {
+    GenerateOptions gen;
+    gen.max_tokens = 300;
+    gen.json_schema = JsonSchema::compile(schema);
+    gen.sampling.temperature = 1.0f;
+    gen.sampling.seed = run;
+    const Answer a = eng.answer({}, "Describe a cat.", sel, gen);
+    Recognizer r = recognizer(gen.json_schema);
+    ASSERT_TRUE(r.feed(a.text)) << a.text;
+    if ((int)a.tokens.size() < gen.max_tokens) {
+      ++whole;
+      EXPECT_TRUE(ref_valid(json::parse(a.text), schema, schema)) << a.text;
+    }
+  }
+  EXPECT_GT(whole, 0);
+}
+
+}  // namespace
+}  // namespace ct
