@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""What JSON mode costs per generated token: `response_format: {"type": "json_object"}` against
-free text, on the same server, the same prompts, alternating request by request.
+"""What JSON output costs per generated token: `response_format` json_object and json_schema
+against free text, on the same server, the same prompts, alternating request by request.
 
 Each request asks the model for a JSON object (greedy, --max-tokens tokens); the decode time per
-token is the response's cachetune.decode_ms over its tokens after the first. JSON mode adds the
+token is the response's cachetune.decode_ms over its tokens after the first. JSON output adds the
 vocabulary mask of each step (src/model/json_constraint.h: a walk of the vocabulary's trie from
-the recognizer's state). Prints, per model, the median per-token decode time of each mode, their
-ratio, and how many JSON answers ended on their own and parse as an object. Example:
+the recognizer's state, with the schema's checks in json_schema mode). Prints, per model, the
+median per-token decode time of each mode, their ratios to free text, how many JSON answers
+ended on their own and parse as an object, and how many json_schema answers the prompt's schema
+accepts (checked here by a plain validator of the schemas' keywords). Example:
 
     python3 bench/json_mode.py build/cachetune --model smollm2-135m qwen2.5-coder-0.5b \\
         --rounds 5 --out bench/results/xeon-2t/json-mode
@@ -24,6 +26,35 @@ PROMPTS = [
     "Give a JSON object describing a book: title, author, year and a list of genres.",
     "Reply with a JSON object with the keys city, country and population of a large city.",
 ]
+
+
+def obj(props, **kw):
+    return {"type": "object", "properties": props, "required": list(props),
+            "additionalProperties": False, **kw}
+
+
+S, I = {"type": "string"}, {"type": "integer"}
+SCHEMAS = [  # each prompt's, as an OpenAI strict schema
+    obj({"name": S, "age": I, "color": S}),
+    obj({"capitals": {"type": "array", "items": S, "maxItems": 3}}),
+    obj({"title": S, "author": S, "year": I, "genres": {"type": "array", "items": S}}),
+    obj({"city": S, "country": S, "population": I}),
+]
+
+
+def valid(v, s):
+    """The schemas above: object, array, string, integer; properties, required, additionalProperties
+    false, items, maxItems."""
+    t = s["type"]
+    if t == "string":
+        return isinstance(v, str)
+    if t == "integer":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if t == "array":
+        return (isinstance(v, list) and len(v) <= s.get("maxItems", len(v))
+                and all(valid(x, s["items"]) for x in v))
+    return (isinstance(v, dict) and set(v) <= set(s["properties"]) and set(s["required"]) <= set(v)
+            and all(valid(x, s["properties"][k]) for k, x in v.items()))
 
 
 def main():
@@ -44,38 +75,50 @@ def main():
         srv = ServeProcess(args.binary, ["--model", model, "--max-tokens-limit",
                                          str(args.max_tokens)],
                            os.path.join(out, f"serve-{model}.log"), model)
-        per_token = {"free": [], "json": []}
-        ended, parsed = 0, 0
+        per_token = {"free": [], "json": [], "schema": []}
+        ended = {"json": 0, "schema": 0}
+        parsed = {"json": 0, "schema": 0}
         try:
             for _ in range(args.rounds):
-                for q in PROMPTS:
-                    for mode in ("free", "json"):
+                for q, schema in zip(PROMPTS, SCHEMAS):
+                    for mode in ("free", "json", "schema"):
                         body = {"messages": [{"role": "user", "content": q}],
                                 "max_tokens": args.max_tokens, "temperature": 0}
                         if mode == "json":
                             body["response_format"] = {"type": "json_object"}
+                        elif mode == "schema":
+                            body["response_format"] = {
+                                "type": "json_schema",
+                                "json_schema": {"name": "answer", "strict": True, "schema": schema}}
                         r = post_json(srv.port, "/v1/chat/completions", body)
                         n = r["usage"]["completion_tokens"]
                         if n > 1:
                             per_token[mode].append(r["cachetune"]["decode_ms"] / (n - 1))
-                        if mode == "json" and r["choices"][0]["finish_reason"] == "stop":
-                            ended += 1
+                        if mode != "free" and r["choices"][0]["finish_reason"] == "stop":
+                            ended[mode] += 1
                             try:
-                                parsed += isinstance(
-                                    json.loads(r["choices"][0]["message"]["content"]), dict)
+                                v = json.loads(r["choices"][0]["message"]["content"])
+                                parsed[mode] += (valid(v, schema) if mode == "schema"
+                                                 else isinstance(v, dict))
                             except ValueError:
                                 pass
         finally:
             srv.stop()
         free = statistics.median(per_token["free"])
         js = statistics.median(per_token["json"])
+        sc = statistics.median(per_token["schema"])
         summary["models"][model] = {
             "free_ms_per_token": free, "json_ms_per_token": js, "ratio": js / free,
-            "json_requests": len(per_token["json"]), "json_ended": ended,
-            "json_ended_and_parsed": parsed, "samples": per_token}
-        print(f"{model}: decode ms/token free {free:.2f}, json {js:.2f} ({js / free:.2f}x); "
-              f"json answers ended on their own {ended}/{len(per_token['json'])}, "
-              f"parsed as objects {parsed}")
+            "schema_ms_per_token": sc, "schema_ratio": sc / free,
+            "json_requests": len(per_token["json"]), "json_ended": ended["json"],
+            "json_ended_and_parsed": parsed["json"],
+            "schema_requests": len(per_token["schema"]), "schema_ended": ended["schema"],
+            "schema_ended_and_valid": parsed["schema"], "samples": per_token}
+        print(f"{model}: decode ms/token free {free:.2f}, json_object {js:.2f} ({js / free:.2f}x), "
+              f"json_schema {sc:.2f} ({sc / free:.2f}x); json_object answers ended on their own "
+              f"{ended['json']}/{len(per_token['json'])}, parsed as objects {parsed['json']}; "
+              f"json_schema answers ended {ended['schema']}/{len(per_token['schema'])}, "
+              f"valid {parsed['schema']}")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
