@@ -119,6 +119,8 @@ class JsonSchema {
   // $ref and anyOf) and nesting of schema objects.
   static constexpr size_t kMaxNodes = 4096;
   static constexpr int kMaxNesting = 128;
+  static constexpr size_t kMaxText = 65000;  // bytes of a property name or enum value
+  static constexpr uint8_t kUnreachable = 255;
   struct Node {
     // The node a value of each kind follows (after anyOf and $ref): a leaf, kAny or kNone.
     uint16_t leaf[kKinds];
@@ -130,6 +132,11 @@ class JsonSchema {
     uint16_t items = kAny;
     uint32_t min_items = 0, max_items = UINT32_MAX;
     std::vector<std::string> literals;  // enum / const as compact JSON, sorted; empty: none
+    // The fewest open objects and arrays (JsonSchemaEvents' frames) a value of this node needs
+    // to be whole: of any of its kinds (need), of a leaf's object and array kinds; above
+    // JsonSchemaEvents::kMaxFrames (kUnreachable at most): none fits, or no finite value exists
+    // (a required property that contains itself).
+    uint8_t need = 0, need_obj = 0, need_arr = 0;
   };
   const Node& node(uint16_t i) const { return nodes_[i]; }
   uint16_t root() const { return root_; }
@@ -170,6 +177,10 @@ class JsonSchemaEvents {
     bool operator==(const Frame&) const = default;
   };
   bool narrow(const std::vector<std::string>& v, uint8_t c);
+  // In the innermost object: the properties that may still come (unseen, and whose value fits
+  // in the frames left), and whether another key may.
+  uint64_t open_props(const Frame& f, const JsonSchema::Node& n) const;
+  bool other_keys(const JsonSchema::Node& n) const;
   const JsonSchema* s_ = nullptr;
   Frame frames_[kMaxFrames];
   uint8_t depth_ = 0;
@@ -178,6 +189,7 @@ class JsonSchemaEvents {
   // so far and the range [lo_, hi_) of names / literals that begin with them.
   uint16_t slot_ = JsonSchema::kNone;
   uint16_t pos_ = 0, lo_ = 0, hi_ = 0;
+  bool key_escaped_ = false;  // the key being read has held a '\\' (it can only be a property's)
 };
 using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 

@@ -48,6 +48,17 @@ std::string pointer_token(const std::string& s) {  // RFC 6901
   return out;
 }
 
+// Error messages quote parts of the schema: a key or pointer from a request may be megabytes.
+std::string shorten(const std::string& s, size_t max = 120) {
+  return s.size() <= max ? s : s.substr(0, max) + "...";
+}
+
+// A child's JSON pointer for messages, bounded (every node keeps its own).
+std::string child_path(const std::string& parent, const std::string& tail) {
+  if (parent.size() >= 200) return parent;  // already cut: "..." ends it
+  return shorten(parent + tail, 200);
+}
+
 // A value's kind by its first byte (JsonSchema::kKinds: none).
 uint8_t kind_of(uint8_t c) {
   switch (c) {
@@ -75,6 +86,12 @@ class JsonSchemaCompiler {
     raw_[0].kinds = (1u << JsonSchema::kKinds) - 1;
     const uint16_t root = build(doc_, "#");
     for (uint16_t i = 0; i < raw_.size(); ++i) resolve(i);
+    frames_needed();
+    if (out_[root].need > JsonSchemaEvents::kMaxFrames)
+      fail("#", "no document fits: it would need objects and arrays nested more than " +
+                    std::to_string(JsonSchemaEvents::kMaxFrames) +
+                    " deep, or no finite document exists (a required property or array element "
+                    "that must contain itself)");
     auto s = std::make_shared<JsonSchema>();
     s->nodes_ = std::move(out_);
     s->root_ = root;
@@ -120,11 +137,13 @@ class JsonSchemaCompiler {
       return JsonSchema::kAny;
     }
     if (!s.is_object()) fail(path, "a schema is an object or a boolean, not " + std::string(s.type_name()));
+    if (depth_ > 1 && s.contains("$id"))
+      fail(path, "$id inside a schema is not supported (a $ref would resolve against the root)");
     size_t constraints = 0;
     for (auto it = s.begin(); it != s.end(); ++it) {
       if (is_annotation(it.key())) continue;
       if (!is_supported(it.key()))
-        fail(path, "keyword '" + it.key() +
+        fail(path, "keyword '" + shorten(it.key()) +
                        "' is not supported (supported: type, properties, required, "
                        "additionalProperties, items, minItems, maxItems, enum, const, anyOf, "
                        "$ref, and annotations such as title and description)");
@@ -140,7 +159,7 @@ class JsonSchemaCompiler {
       if (!a.is_array() || a.empty()) fail(path, "anyOf must be a non-empty array");
       const uint16_t id = add(kUnion, path);
       for (size_t i = 0; i < a.size(); ++i) {
-        const uint16_t alt = build(a[i], path + "/anyOf/" + std::to_string(i));
+        const uint16_t alt = build(a[i], child_path(path, "/anyOf/" + std::to_string(i)));
         raw_[id].alts.push_back(alt);
       }
       return id;
@@ -161,7 +180,7 @@ class JsonSchemaCompiler {
                  std::all_of(t.begin(), t.end(), [](const json& x) { return x.is_string(); })) {
         for (const auto& x : t) types.push_back(x.get<std::string>());
       } else {
-        fail(path + "/type", "type must be a type name or a non-empty array of them");
+        fail(child_path(path, "/type"), "type must be a type name or a non-empty array of them");
       }
       kinds = 0;
       bool number = false;
@@ -180,7 +199,7 @@ class JsonSchemaCompiler {
         } else if (n == "null") {
           kinds |= 1u << JsonSchema::kNull;
         } else {
-          fail(path + "/type", "unknown type '" + n +
+          fail(child_path(path, "/type"), "unknown type '" + shorten(n) +
                                    "' (object, array, string, number, integer, boolean, null)");
         }
       }
@@ -192,16 +211,20 @@ class JsonSchemaCompiler {
       const json& a = s["additionalProperties"];
       out_[id].additional = a.is_boolean() && !a.get<bool>()
                                 ? JsonSchema::kNone
-                                : build(a, path + "/additionalProperties");
+                                : build(a, child_path(path, "/additionalProperties"));
     }
     std::map<std::string, uint16_t> props;  // by the key as written in compact JSON
     if (s.contains("properties")) {
       const json& p = s["properties"];
-      if (!p.is_object()) fail(path + "/properties", "properties must be an object");
+      if (!p.is_object()) fail(child_path(path, "/properties"), "properties must be an object");
+      if (p.size() > 64) fail(child_path(path, "/properties"), "more than 64 properties");
       for (auto it = p.begin(); it != p.end(); ++it) {
         const std::string written = json(it.key()).dump();
+        if (written.size() - 2 > JsonSchema::kMaxText)
+          fail(child_path(path, "/properties"),
+               "a property name longer than " + std::to_string(JsonSchema::kMaxText) + " bytes");
         props[written.substr(1, written.size() - 2)] =
-            build(it.value(), path + "/properties/" + pointer_token(it.key()));
+            build(it.value(), child_path(path, "/properties/" + pointer_token(it.key())));
       }
     }
     std::vector<std::string> required;
@@ -209,55 +232,73 @@ class JsonSchemaCompiler {
       const json& r = s["required"];
       if (!r.is_array() ||
           !std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_string(); }))
-        fail(path + "/required", "required must be an array of property names");
+        fail(child_path(path, "/required"), "required must be an array of property names");
       for (const auto& x : r) {
         const std::string written = json(x.get<std::string>()).dump();
+        if (written.size() - 2 > JsonSchema::kMaxText)
+          fail(child_path(path, "/required"),
+               "a property name longer than " + std::to_string(JsonSchema::kMaxText) + " bytes");
         required.push_back(written.substr(1, written.size() - 2));
         if (!props.count(required.back())) {
           if (out_[id].additional == JsonSchema::kNone)
-            fail(path + "/required", "'" + x.get<std::string>() +
+            fail(child_path(path, "/required"), "'" + shorten(x.get<std::string>()) +
                                          "' is required but is not among the properties, and "
                                          "additionalProperties is false");
           props[required.back()] = out_[id].additional;
         }
       }
     }
-    if (props.size() > 64) fail(path + "/properties", "more than 64 properties");
+    if (props.size() > 64) fail(child_path(path, "/properties"), "more than 64 properties");
     for (const auto& [name, node] : props) {  // sorted bytewise (std::string's order)
       if (std::find(required.begin(), required.end(), name) != required.end())
         out_[id].required |= uint64_t(1) << out_[id].names.size();
       out_[id].names.push_back(name);
       out_[id].props.push_back(node);
     }
-    if (s.contains("items")) {
-      const json& it = s["items"];
-      if (it.is_boolean() && !it.get<bool>()) {
-        out_[id].max_items = 0;
-      } else {
-        if (it.is_array()) fail(path + "/items", "items as an array (tuple form) is not supported");
-        out_[id].items = build(it, path + "/items");
-      }
-    }
     for (const char* k : {"minItems", "maxItems"}) {
       if (!s.contains(k)) continue;
       const json& v = s[k];
-      if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX)
-        fail(path + "/" + k, std::string(k) + " must be an integer from 0 to 4294967295");
-      (std::string(k) == "minItems" ? out_[id].min_items : out_[id].max_items) =
-          (uint32_t)v.get<uint64_t>();
+      // An integer, or a number with an integer's value (JSON Schema: 2.0 is an integer).
+      const double d = v.is_number() ? v.get<double>() : -1.0;
+      if (!(d >= 0 && d <= UINT32_MAX && d == (double)(uint64_t)d))
+        fail(child_path(path, std::string("/") + k),
+             std::string(k) + " must be an integer from 0 to 4294967295");
+      (std::string(k) == "minItems" ? out_[id].min_items : out_[id].max_items) = (uint32_t)d;
+    }
+    if (s.contains("items")) {
+      const json& it = s["items"];
+      if (it.is_boolean() && !it.get<bool>()) {
+        out_[id].max_items = 0;  // no element at all, whatever maxItems says
+      } else {
+        if (it.is_array())
+          fail(child_path(path, "/items"), "items as an array (tuple form) is not supported");
+        out_[id].items = build(it, child_path(path, "/items"));
+      }
     }
     if (out_[id].min_items > out_[id].max_items)
       fail(path, "minItems " + std::to_string(out_[id].min_items) + " is above maxItems " +
                      std::to_string(out_[id].max_items));
     if (s.contains("enum") || s.contains("const")) {
       if (s.contains("enum") && s.contains("const")) fail(path, "enum beside const is not supported");
-      const json values = s.contains("const") ? json::array({s["const"]}) : s["enum"];
-      if (!values.is_array() || values.empty()) fail(path + "/enum", "enum must be a non-empty array");
+      // Read in place: copying a value nested a million deep would recurse that deep.
+      std::vector<const json*> values;
+      if (s.contains("const")) {
+        values.push_back(&s["const"]);
+      } else {
+        const json& e = s["enum"];
+        if (!e.is_array() || e.empty())
+          fail(child_path(path, "/enum"), "enum must be a non-empty array");
+        for (const json& v : e) values.push_back(&v);
+      }
       uint8_t lit_kinds = 0;
-      for (const auto& v : values) {
+      for (const json* vp : values) {
+        const json& v = *vp;
         if (v.is_object() || v.is_array())
           fail(path, "enum or const values that are objects or arrays are not supported");
         const std::string text = v.dump();
+        if (text.size() > JsonSchema::kMaxText)
+          fail(path, "an enum or const value longer than " + std::to_string(JsonSchema::kMaxText) +
+                         " bytes");
         const uint8_t k = kind_of((uint8_t)text[0]);
         // A value the type refuses can never be valid: left out.
         if (!((kinds >> k) & 1) || (integer && !v.is_number_integer())) continue;
@@ -277,22 +318,62 @@ class JsonSchemaCompiler {
   }
 
   uint16_t ref(const json& r, const std::string& path) {
-    if (!r.is_string()) fail(path + "/$ref", "$ref must be a string");
+    if (!r.is_string()) fail(child_path(path, "/$ref"), "$ref must be a string");
     const std::string target = r.get<std::string>();
     if (auto it = refs_.find(target); it != refs_.end()) return it->second;
     if (target.empty() || target[0] != '#')
-      fail(path + "/$ref", "'" + target + "': only references inside the schema (#...) are supported");
+      fail(child_path(path, "/$ref"), "'" + shorten(target) + "': only references inside the schema (#...) are supported");
     const json* t = nullptr;
     try {
       t = &doc_.at(json::json_pointer(target.substr(1)));
     } catch (const json::exception&) {
-      fail(path + "/$ref", "'" + target + "' does not name a place in the schema");
+      fail(child_path(path, "/$ref"), "'" + shorten(target) + "' does not name a place in the schema");
     }
     const uint16_t id = add(kRef, path);
     refs_[target] = id;  // before the target is built: it may refer to itself
-    const uint16_t to = build(*t, target);
+    const uint16_t to = build(*t, shorten(target, 200));
     raw_[id].target = to;
     return id;
+  }
+
+  // Node::need and the leaves' need_obj / need_arr, by relaxation from "unreachable": an object
+  // needs one frame more than its deepest required property, an array one more than its items
+  // when it must have one, a scalar none. Values above kMaxFrames count as unreachable, so the
+  // rounds are few.
+  void frames_needed() {
+    constexpr int kCap = JsonSchemaEvents::kMaxFrames + 1;
+    for (auto& n : out_) n.need = n.need_obj = n.need_arr = JsonSchema::kUnreachable;
+    auto plus1 = [&](int v) { return (uint8_t)std::min(v + 1, kCap); };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < out_.size(); ++i) {
+        JsonSchema::Node& n = out_[i];
+        if (raw_[i].type == kLeaf && i != JsonSchema::kAny) {
+          int deepest = 0;
+          for (size_t j = 0; j < n.props.size(); ++j)
+            if ((n.required >> j) & 1) deepest = std::max<int>(deepest, out_[n.props[j]].need);
+          const uint8_t o = plus1(deepest);
+          const uint8_t a = n.min_items == 0 ? 1 : plus1(out_[n.items].need);
+          if (o < n.need_obj || a < n.need_arr) changed = true;
+          n.need_obj = std::min(n.need_obj, o);
+          n.need_arr = std::min(n.need_arr, a);
+        }
+        uint8_t need = JsonSchema::kUnreachable;
+        for (int k = 0; k < JsonSchema::kKinds; ++k) {
+          const uint16_t l = n.leaf[k];
+          if (l == JsonSchema::kNone) continue;
+          if (l == JsonSchema::kAny || (k != JsonSchema::kObject && k != JsonSchema::kArray)) {
+            need = 0;
+          } else {
+            need = std::min(need, k == JsonSchema::kObject ? out_[l].need_obj : out_[l].need_arr);
+          }
+        }
+        if (need < n.need) {
+          n.need = need;
+          changed = true;
+        }
+      }
+    }
   }
 
   void resolve(uint16_t i) {
@@ -362,6 +443,17 @@ namespace {
 uint64_t first_bits(size_t n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
 }  // namespace
 
+uint64_t JsonSchemaEvents::open_props(const Frame& f, const JsonSchema::Node& n) const {
+  uint64_t open = ~f.seen & first_bits(n.names.size());
+  for (size_t j = 0; j < n.props.size(); ++j)
+    if (depth_ + s_->node(n.props[j]).need > kMaxFrames) open &= ~(uint64_t(1) << j);
+  return open;
+}
+
+bool JsonSchemaEvents::other_keys(const JsonSchema::Node& n) const {
+  return n.additional != JsonSchema::kNone && depth_ + s_->node(n.additional).need <= kMaxFrames;
+}
+
 bool JsonSchemaEvents::value(uint8_t c) {
   const uint8_t kind = kind_of(c);
   const bool container = kind == JsonSchema::kObject || kind == JsonSchema::kArray;
@@ -392,9 +484,12 @@ bool JsonSchemaEvents::value(uint8_t c) {
       return narrow(n.literals, c);
     }
     if (!container) {
-      if (n.integer) slot_ = leaf;
+      if (n.integer && kind == JsonSchema::kNumber) slot_ = leaf;
       return true;
     }
+    // Room for the frames it needs to be whole (its required members' objects and arrays).
+    if (depth_ + (kind == JsonSchema::kObject ? n.need_obj : n.need_arr) > kMaxFrames)
+      return false;
   } else if (!container) {
     return true;
   }
@@ -432,18 +527,23 @@ bool JsonSchemaEvents::key_open() {
   slot_ = f.node;
   pos_ = lo_ = 0;
   hi_ = (uint16_t)n.names.size();
-  // Some key must still be possible: an unseen property, or any other key.
-  return n.additional != JsonSchema::kNone || (~f.seen & first_bits(n.names.size())) != 0;
+  key_escaped_ = false;
+  // Some key must still be possible: a property that may still come, or any other key.
+  return other_keys(n) || open_props(f, n) != 0;
 }
 
 bool JsonSchemaEvents::key_byte(uint8_t c) {
   const Frame& f = frames_[depth_ - 1];
   if (f.node == JsonSchema::kAny) return true;
   const JsonSchema::Node& n = s_->node(f.node);
-  narrow(n.names, c);
-  if (pos_ == 0xFFFF) return false;
-  return n.additional != JsonSchema::kNone ||
-         (~f.seen & first_bits(hi_) & ~first_bits(lo_)) != 0;
+  // Once no name matches, the key is another one: its bytes are not counted (any length, and
+  // the state stays the same from byte to byte), and it may hold no escape, so that its bytes
+  // are its name (an escaped spelling of a property's name, "\u0061" for "a", or "a\u000a" for
+  // a name written "a\n", must not pass as another key).
+  if (lo_ < hi_) narrow(n.names, c);
+  key_escaped_ = key_escaped_ || c == '\\';
+  if (lo_ == hi_ && key_escaped_) return false;
+  return other_keys(n) || (open_props(f, n) & first_bits(hi_) & ~first_bits(lo_)) != 0;
 }
 
 bool JsonSchemaEvents::key_close() {
@@ -451,15 +551,18 @@ bool JsonSchemaEvents::key_close() {
   if (f.node == JsonSchema::kAny) return true;
   const JsonSchema::Node& n = s_->node(f.node);
   const int exact = lo_ < hi_ && n.names[lo_].size() == pos_ ? lo_ : -1;
+  const bool escaped = key_escaped_;
+  key_escaped_ = false;
   slot_ = JsonSchema::kNone;
   pos_ = lo_ = hi_ = 0;
   if (exact >= 0) {
-    if ((f.seen >> exact) & 1) return false;  // a key twice
+    // A key twice, or one whose value would not fit in the frames left.
+    if (!((open_props(f, n) >> exact) & 1)) return false;
     f.seen |= uint64_t(1) << exact;
     f.child = n.props[exact];
     return true;
   }
-  if (n.additional == JsonSchema::kNone) return false;
+  if (escaped || !other_keys(n)) return false;
   f.child = n.additional;
   return true;
 }
@@ -468,8 +571,7 @@ bool JsonSchemaEvents::comma(bool object) {
   const Frame& f = frames_[depth_ - 1];
   if (f.node == JsonSchema::kAny) return true;
   const JsonSchema::Node& n = s_->node(f.node);
-  if (object)
-    return n.additional != JsonSchema::kNone || (~f.seen & first_bits(n.names.size())) != 0;
+  if (object) return other_keys(n) || open_props(f, n) != 0;
   return f.count < n.max_items;
 }
 

@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "model/sampler.h"
 #include "support/chunk_fixtures.h"
+#include "support/json_schema_ref.h"
 #include "support/tiny_model.h"
 
 namespace ct {
@@ -21,58 +22,8 @@ namespace {
 
 using json = nlohmann::json;
 
-// The reference: the subset's meaning on a parsed value, written from JSON Schema's definitions
-// (keys and enum values compared as compact JSON text, as the recognizer reads them).
 bool ref_valid(const json& v, const json& s, const json& root) {
-  if (s.is_boolean()) return s.get<bool>();
-  if (s.contains("$ref")) {
-    const std::string r = s["$ref"];
-    return ref_valid(v, root.at(json::json_pointer(r.substr(1))), root);
-  }
-  if (s.contains("anyOf")) {
-    for (const json& a : s["anyOf"])
-      if (ref_valid(v, a, root)) return true;
-    return false;
-  }
-  if (s.contains("type")) {
-    const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
-    bool any = false;
-    for (const json& t : types) {
-      const std::string n = t;
-      any = any || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) ||
-            (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
-            (n == "integer" && v.is_number_integer()) || (n == "boolean" && v.is_boolean()) ||
-            (n == "null" && v.is_null());
-    }
-    if (!any) return false;
-  }
-  if (s.contains("enum") || s.contains("const")) {
-    const json vals = s.contains("const") ? json::array({s["const"]}) : s["enum"];
-    bool any = false;
-    for (const json& x : vals) any = any || x.dump() == v.dump();
-    if (!any) return false;
-  }
-  if (v.is_object()) {
-    const json props = s.value("properties", json::object());
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (props.contains(it.key())) {
-        if (!ref_valid(it.value(), props[it.key()], root)) return false;
-      } else if (s.contains("additionalProperties") &&
-                 !ref_valid(it.value(), s["additionalProperties"], root)) {
-        return false;
-      }
-    }
-    for (const json& r : s.value("required", json::array()))
-      if (!v.contains(r.get<std::string>())) return false;
-  }
-  if (v.is_array()) {
-    if (v.size() < s.value("minItems", 0u) || v.size() > s.value("maxItems", UINT32_MAX))
-      return false;
-    if (s.contains("items"))
-      for (const json& x : v)
-        if (!ref_valid(x, s["items"], root)) return false;
-  }
-  return true;
+  return test::json_schema_valid(v, s, root);
 }
 
 using Recognizer = JsonSchemaRecognizer;
@@ -251,6 +202,103 @@ TEST(JsonSchema, RefusesTheFirstByteNoValidDocumentCouldContinue) {
   EXPECT_EQ(first_refused(mixed, R"({"a": "fixee")"), 11);
 }
 
+// Whether some byte other than whitespace may come next (whitespace alone never completes a
+// value): a state with none, that is not complete, strands the sampler.
+bool can_go_on(const Recognizer& r) {
+  if (r.complete()) return true;
+  for (int b = 0; b < 256; ++b) {
+    if (b == ' ' || b == '\t' || b == '\n' || b == '\r') continue;
+    Recognizer c = r;
+    if (c.feed((uint8_t)b)) return true;
+  }
+  return false;
+}
+
+// Holes a review found: each schema's prefix once stranded the sampler, or a document the
+// schema refuses was accepted.
+TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
+  // An integer listed with other types: '.', 'e' and 'E' are refused in numbers only.
+  const auto ib = JsonSchema::compile(json::parse(R"({"type": ["integer", "boolean"]})"));
+  EXPECT_TRUE(accepts(ib, "true"));
+  EXPECT_TRUE(accepts(ib, "false"));
+  EXPECT_EQ(first_refused(ib, "1.5"), 1);
+  const auto is = JsonSchema::compile(json::parse(R"({"type": ["integer", "string"]})"));
+  EXPECT_TRUE(accepts(is, "\"hello E.\""));
+  // items false holds whatever maxItems says.
+  const auto none = JsonSchema::compile(
+      json::parse(R"({"type": "array", "items": false, "maxItems": 3, "minItems": 0})"));
+  EXPECT_EQ(first_refused(none, "[1]"), 1);
+  EXPECT_TRUE(accepts(none, "[]"));
+  // Another key may hold no escape: "\u0061" is "a", which is not another key.
+  const auto esc = JsonSchema::compile(json::parse(
+      R"({"type": "object", "properties": {"a": {"type": "integer"}, "q\"": {"type": "null"}},
+          "required": ["a"]})"));
+  EXPECT_EQ(first_refused(esc, R"({"a": 1, "\u0061": "x"})"), 10);
+  EXPECT_TRUE(accepts(esc, R"({"a": 1, "q\"": null, "other key": [1]})"));  // a name's own escape
+  const auto nl = JsonSchema::compile(json::parse(R"({"properties": {"a\nb": {"type": "null"}}})"));
+  EXPECT_TRUE(accepts(nl, R"({"a\nb": null, "c": 1})"));
+  EXPECT_EQ(first_refused(nl, R"({"a\u000ab": 1})"), 4);  // the name spelled another way
+  EXPECT_EQ(first_refused(nl, R"({"a\n": 1})"), 5);        // another key with an escape
+  // Nesting: a schema needing more than 20 frames, or no finite document, is refused whole; one
+  // needing 20 fits, and a property whose value would not fit in what is left is not offered.
+  auto nested = [](int n, bool required) {
+    json s = {{"type", "integer"}};
+    for (int i = 0; i < n; ++i) {
+      json o = {{"type", "object"}, {"properties", {{"a", std::move(s)}}}};
+      if (required) o["required"] = {"a"};
+      s = std::move(o);
+    }
+    return s;
+  };
+  for (const char* text :
+       {R"({"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]})",
+        R"({"type": "array", "items": {"$ref": "#"}, "minItems": 1})"}) {
+    try {
+      JsonSchema::compile(json::parse(text));
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no document fits"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(JsonSchema::compile(nested(21, true)), Error);
+  const auto twenty = JsonSchema::compile(nested(20, true));
+  std::string doc;
+  for (int i = 0; i < 20; ++i) doc += "{\"a\": ";
+  EXPECT_TRUE(accepts(twenty, doc + "1" + std::string(20, '}')));
+  const auto optional = JsonSchema::compile(nested(30, false));
+  std::string deep;
+  for (int i = 0; i < 19; ++i) deep += "{\"a\": ";
+  Recognizer r = recognizer(optional);
+  ASSERT_TRUE(r.feed(deep + "{"));  // the 20th object
+  Recognizer k = r;
+  EXPECT_TRUE(k.feed("\"a"));  // "a..." may still become another key,
+  EXPECT_FALSE(k.feed("\""));  // but "a" itself would need a 21st object
+  EXPECT_TRUE(r.feed("}"));
+  // Every prefix of every random document of every schema can go on (or is complete).
+  std::mt19937 rng(2);
+  for (const char* text : kSchemas) {
+    const json schema = json::parse(text);
+    const auto compiled = JsonSchema::compile(schema);
+    for (int it = 0; it < 200; ++it) {
+      const std::string d = random_value(rng, schema, schema, 0).dump(rng() % 2 ? 1 : -1);
+      Recognizer p = recognizer(compiled);
+      for (char c : d) {
+        if (!p.feed((uint8_t)c)) break;
+        ASSERT_TRUE(can_go_on(p)) << d;
+      }
+    }
+  }
+  // Long texts: an enum value or a property name longer than 65,000 bytes is refused (the
+  // recognizer counts a key's or value's bytes in 16 bits); another key of any length is fine.
+  EXPECT_THROW(JsonSchema::compile(json{{"enum", {std::string(70000, 'x')}}}), Error);
+  const auto open = JsonSchema::compile(json::parse(R"({"type": "object"})"));
+  EXPECT_TRUE(accepts(open, "{\"" + std::string(70000, 'k') + "\": 1}"));
+  // An enum value nested 300,000 deep is refused, not copied (a copy recursed that deep).
+  const std::string deep_enum =
+      "{\"enum\": [" + std::string(300000, '[') + std::string(300000, ']') + "]}";
+  EXPECT_THROW(JsonSchema::compile(json::parse(deep_enum)), Error);
+}
+
 TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type": "string", "pattern": "^a"})", "keyword 'pattern' is not supported"},
@@ -275,6 +323,9 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "thing"})", "unknown type 'thing'"},
       {R"(false)", "the schema false admits no value"},
       {R"({"items": [{"type": "string"}]})", "tuple form"},
+      {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
+       "$id inside a schema is not supported"},
+      {R"({"type": "array", "minItems": 1.5})", "minItems must be an integer"},
       {R"(3)", "a schema is an object or a boolean, not number"},
   };
   for (const auto& [schema, want] : cases) {
