@@ -542,8 +542,9 @@ bool JsonSchemaEvents::key_byte(uint8_t c) {
   // a name written "a\n", must not pass as another key).
   if (lo_ < hi_) narrow(n.names, c);
   key_escaped_ = key_escaped_ || c == '\\';
-  if (lo_ == hi_ && key_escaped_) return false;
-  return other_keys(n) || (open_props(f, n) & first_bits(hi_) & ~first_bits(lo_)) != 0;
+  // A property that may still come begins with these bytes, or (unescaped) another key may.
+  return (open_props(f, n) & first_bits(hi_) & ~first_bits(lo_)) != 0 ||
+         (!key_escaped_ && other_keys(n));
 }
 
 bool JsonSchemaEvents::key_close() {

@@ -239,6 +239,9 @@ TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
   EXPECT_TRUE(accepts(nl, R"({"a\nb": null, "c": 1})"));
   EXPECT_EQ(first_refused(nl, R"({"a\u000ab": 1})"), 4);  // the name spelled another way
   EXPECT_EQ(first_refused(nl, R"({"a\n": 1})"), 5);        // another key with an escape
+  // A seen name that needs an escape: its escape can begin no other key, so it is refused at
+  // once (else the text would be stranded inside the key).
+  EXPECT_EQ(first_refused(esc, R"({"q\"": null, "a": 1, "q\)"), 24);
   // Nesting: a schema needing more than 20 frames, or no finite document, is refused whole; one
   // needing 20 fits, and a property whose value would not fit in what is left is not offered.
   auto nested = [](int n, bool required) {
