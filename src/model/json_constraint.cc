@@ -66,6 +66,7 @@ bool BasicJsonRecognizer<Ev>::end_value() {
 template <class Ev>
 bool BasicJsonRecognizer<Ev>::close() {
   --depth_;
+  stack_ &= ~(uint64_t(1) << depth_);  // no stale bit: equal states compare equal
   return end_value();
 }
 

@@ -137,7 +137,7 @@ class JsonSchemaCompiler {
       return JsonSchema::kAny;
     }
     if (!s.is_object()) fail(path, "a schema is an object or a boolean, not " + std::string(s.type_name()));
-    if (depth_ > 1 && s.contains("$id"))
+    if (&s != &doc_ && s.contains("$id"))  // the root's own (also when "#" refers to it) is fine
       fail(path, "$id inside a schema is not supported (a $ref would resolve against the root)");
     size_t constraints = 0;
     for (auto it = s.begin(); it != s.end(); ++it) {

@@ -342,6 +342,9 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
   std::string many = R"({"type": "object", "properties": {)";
   for (int i = 0; i < 65; ++i) many += (i ? ", \"p" : "\"p") + std::to_string(i) + "\": {}";
   EXPECT_THROW(JsonSchema::compile(json::parse(many + "}}")), Error);
+  // The root's own $id, also where "#" refers back to the root, is an annotation.
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(
+      R"({"$id": "https://x/t", "type": "object", "properties": {"c": {"$ref": "#"}}})")));
   // A hostile schema's size is bounded, not its stack: nesting, and nodes (a chain of $defs).
   json deep = json::object();
   for (int i = 0; i < 100000; ++i) deep = json{{"items", std::move(deep)}};
