@@ -181,20 +181,22 @@ def main():
     # JSON mode: the answer is one JSON object (whole when it ended on its own; max_tokens may
     # cut it short), whole and streamed.
     jmsgs = [{"role": "user", "content": "Reply with a JSON object whose key name holds a name."}]
+    def ask(stream, **kw):
+        """One chat answer's text and finish reason, whole or gathered from the stream."""
+        if not stream:
+            r = client.chat.completions.create(model=args.model, **kw)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        text, finish = "", None
+        for c in client.chat.completions.create(model=args.model, stream=True, **kw):
+            if c.choices and c.choices[0].delta.content:
+                text += c.choices[0].delta.content
+            if c.choices and c.choices[0].finish_reason:
+                finish = c.choices[0].finish_reason
+        return text, finish
+
     for stream in (False, True):
-        if stream:
-            text, finish = "", None
-            for c in client.chat.completions.create(model=args.model, messages=jmsgs,
-                                                    max_tokens=48, stream=True,
-                                                    response_format={"type": "json_object"}):
-                if c.choices and c.choices[0].delta.content:
-                    text += c.choices[0].delta.content
-                if c.choices and c.choices[0].finish_reason:
-                    finish = c.choices[0].finish_reason
-        else:
-            jr = client.chat.completions.create(model=args.model, messages=jmsgs, max_tokens=48,
-                                                response_format={"type": "json_object"})
-            text, finish = jr.choices[0].message.content, jr.choices[0].finish_reason
+        text, finish = ask(stream, messages=jmsgs, max_tokens=48,
+                           response_format={"type": "json_object"})
         check(text.lstrip().startswith("{"), f"json_object answer {text!r}")
         if finish == "stop":
             check(isinstance(json.loads(text), dict), f"json_object answer {text!r}")
@@ -220,19 +222,7 @@ def main():
     rf = type_to_response_format_param(Keeper)
     kmsgs = [{"role": "user", "content": "Describe the lighthouse keeper as JSON."}]
     for stream in (False, True):
-        if stream:
-            text, finish = "", None
-            for c in client.chat.completions.create(model=args.model, messages=kmsgs,
-                                                    max_tokens=64, stream=True,
-                                                    response_format=rf):
-                if c.choices and c.choices[0].delta.content:
-                    text += c.choices[0].delta.content
-                if c.choices and c.choices[0].finish_reason:
-                    finish = c.choices[0].finish_reason
-        else:
-            jr = client.chat.completions.create(model=args.model, messages=kmsgs,
-                                                max_tokens=64, response_format=rf)
-            text, finish = jr.choices[0].message.content, jr.choices[0].finish_reason
+        text, finish = ask(stream, messages=kmsgs, max_tokens=64, response_format=rf)
         check(text.lstrip().startswith("{"), f"json_schema answer {text!r}")
         if finish == "stop":
             try:

@@ -13,8 +13,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "support/chunk_fixtures.h"
-#include "support/tiny_model.h"
+#include "support/json_test_support.h"
 
 namespace ct {
 namespace {
@@ -183,43 +182,13 @@ TEST(JsonRecognizer, AgreesWithAnIndependentParserOnRandomAndDamagedTexts) {
   EXPECT_GT(damaged_bad, 1000);
 }
 
-class JsonConstraintTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    test::TinyModelOptions o;
-    o.n_layer = 2;
-    path_ = new std::string(test::write_tiny_model(test::temp_path("ct_json_tiny.gguf"), o));
-    model_ = Model::load(*path_).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete path_;
-  }
-  static inline std::string* path_ = nullptr;
-  static inline Model* model_ = nullptr;
-};
+class JsonConstraintTest : public test::TinyJsonModelTest {};
 
 TEST_F(JsonConstraintTest, TheTrieAllowsExactlyTheTokensWhoseBytesContinueTheText) {
-  const Tokenizer& tok = model_->tokenizer();
-  const VocabTrie trie(tok);
-  for (const std::string prefix : {"", "{", "{\"a", "{\"a\":", "{\"a\": tr", "{\"a\": 1",
-                                   "{\"a\": \"\\u00", "{\"a\": \"\xe2\x82", "{\"a\": [1, {}]"}) {
-    SCOPED_TRACE(prefix);
-    JsonRecognizer r;
-    ASSERT_TRUE(r.feed(prefix));
-    std::vector<uint8_t> got(tok.n_vocab(), 0);
-    const int n = trie.allow(r, got);
-    int want_n = 0;
-    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
-      const std::string piece = tok.token_to_piece(id);
-      JsonRecognizer c = r;
-      const bool want = !tok.is_eog(id) && !piece.empty() && c.feed(piece);
-      want_n += want;
-      EXPECT_EQ(got[id] != 0, want) << "token " << id;
-    }
-    EXPECT_EQ(n, want_n);
-    EXPECT_GT(n, 0);
-  }
+  test::expect_trie_allows_exactly_the_continuations(
+      model_->tokenizer(), JsonRecognizer(),
+      {"", "{", "{\"a", "{\"a\":", "{\"a\": tr", "{\"a\": 1", "{\"a\": \"\\u00",
+       "{\"a\": \"\xe2\x82", "{\"a\": [1, {}]"});
 }
 
 // The constraint keeps the masks of its last states: a reused one is the walk's for that state.

@@ -13,9 +13,8 @@
 #include "model/json_constraint.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "support/chunk_fixtures.h"
 #include "support/json_schema_ref.h"
-#include "support/tiny_model.h"
+#include "support/json_test_support.h"
 
 namespace ct {
 namespace {
@@ -374,44 +373,14 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
   }
 }
 
-class JsonSchemaConstraintTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    test::TinyModelOptions o;
-    o.n_layer = 2;
-    path_ = new std::string(test::write_tiny_model(test::temp_path("ct_json_schema_tiny.gguf"), o));
-    model_ = Model::load(*path_).release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete path_;
-  }
-  static inline std::string* path_ = nullptr;
-  static inline Model* model_ = nullptr;
-};
+class JsonSchemaConstraintTest : public test::TinyJsonModelTest {};
 
 TEST_F(JsonSchemaConstraintTest, TheTrieAllowsExactlyTheTokensWhoseBytesContinueTheText) {
-  const Tokenizer& tok = model_->tokenizer();
-  const VocabTrie trie(tok);
   const auto cat = JsonSchema::compile(json::parse(kSchemas[0]));
-  for (const std::string prefix : {"", "{", "{\"", "{\"na", "{\"age\": 1", "{\"color\": \"t",
-                                   "{\"tags\": [\"a\", \"b\", \"c\"", "{\"name\": \"x\", "}) {
-    SCOPED_TRACE(prefix);
-    Recognizer r = recognizer(cat);
-    ASSERT_TRUE(r.feed(prefix));
-    std::vector<uint8_t> got(tok.n_vocab(), 0);
-    const int n = trie.allow(r, got);
-    int want_n = 0;
-    for (int32_t id = 0; id < tok.n_vocab(); ++id) {
-      const std::string piece = tok.token_to_piece(id);
-      Recognizer c = r;
-      const bool want = !tok.is_eog(id) && !piece.empty() && c.feed(piece);
-      want_n += want;
-      EXPECT_EQ(got[id] != 0, want) << "token " << id;
-    }
-    EXPECT_EQ(n, want_n);
-    EXPECT_GT(n, 0);
-  }
+  test::expect_trie_allows_exactly_the_continuations(
+      model_->tokenizer(), recognizer(cat),
+      {"", "{", "{\"", "{\"na", "{\"age\": 1", "{\"color\": \"t",
+       "{\"tags\": [\"a\", \"b\", \"c\"", "{\"name\": \"x\", "});
 }
 
 // Random logits through the constrained sampler: the recognizer never strands the sampler (a
