@@ -11,8 +11,8 @@
 #include "backend/registry.h"
 #include "core/error.h"
 #include "core/paths.h"
-#include "model/json_constraint.h"
 #include "core/timer.h"
+#include "model/json_constraint.h"
 #include "reuse/pooled_chunk.h"
 #include "store/record_format.h"
 
@@ -283,12 +283,8 @@ std::unique_ptr<Generation> Engine::begin(const RagPromptTokens& p,
     CT_THROW_IF_NOT(gen.stop_at_eog,
                     "JSON output ends with the value: it cannot be combined with generating past "
                     "end-of-generation (ignore_eos)");
-    if (gen.json_schema) {
-      g->sampler_->set_constraint(
-          std::make_unique<JsonSchemaConstraint>(json_vocab(), gen.json_schema));
-    } else {
-      g->sampler_->set_constraint(std::make_unique<JsonObjectConstraint>(json_vocab()));
-    }
+    g->sampler_->set_constraint(
+        make_json_constraint(json_vocab(), gen.json_object, gen.json_schema));
   }
   if (!gen.stop.empty()) g->stops_ = std::make_unique<StopMatcher>(gen.stop);
   // A follower that scores its prompt computes it itself (the leader's rows have no scores); one

@@ -15,13 +15,9 @@ DecodeResult decode_steps(const Tokenizer& tok, int n_vocab, int start_pos,
                           const std::function<void(const std::string&)>& on_piece) {
   DecodeResult r;
   Sampler sampler(opt.sampling);
-  if (opt.json_schema) {
-    sampler.set_constraint(std::make_unique<JsonSchemaConstraint>(std::make_shared<VocabTrie>(tok),
-                                                                   opt.json_schema));
-  } else if (opt.json_object) {
+  if (opt.json_object || opt.json_schema)
     sampler.set_constraint(
-        std::make_unique<JsonObjectConstraint>(std::make_shared<VocabTrie>(tok)));
-  }
+        make_json_constraint(std::make_shared<VocabTrie>(tok), opt.json_object, opt.json_schema));
   StopMatcher stops(opt.stop);
   Timer t;
   for (int i = 0; i < opt.max_tokens; ++i) {

@@ -456,6 +456,14 @@ void JsonConstraint<Ev>::accept(int32_t id) {
                   vocab_->piece(id));
 }
 
+std::unique_ptr<TokenConstraint> make_json_constraint(std::shared_ptr<const VocabTrie> vocab,
+                                                      bool object,
+                                                      std::shared_ptr<const JsonSchema> schema) {
+  if (schema) return std::make_unique<JsonSchemaConstraint>(std::move(vocab), std::move(schema));
+  if (object) return std::make_unique<JsonObjectConstraint>(std::move(vocab));
+  return nullptr;
+}
+
 template class BasicJsonRecognizer<NoJsonEvents>;
 template class BasicJsonRecognizer<JsonSchemaEvents>;
 template class JsonConstraint<NoJsonEvents>;

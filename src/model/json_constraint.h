@@ -265,4 +265,10 @@ class JsonConstraint final : public TokenConstraint {
 using JsonObjectConstraint = JsonConstraint<NoJsonEvents>;
 using JsonSchemaConstraint = JsonConstraint<JsonSchemaEvents>;
 
+// The constraint a request's JSON output asks for: the schema's when there is one, else an
+// object's (object: json_object); none when neither.
+std::unique_ptr<TokenConstraint> make_json_constraint(std::shared_ptr<const VocabTrie> vocab,
+                                                      bool object,
+                                                      std::shared_ptr<const JsonSchema> schema);
+
 }  // namespace ct
