@@ -2,8 +2,8 @@
 // JSON text, a NUL byte, then a document. The compiler either compiles the schema or refuses it
 // with ct::Error (no other exception, no crash, whatever the nesting or size); a compiled schema's
 // recognizer must refuse the same byte whether the document is fed whole or byte by byte, leave
-// its state unchanged when it refuses one, never reach a state from which no byte but whitespace
-// may follow unless the value is complete (that would strand the sampler), and accept only
+// its state unchanged when it refuses one, never reach a state from which no text leads to a
+// complete value (that would strand the sampler; ct::test::json_can_go_on), and accept only
 // documents that nlohmann::json parses and that the reference validator of the subset
 // (tests/support/json_schema_ref.h) finds valid for the schema.
 #include <cstdint>
@@ -14,20 +14,6 @@
 #include "fuzz_common.h"
 #include "model/json_constraint.h"
 #include "support/json_schema_ref.h"
-
-namespace {
-
-bool can_go_on(const ct::JsonSchemaRecognizer& r) {
-  if (r.complete()) return true;
-  for (int b = 0; b < 256; ++b) {
-    if (b == ' ' || b == '\t' || b == '\n' || b == '\r') continue;
-    ct::JsonSchemaRecognizer c = r;
-    if (c.feed(static_cast<uint8_t>(b))) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string in(reinterpret_cast<const char*>(data), size);
@@ -61,7 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if ((taken == doc.size()) != fed) ct::fuzz::finding("whole and byte-by-byte feeding differ");
-  if (!can_go_on(r)) ct::fuzz::finding("a state no byte but whitespace may follow", doc.c_str());
+  if (!ct::test::json_can_go_on(r))
+    ct::fuzz::finding("a state that cannot go on to a whole value", doc.c_str());
   if (!fed || !whole.complete()) return 0;
   nlohmann::json parsed;
   try {

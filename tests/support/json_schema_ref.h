@@ -7,9 +7,32 @@
 
 #include <nlohmann/json.hpp>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 namespace ct::test {
+
+// Whether a recognizer's state can go on to a complete value: it is complete, or some byte other
+// than whitespace may follow, or a whitespace byte may follow and leads to such a state. Inside a
+// string a space is content (a const " a" needs its space); outside strings whitespace alone
+// never completes a value and the recognizer allows only a bounded run of it. One accepted
+// whitespace byte is followed: outside strings every whitespace byte leads to the same state, and
+// inside strings only the space is accepted. A state for which this is false strands a sampler.
+template <typename Recognizer>
+bool json_can_go_on(Recognizer r) {
+  for (int step = 0; step < (1 << 17); ++step) {
+    if (r.complete()) return true;
+    int space = -1;
+    for (int b = 0; b < 256; ++b) {
+      Recognizer c = r;
+      if (!c.feed(static_cast<uint8_t>(b))) continue;
+      if (b != ' ' && b != '\t' && b != '\n' && b != '\r') return true;
+      if (space < 0) space = b;
+    }
+    if (space < 0 || !r.feed(static_cast<uint8_t>(space))) return false;
+  }
+  return false;
+}
 
 // Whether v is valid for schema s (a part of root, which $ref pointers index). integral_floats:
 // a float with an integer's value counts as an integer, as JSON Schema says (a parser reads a
