@@ -289,13 +289,17 @@ bool BasicJsonRecognizer<Ev>::feed(uint8_t c) {
       break;
     case kString: {
       const bool key = key_;
+      // c begins a character: not a continuation byte, not inside an escape or between a
+      // surrogate pair's escapes, not the closing quote.
+      const bool begins = utf8_ == 0 && esc_ == 0 && !want_low_ && c != '"';
       ok = string_byte(c);
       if (ok) {
         const bool closed = mode_ != kString;
         if (key) {
           ok = closed ? ev_.key_close() : ev_.key_byte(c);
         } else {
-          ok = ev_.scalar_byte(c) && (!closed || ev_.scalar_end());
+          ok = ev_.scalar_byte(c) && (!begins || ev_.string_char()) &&
+               (!closed || ev_.scalar_end());
         }
       }
       break;

@@ -18,13 +18,16 @@ class Tokenizer;
 
 // What a recognizer tells a checker of the text's meaning as it goes (each call may refuse the
 // byte by returning false): a value begins with byte c; the bytes of a scalar value (string,
-// number, true/false/null) after its first, and its end; an object key's opening quote, its raw
+// number, true/false/null) after its first, and its end; each byte of a string value that
+// begins a character (string_char, after scalar_byte: not a UTF-8 continuation, not inside an
+// escape, not the closing quote; a surrogate pair's two escapes begin one); an object key's opening quote, its raw
 // bytes (escapes as written) and its closing quote; a comma or closing bracket of an object or
 // array. This one checks nothing.
 struct NoJsonEvents {
   bool value(uint8_t) { return true; }
   bool scalar_byte(uint8_t) { return true; }
   bool scalar_end() { return true; }
+  bool string_char() { return true; }
   bool key_open() { return true; }
   bool key_byte(uint8_t) { return true; }
   bool key_close() { return true; }
@@ -97,7 +100,8 @@ using JsonRecognizer = BasicJsonRecognizer<NoJsonEvents>;
 
 // A JSON Schema compiled for the recognizer (OpenAI's response_format json_schema). The subset
 // (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
-// schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems, enum,
+// schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems,
+// minLength, maxLength (in characters: Unicode code points), enum,
 // const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
 // annotations (title, description, default, examples, ...). Any other keyword is refused by name:
 // a schema the text would not be checked against must not pass silently. The recognizer decides
@@ -131,6 +135,9 @@ class JsonSchema {
     uint16_t additional = kAny;      // other keys' values; kNone: no other key
     uint16_t items = kAny;
     uint32_t min_items = 0, max_items = UINT32_MAX;
+    // A string's length in characters (Unicode code points; an escape is one, a surrogate
+    // pair's two escapes one). With enum or const, the values outside are left out instead.
+    uint32_t min_length = 0, max_length = UINT32_MAX;
     std::vector<std::string> literals;  // enum / const as compact JSON, sorted; empty: none
     // The fewest open objects and arrays (JsonSchemaEvents' frames) a value of this node needs
     // to be whole: of any of its kinds (need), of a leaf's object and array kinds; above
@@ -160,6 +167,7 @@ class JsonSchemaEvents {
   bool value(uint8_t c);
   bool scalar_byte(uint8_t c);
   bool scalar_end();
+  bool string_char();
   bool key_open();
   bool key_byte(uint8_t c);
   bool key_close();
@@ -190,6 +198,8 @@ class JsonSchemaEvents {
   uint16_t slot_ = JsonSchema::kNone;
   uint16_t pos_ = 0, lo_ = 0, hi_ = 0;
   bool key_escaped_ = false;  // the key being read has held a '\\' (it can only be a property's)
+  bool length_ = false;       // the scalar being read is a string whose length slot_ bounds
+  uint32_t chars_ = 0;        // its characters so far
 };
 using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 

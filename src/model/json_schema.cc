@@ -28,8 +28,9 @@ bool is_annotation(const std::string& k) {
 
 bool is_supported(const std::string& k) {
   static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
-                                       "items",    "minItems",   "maxItems", "enum",
-                                       "const",    "anyOf",      "$ref"};
+                                       "items",    "minItems",   "maxItems", "minLength",
+                                       "maxLength", "enum",      "const",    "anyOf",
+                                       "$ref"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
 }
@@ -145,7 +146,8 @@ class JsonSchemaCompiler {
       if (!is_supported(it.key()))
         fail(path, "keyword '" + shorten(it.key()) +
                        "' is not supported (supported: type, properties, required, "
-                       "additionalProperties, items, minItems, maxItems, enum, const, anyOf, "
+                       "additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, "
+                       "const, anyOf, "
                        "$ref, and annotations such as title and description)");
       ++constraints;
     }
@@ -255,15 +257,22 @@ class JsonSchemaCompiler {
       out_[id].names.push_back(name);
       out_[id].props.push_back(node);
     }
-    for (const char* k : {"minItems", "maxItems"}) {
-      if (!s.contains(k)) continue;
-      const json& v = s[k];
-      // An integer, or a number with an integer's value (JSON Schema: 2.0 is an integer).
-      const double d = v.is_number() ? v.get<double>() : -1.0;
-      if (!(d >= 0 && d <= UINT32_MAX && d == (double)(uint64_t)d))
-        fail(child_path(path, std::string("/") + k),
-             std::string(k) + " must be an integer from 0 to 4294967295");
-      (std::string(k) == "minItems" ? out_[id].min_items : out_[id].max_items) = (uint32_t)d;
+    {
+      JsonSchema::Node& n = out_[id];  // (build() below may grow out_)
+      for (auto [k, field] : {std::pair{"minItems", &n.min_items}, {"maxItems", &n.max_items},
+                              {"minLength", &n.min_length}, {"maxLength", &n.max_length}}) {
+        if (!s.contains(k)) continue;
+        const json& v = s[k];
+        // An integer, or a number with an integer's value (JSON Schema: 2.0 is an integer).
+        const double d = v.is_number() ? v.get<double>() : -1.0;
+        if (!(d >= 0 && d <= UINT32_MAX && d == (double)(uint64_t)d))
+          fail(child_path(path, std::string("/") + k),
+               std::string(k) + " must be an integer from 0 to 4294967295");
+        *field = (uint32_t)d;
+      }
+      if (n.min_length > n.max_length)
+        fail(path, "minLength " + std::to_string(n.min_length) + " is above maxLength " +
+                       std::to_string(n.max_length));
     }
     if (s.contains("items")) {
       const json& it = s["items"];
@@ -300,12 +309,18 @@ class JsonSchemaCompiler {
           fail(path, "an enum or const value longer than " + std::to_string(JsonSchema::kMaxText) +
                          " bytes");
         const uint8_t k = kind_of((uint8_t)text[0]);
-        // A value the type refuses can never be valid: left out.
+        // A value the type or the length bounds refuse can never be valid: left out.
         if (!((kinds >> k) & 1) || (integer && !v.is_number_integer())) continue;
+        if (v.is_string()) {
+          uint64_t chars = 0;  // code points: the bytes that begin a UTF-8 character
+          for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
+          if (chars < out_[id].min_length || chars > out_[id].max_length) continue;
+        }
         lit_kinds |= 1u << k;
         out_[id].literals.push_back(text);
       }
-      if (out_[id].literals.empty()) fail(path, "no enum or const value has the schema's type");
+      if (out_[id].literals.empty())
+        fail(path, "no enum or const value has the schema's type (and length bounds)");
       CT_THROW_IF_NOT(out_[id].literals.size() < JsonSchema::kNone,
                       "json_schema at {}: more than {} enum values", path, JsonSchema::kNone - 1);
       std::sort(out_[id].literals.begin(), out_[id].literals.end());
@@ -485,6 +500,11 @@ bool JsonSchemaEvents::value(uint8_t c) {
     }
     if (!container) {
       if (n.integer && kind == JsonSchema::kNumber) slot_ = leaf;
+      if (kind == JsonSchema::kString && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
+        slot_ = leaf;  // a string whose length is bounded: its characters are counted
+        length_ = true;
+        chars_ = 0;
+      }
       return true;
     }
     // Room for the frames it needs to be whole (its required members' objects and arrays).
@@ -504,7 +524,15 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
   if (slot_ == JsonSchema::kNone) return true;
   const JsonSchema::Node& n = s_->node(slot_);
   if (!n.literals.empty()) return narrow(n.literals, c);
+  if (length_) return true;
   return c != '.' && c != 'e' && c != 'E';  // an integer
+}
+
+bool JsonSchemaEvents::string_char() {
+  if (!length_) return true;
+  if (chars_ >= s_->node(slot_).max_length) return false;
+  ++chars_;
+  return true;
 }
 
 bool JsonSchemaEvents::can_end() const {
@@ -514,9 +542,11 @@ bool JsonSchemaEvents::can_end() const {
 }
 
 bool JsonSchemaEvents::scalar_end() {
-  const bool ok = can_end();
+  const bool ok = can_end() && (!length_ || chars_ >= s_->node(slot_).min_length);
   slot_ = JsonSchema::kNone;
   pos_ = lo_ = hi_ = 0;
+  length_ = false;
+  chars_ = 0;
   return ok;
 }
 

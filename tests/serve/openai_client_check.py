@@ -209,7 +209,7 @@ def main():
     from openai.lib._parsing._completions import type_to_response_format_param
 
     class Home(pydantic.BaseModel):
-        street: str
+        street: str = pydantic.Field(min_length=1, max_length=24)
         zip: typing.Optional[str]
 
     class Keeper(pydantic.BaseModel):

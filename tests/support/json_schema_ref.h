@@ -89,6 +89,12 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
     for (const json& r : s.value("required", json::array()))
       if (!v.contains(r.get<std::string>())) return false;
   }
+  if (v.is_string()) {  // length in Unicode code points: the bytes that begin a UTF-8 character
+    double chars = 0;
+    for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
+    if (chars < s.value("minLength", 0.0) || chars > s.value("maxLength", 4294967295.0))
+      return false;
+  }
   if (v.is_array()) {
     if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>() && !v.empty())
       return false;

@@ -67,6 +67,10 @@ const char* const kSchemas[] = {
     R"({"anyOf": [{"type": "object", "properties": {"ok": {"type": "boolean"}},
         "required": ["ok"], "additionalProperties": false}, {"type": "array", "maxItems": 2},
         {"type": "string"}]})",
+    R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4},
+        "e": {"enum": ["a", "abc", "abcdef", 3], "maxLength": 3}, "n": {"type": ["string",
+        "integer"], "minLength": 1}, "z": {"type": "string", "maxLength": 3}},
+        "additionalProperties": false})",
 };
 
 // A random value shaped by the schema most of the time (so that both valid and invalid
@@ -123,7 +127,12 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
       a.push_back(random_value(rng, s.value("items", json(true)), root, depth + 1));
     return a;
   }
-  if (type == "string") return rng() % 2 ? "tabby" : "a\"\xc3\xa9\n";
+  if (type == "string") {  // 0-6 characters of 1-4 bytes each, some written as escapes
+    static const char* const c[] = {"a", "\"", "\n", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
+    std::string out;
+    for (int i = rng() % 6; i > 0; --i) out += c[rng() % 6];
+    return out;
+  }
   if (type == "integer") return (int64_t)(rng() % 2000) - 1000;
   if (type == "number") return rng() % 2 ? json((double)(rng() % 1000) / 16.0) : json(rng() % 9);
   if (type == "boolean") return rng() % 2 == 0;
@@ -203,6 +212,46 @@ TEST(JsonSchema, RefusesTheFirstByteNoValidDocumentCouldContinue) {
 
 // Holes a review found: each schema's prefix once stranded the sampler, or a document the
 // schema refuses was accepted.
+// minLength / maxLength count characters (Unicode code points) however they are written: a
+// multi-byte UTF-8 character, an escape, a surrogate pair's two escapes are one each.
+TEST(JsonSchema, StringLengthsCountCharacters) {
+  const auto two_three = JsonSchema::compile(
+      json::parse(R"({"type": "string", "minLength": 2, "maxLength": 3})"));
+  for (const char* ok : {R"("ab")", R"("abc")", "\"\xf0\x9f\x98\x80\xc3\xa9\"", R"("\ud83d\ude00\n")",
+                         R"("\u00e9\"x")"}) {
+    EXPECT_TRUE(accepts(two_three, ok)) << ok;
+  }
+  EXPECT_EQ(first_refused(two_three, R"("a")"), 2);                 // the quote after one
+  EXPECT_EQ(first_refused(two_three, R"("\ud83d\ude00")"), 13);     // one character
+  EXPECT_EQ(first_refused(two_three, R"("abcd")"), 4);              // the fourth character
+  EXPECT_EQ(first_refused(two_three, "\"ab\xc3\xa9\xc3\xa9\""), 5);  // its lead byte
+  EXPECT_EQ(first_refused(two_three, R"("ab\n\t")"), 5);            // the fourth's backslash
+  EXPECT_EQ(first_refused(two_three, R"("ab\ud83d\ude00\n")"), 15);  // the 4th after a pair
+  const auto empty = JsonSchema::compile(json::parse(R"({"type": "string", "maxLength": 0})"));
+  EXPECT_TRUE(accepts(empty, R"("")"));
+  EXPECT_EQ(first_refused(empty, R"(" ")"), 1);
+  // Beside other kinds the bounds hold for strings alone; beside enum, the values outside them
+  // are left out at compile time.
+  const auto mixed = JsonSchema::compile(
+      json::parse(R"({"type": ["integer", "string"], "minLength": 2})"));
+  EXPECT_TRUE(accepts(mixed, "7"));
+  EXPECT_EQ(first_refused(mixed, R"("x")"), 2);
+  const auto e = JsonSchema::compile(json::parse(R"({"enum": ["a", "ab", "abc"], "minLength": 2})"));
+  EXPECT_EQ(e->node(e->root()).literals.size(), 2u);
+  EXPECT_EQ(first_refused(e, R"("a")"), 2);
+  EXPECT_TRUE(accepts(e, R"("ab")"));
+  // Every state on the way can go on (a minimum length is reachable with any character).
+  const auto longer = JsonSchema::compile(json::parse(R"({"type": "string", "minLength": 40})"));
+  Recognizer r = recognizer(longer);
+  ASSERT_TRUE(r.feed("\""));
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(ct::test::json_can_go_on(r)) << i;
+    EXPECT_FALSE(Recognizer(r).feed("\"")) << i;
+    ASSERT_TRUE(r.feed(i % 2 ? "\\u00e9" : "\xe2\x82\xac"));
+  }
+  EXPECT_TRUE(r.feed("\""));
+}
+
 TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
   // An integer listed with other types: '.', 'e' and 'E' are refused in numbers only.
   const auto ib = JsonSchema::compile(json::parse(R"({"type": ["integer", "boolean"]})"));
@@ -348,6 +397,9 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
        "$id inside a schema is not supported"},
       {R"({"type": "array", "minItems": 1.5})", "minItems must be an integer"},
+      {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength 3 is above maxLength 2"},
+      {R"({"type": "string", "maxLength": -1})", "maxLength must be an integer"},
+      {R"({"enum": ["abc"], "maxLength": 2})", "no enum or const value has the schema's type"},
       {R"(3)", "a schema is an object or a boolean, not number"},
   };
   for (const auto& [schema, want] : cases) {
