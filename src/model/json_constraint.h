@@ -98,10 +98,25 @@ class BasicJsonRecognizer {
 };
 using JsonRecognizer = BasicJsonRecognizer<NoJsonEvents>;
 
+// An exact decimal, digits x 10^exp (digits without leading zeros; none: zero), in which a
+// schema's numeric bounds and the number being read are compared: no rounding, whatever the
+// number of digits.
+struct JsonDecimal {
+  bool neg = false;
+  std::string digits;
+  int64_t exp = 0;
+  bool operator==(const JsonDecimal&) const = default;
+  // From JSON number text (sign, integer, fraction, exponent; the caller has checked its form).
+  static JsonDecimal parse(std::string_view text);
+};
+int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
+
 // A JSON Schema compiled for the recognizer (OpenAI's response_format json_schema). The subset
 // (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
 // schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems,
-// minLength, maxLength (in characters: Unicode code points), enum,
+// minLength, maxLength (in characters: Unicode code points), minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal; a number so bounded is
+// written without exponent), enum,
 // const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
 // annotations (title, description, default, examples, ...). Any other keyword is refused by name:
 // a schema the text would not be checked against must not pass silently. The recognizer decides
@@ -138,6 +153,16 @@ class JsonSchema {
     // A string's length in characters (Unicode code points; an escape is one, a surrogate
     // pair's two escapes one). With enum or const, the values outside are left out instead.
     uint32_t min_length = 0, max_length = UINT32_MAX;
+    // A number's bounds (minimum / exclusiveMinimum, maximum / exclusiveMaximum, the tighter of
+    // each pair); an integer node's rounded inward to integers, both then closed. With enum or
+    // const, the values outside are left out instead.
+    struct Bound {
+      bool on = false;
+      bool closed = true;  // the bound itself is allowed
+      JsonDecimal at;
+    };
+    Bound min, max;
+    bool bounded() const { return min.on || max.on; }
     std::vector<std::string> literals;  // enum / const as compact JSON, sorted; empty: none
     // The fewest open objects and arrays (JsonSchemaEvents' frames) a value of this node needs
     // to be whole: of any of its kinds (need), of a leaf's object and array kinds; above
@@ -200,6 +225,7 @@ class JsonSchemaEvents {
   bool key_escaped_ = false;  // the key being read has held a '\\' (it can only be a property's)
   bool length_ = false;       // the scalar being read is a string whose length slot_ bounds
   uint32_t chars_ = 0;        // its characters so far
+  std::string num_;           // the text so far of a number whose value slot_ bounds
 };
 using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 

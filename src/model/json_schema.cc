@@ -2,6 +2,7 @@
 // check a text against the compiled schema as the recognizer reads it (json_constraint.h).
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -29,7 +30,8 @@ bool is_annotation(const std::string& k) {
 bool is_supported(const std::string& k) {
   static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
                                        "items",    "minItems",   "maxItems", "minLength",
-                                       "maxLength", "enum",      "const",    "anyOf",
+                                       "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
+                                       "exclusiveMaximum", "enum", "const",    "anyOf",
                                        "$ref"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
@@ -71,6 +73,119 @@ uint8_t kind_of(uint8_t c) {
     case 'n': return JsonSchema::kNull;
     default: return c == '-' || (c >= '0' && c <= '9') ? JsonSchema::kNumber : JsonSchema::kKinds;
   }
+}
+
+// Decimal magnitudes as digit strings: one more (carrying), one less (borrowing; d > 0), and a
+// decimal's form with its leading zeros dropped.
+std::string plus_one(std::string d) {
+  int i = (int)d.size() - 1;
+  for (; i >= 0 && d[i] == '9'; --i) d[i] = '0';
+  if (i < 0) return "1" + d;
+  ++d[i];
+  return d;
+}
+std::string minus_one(std::string d) {
+  int i = (int)d.size() - 1;
+  for (; d[i] == '0'; --i) d[i] = '9';
+  --d[i];
+  return d;
+}
+JsonDecimal normal(bool neg, std::string digits, int64_t exp) {
+  const size_t nz = digits.find_first_not_of('0');
+  digits.erase(0, nz == std::string::npos ? digits.size() : nz);
+  return JsonDecimal{neg && !digits.empty(), std::move(digits), exp};
+}
+JsonDecimal negated(const JsonDecimal& d) { return normal(!d.neg, d.digits, d.exp); }
+
+// The integers next to d: the largest not above it (floor) or the smallest not below (ceil).
+JsonDecimal to_integer(const JsonDecimal& d, bool up) {
+  std::string m = d.exp >= 0 ? d.digits + std::string(d.exp, '0') : d.digits;
+  bool frac = false;  // a nonzero fraction was cut
+  if (d.exp < 0) {
+    const size_t cut = (size_t)std::min<int64_t>(-d.exp, (int64_t)m.size());
+    frac = m.find_first_not_of('0', m.size() - cut) != std::string::npos;
+    m.erase(m.size() - cut);
+  }
+  // Truncation moves toward zero: away from it when rounding up a positive, down a negative.
+  if (frac && up != d.neg) m = plus_one(m);
+  return normal(d.neg, m, 0);
+}
+// An integer plus or minus one.
+JsonDecimal step(const JsonDecimal& d, int delta) {
+  if (d.digits.empty()) return JsonDecimal{delta < 0, "1", 0};
+  const bool away = (delta > 0) != d.neg;  // the magnitude grows
+  return normal(d.neg, away ? plus_one(d.digits) : minus_one(d.digits), 0);
+}
+
+bool above(const JsonDecimal& v, const JsonSchema::Node::Bound& lo) {
+  const int c = compare(v, lo.at);
+  return !lo.on || c > 0 || (c == 0 && lo.closed);
+}
+bool below(const JsonDecimal& v, const JsonSchema::Node::Bound& hi) {
+  const int c = compare(v, hi.at);
+  return !hi.on || c < 0 || (c == 0 && hi.closed);
+}
+
+// Whether [a, b) (b null: unbounded) holds a value inside [lo, hi]: the larger lower end below
+// the smaller upper one, or equal to it with both ends included. Neither end of a nonempty meet
+// needs more digits than it has, so some text reaches it.
+bool meets(const JsonDecimal& a, const JsonDecimal* b, const JsonSchema::Node::Bound& lo,
+           const JsonSchema::Node::Bound& hi) {
+  const JsonDecimal* l = &a;
+  bool l_closed = true;
+  if (lo.on) {
+    const int c = compare(lo.at, a);
+    if (c >= 0) {
+      l = &lo.at;
+      l_closed = lo.closed;
+    }
+  }
+  const JsonDecimal* u = b;
+  bool u_closed = false;
+  if (hi.on && (u == nullptr || compare(hi.at, *u) < 0)) {
+    u = &hi.at;
+    u_closed = hi.closed;
+  }
+  if (u == nullptr) return true;
+  const int c = compare(*l, *u);
+  return c < 0 || (c == 0 && l_closed && u_closed);
+}
+
+// Whether a number that begins with `text` (a prefix of a number without exponent) can still
+// end inside n's bounds. Its magnitude's reachable values: after the point with fraction digits
+// F, [I.F, I.F + 10^-|F|); "0", [0, 1); integer digits I, [I 10^m, (I + 1) 10^m) for every
+// m >= 0; a sign alone, [0, inf). A negative number mirrors the bounds.
+bool reachable(std::string_view text, const JsonSchema::Node& n) {
+  JsonSchema::Node::Bound lo = n.min, hi = n.max;
+  if (!text.empty() && text[0] == '-') {
+    text.remove_prefix(1);
+    lo = {n.max.on, n.max.closed, negated(n.max.at)};
+    hi = {n.min.on, n.min.closed, negated(n.min.at)};
+  }
+  const JsonDecimal zero;
+  if (text.empty()) return meets(zero, nullptr, lo, hi);
+  const size_t dot = text.find('.');
+  const std::string ip(text.substr(0, dot));
+  if (dot != std::string_view::npos) {
+    const std::string digits = ip + std::string(text.substr(dot + 1));
+    const int64_t exp = -(int64_t)(text.size() - dot - 1);
+    const JsonDecimal a = normal(false, digits, exp), b = normal(false, plus_one(digits), exp);
+    return meets(a, &b, lo, hi);
+  }
+  if (ip == "0") {
+    const JsonDecimal one{false, "1", 0};
+    return meets(zero, &one, lo, hi);
+  }
+  if (!hi.on) return true;  // some m puts the whole range above any lower bound
+  JsonDecimal a = normal(false, ip, 0), b = normal(false, plus_one(ip), 0);
+  for (;; ++a.exp, ++b.exp) {
+    if (meets(a, &b, lo, hi)) return true;
+    if (compare(a, hi.at) > 0) return false;  // every later range lies higher still
+  }
+}
+
+bool in_bounds(const JsonDecimal& v, const JsonSchema::Node& n) {
+  return above(v, n.min) && below(v, n.max);
 }
 
 }  // namespace
@@ -146,8 +261,8 @@ class JsonSchemaCompiler {
       if (!is_supported(it.key()))
         fail(path, "keyword '" + shorten(it.key()) +
                        "' is not supported (supported: type, properties, required, "
-                       "additionalProperties, items, minItems, maxItems, minLength, maxLength, enum, "
-                       "const, anyOf, "
+                       "additionalProperties, items, minItems, maxItems, minLength, maxLength, "
+                       "minimum, maximum, exclusiveMinimum, exclusiveMaximum, enum, const, anyOf, "
                        "$ref, and annotations such as title and description)");
       ++constraints;
     }
@@ -273,6 +388,7 @@ class JsonSchemaCompiler {
       if (n.min_length > n.max_length)
         fail(path, "minLength " + std::to_string(n.min_length) + " is above maxLength " +
                        std::to_string(n.max_length));
+      number_bounds(s, path, n, integer);
     }
     if (s.contains("items")) {
       const json& it = s["items"];
@@ -316,6 +432,7 @@ class JsonSchemaCompiler {
           for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
           if (chars < out_[id].min_length || chars > out_[id].max_length) continue;
         }
+        if (v.is_number() && !in_bounds(JsonDecimal::parse(text), out_[id])) continue;
         lit_kinds |= 1u << k;
         out_[id].literals.push_back(text);
       }
@@ -330,6 +447,46 @@ class JsonSchemaCompiler {
     }
     raw_[id].kinds = kinds;
     return id;
+  }
+
+  // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact (the
+  // number's JSON text: the shortest that reads back as the same double); an integer node's
+  // rounded inward to integers.
+  void number_bounds(const json& s, const std::string& path, JsonSchema::Node& n, bool integer) {
+    using Bound = JsonSchema::Node::Bound;
+    const std::tuple<const char*, bool, bool> keys[] = {{"minimum", false, false},
+                                                        {"exclusiveMinimum", false, true},
+                                                        {"maximum", true, false},
+                                                        {"exclusiveMaximum", true, true}};
+    for (const auto& [k, upper, exclusive] : keys) {
+      if (!s.contains(k)) continue;
+      const json& v = s[k];
+      if (!v.is_number())
+        fail(child_path(path, std::string("/") + k),
+             std::string(k) + " must be a number (the boolean form of draft 4 is not supported)");
+      const Bound b{true, !exclusive, JsonDecimal::parse(v.dump())};
+      Bound& cur = upper ? n.max : n.min;
+      const int c = cur.on ? compare(b.at, cur.at) : 0;
+      if (!cur.on || (upper ? c < 0 : c > 0)) {
+        cur = b;
+      } else if (c == 0 && !b.closed) {
+        cur.closed = false;
+      }
+    }
+    if (integer) {  // the least integer above the minimum, the greatest below the maximum
+      if (n.min.on)
+        n.min = {true, true,
+                 n.min.closed ? to_integer(n.min.at, true) : step(to_integer(n.min.at, false), 1)};
+      if (n.max.on)
+        n.max = {true, true,
+                 n.max.closed ? to_integer(n.max.at, false) : step(to_integer(n.max.at, true), -1)};
+    }
+    if (n.min.on && n.max.on) {
+      const int c = compare(n.min.at, n.max.at);
+      if (c > 0 || (c == 0 && !(n.min.closed && n.max.closed)))
+        fail(path, std::string("no ") + (integer ? "integer" : "number") +
+                       " lies between the minimum and the maximum");
+    }
   }
 
   uint16_t ref(const json& r, const std::string& path) {
@@ -500,6 +657,11 @@ bool JsonSchemaEvents::value(uint8_t c) {
     }
     if (!container) {
       if (n.integer && kind == JsonSchema::kNumber) slot_ = leaf;
+      if (kind == JsonSchema::kNumber && n.bounded()) {
+        slot_ = leaf;  // a bounded number: its text is kept, its reach checked at every byte
+        num_.assign(1, (char)c);
+        return reachable(num_, n);
+      }
       if (kind == JsonSchema::kString && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
         slot_ = leaf;  // a string whose length is bounded: its characters are counted
         length_ = true;
@@ -524,6 +686,11 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
   if (slot_ == JsonSchema::kNone) return true;
   const JsonSchema::Node& n = s_->node(slot_);
   if (!n.literals.empty()) return narrow(n.literals, c);
+  if (!num_.empty()) {  // written without exponent; some value within reach still in bounds
+    if (c == 'e' || c == 'E' || (n.integer && c == '.')) return false;
+    num_ += (char)c;
+    return reachable(num_, n);
+  }
   if (length_) return true;
   return c != '.' && c != 'e' && c != 'E';  // an integer
 }
@@ -538,6 +705,7 @@ bool JsonSchemaEvents::string_char() {
 bool JsonSchemaEvents::can_end() const {
   if (slot_ == JsonSchema::kNone) return true;
   const JsonSchema::Node& n = s_->node(slot_);
+  if (!num_.empty()) return in_bounds(JsonDecimal::parse(num_), n);
   return n.literals.empty() || (lo_ < hi_ && n.literals[lo_].size() == pos_);
 }
 
@@ -547,6 +715,7 @@ bool JsonSchemaEvents::scalar_end() {
   pos_ = lo_ = hi_ = 0;
   length_ = false;
   chars_ = 0;
+  num_.clear();
   return ok;
 }
 
@@ -618,6 +787,42 @@ bool JsonSchemaEvents::close(bool object) {
   frames_[depth_] = Frame{};
   objects_ &= ~(1u << depth_);
   return true;
+}
+
+JsonDecimal JsonDecimal::parse(std::string_view t) {
+  const bool neg = !t.empty() && t[0] == '-';
+  if (neg) t.remove_prefix(1);
+  const size_t e = t.find_first_of("eE");
+  int64_t exp = 0;
+  if (e != std::string_view::npos) {
+    std::string_view x = t.substr(e + 1);
+    const bool eneg = !x.empty() && x[0] == '-';
+    if (!x.empty() && (x[0] == '-' || x[0] == '+')) x.remove_prefix(1);
+    for (char c : x) exp = std::min<int64_t>(exp * 10 + (c - '0'), int64_t(1) << 40);
+    if (eneg) exp = -exp;
+    t = t.substr(0, e);
+  }
+  const size_t dot = t.find('.');
+  std::string digits(t.substr(0, dot));
+  if (dot != std::string_view::npos) {
+    digits += t.substr(dot + 1);
+    exp -= (int64_t)(t.size() - dot - 1);
+  }
+  return normal(neg, std::move(digits), exp);
+}
+
+int compare(const JsonDecimal& a, const JsonDecimal& b) {
+  const int sa = a.digits.empty() ? 0 : a.neg ? -1 : 1, sb = b.digits.empty() ? 0 : b.neg ? -1 : 1;
+  if (sa != sb) return sa < sb ? -1 : 1;
+  if (sa == 0) return 0;
+  // Magnitudes: the place of the leading digit first, then the digits (the shorter padded).
+  const int64_t ta = (int64_t)a.digits.size() + a.exp, tb = (int64_t)b.digits.size() + b.exp;
+  int mag = ta < tb ? -1 : ta > tb ? 1 : 0;
+  for (size_t i = 0; mag == 0 && i < std::max(a.digits.size(), b.digits.size()); ++i) {
+    const char x = i < a.digits.size() ? a.digits[i] : '0', y = i < b.digits.size() ? b.digits[i] : '0';
+    mag = x < y ? -1 : x > y ? 1 : 0;
+  }
+  return sa * mag;
 }
 
 }  // namespace ct

@@ -214,7 +214,7 @@ def main():
 
     class Keeper(pydantic.BaseModel):
         name: str
-        age: int
+        age: int = pydantic.Field(ge=0, le=150)
         mood: typing.Literal["calm", "stormy"]
         home: Home
         tags: typing.List[str]

@@ -89,6 +89,15 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
     for (const json& r : s.value("required", json::array()))
       if (!v.contains(r.get<std::string>())) return false;
   }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    auto bound = [&](const char* k) { return s[k].get<double>(); };
+    if ((s.contains("minimum") && !(x >= bound("minimum"))) ||
+        (s.contains("maximum") && !(x <= bound("maximum"))) ||
+        (s.contains("exclusiveMinimum") && !(x > bound("exclusiveMinimum"))) ||
+        (s.contains("exclusiveMaximum") && !(x < bound("exclusiveMaximum"))))
+      return false;
+  }
   if (v.is_string()) {  // length in Unicode code points: the bytes that begin a UTF-8 character
     double chars = 0;
     for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;

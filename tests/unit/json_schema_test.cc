@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -71,6 +72,11 @@ const char* const kSchemas[] = {
         "e": {"enum": ["a", "abc", "abcdef", 3], "maxLength": 3}, "n": {"type": ["string",
         "integer"], "minLength": 1}, "z": {"type": "string", "maxLength": 3}},
         "additionalProperties": false})",
+    R"({"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "t": {"type": "number",
+        "minimum": -2.5, "exclusiveMaximum": 40}, "i": {"type": "integer",
+        "exclusiveMinimum": -3.5, "exclusiveMaximum": 3}},
+        "additionalProperties": false})",
 };
 
 // A random value shaped by the schema most of the time (so that both valid and invalid
@@ -133,8 +139,27 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
     for (int i = rng() % 6; i > 0; --i) out += c[rng() % 6];
     return out;
   }
-  if (type == "integer") return (int64_t)(rng() % 2000) - 1000;
-  if (type == "number") return rng() % 2 ? json((double)(rng() % 1000) / 16.0) : json(rng() % 9);
+  if ((type == "integer" || type == "number") && rng() % 4 != 0 &&
+      (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+       s.contains("exclusiveMaximum"))) {  // bounded: mostly near and between the bounds
+    double lo = s.value("minimum", s.value("exclusiveMinimum", -50.0));
+    double hi = s.value("maximum", s.value("exclusiveMaximum", 50.0));
+    const double margin = std::max(0.5, (hi - lo) / 10);
+    lo -= margin;
+    hi += margin;
+    const double x = lo + (hi - lo) * (double)(rng() % 1001) / 1000.0;
+    if (type == "integer") return (int64_t)std::llround(x);
+    return std::round(x * 100) / 100;
+  }
+  if (type == "integer") return rng() % 2 ? (int64_t)(rng() % 2000) - 1000 : (int64_t)(rng() % 200) - 50;
+  if (type == "number") {  // halves to sixteenths and hundredths near 0, 1 and 40 (no exponent)
+    switch (rng() % 4) {
+      case 0: return (double)(rng() % 1000) / 16.0;
+      case 1: return (double)((int)(rng() % 300) - 100) / 100.0;
+      case 2: return (double)((int)(rng() % 200) - 20) / 4.0;
+      default: return rng() % 9;
+    }
+  }
   if (type == "boolean") return rng() % 2 == 0;
   return nullptr;
 }
@@ -250,6 +275,68 @@ TEST(JsonSchema, StringLengthsCountCharacters) {
     ASSERT_TRUE(r.feed(i % 2 ? "\\u00e9" : "\xe2\x82\xac"));
   }
   EXPECT_TRUE(r.feed("\""));
+}
+
+// minimum / maximum / exclusive*: compared exactly in decimal; a byte is refused as soon as no
+// number it could begin lies in bounds; integers' bounds are rounded inward.
+TEST(JsonSchema, NumberBoundsRefuseTheFirstByteOutOfReach) {
+  const auto age = JsonSchema::compile(json::parse(R"({"type": "integer", "minimum": 0, "maximum": 120})"));
+  for (const char* ok : {"0", "7", "120", "-0", "99"}) EXPECT_TRUE(accepts(age, ok)) << ok;
+  EXPECT_EQ(first_refused(age, "121"), 2);   // 12 may still become 120, 121 nothing
+  EXPECT_EQ(first_refused(age, "130"), 2);   // 13 itself is fine
+  EXPECT_EQ(first_refused(age, "1200"), 3);
+  EXPECT_EQ(first_refused(age, "-1"), 1);    // "-" may still be -0
+  EXPECT_EQ(first_refused(age, "5.0"), 1);   // an integer
+  Recognizer r = recognizer(age);
+  ASSERT_TRUE(r.feed("12"));
+  EXPECT_TRUE(r.complete());
+  const auto p = JsonSchema::compile(
+      json::parse(R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})"));
+  for (const char* ok : {"0.5", "1", "1.000", "0.0001", "-0.0e"}) {
+    if (std::string(ok).back() == 'e') continue;
+    EXPECT_TRUE(accepts(p, ok)) << ok;
+  }
+  EXPECT_EQ(first_refused(p, "2"), 0);
+  EXPECT_EQ(first_refused(p, "1.01"), 3);
+  EXPECT_EQ(first_refused(p, "1.5"), 2);
+  EXPECT_EQ(first_refused(p, "0.5e1"), 3);   // a bounded number is written without exponent
+  EXPECT_EQ(first_refused(p, "-1"), 0);     // a minus sign could only begin -0 or below
+  EXPECT_FALSE(accepts(p, "0"));             // 0 is excluded: "0." may go on, "0" not end
+  EXPECT_EQ(first_refused(p, "0.0"), -1);    // (0.0 may still become 0.01)
+  const auto obj = JsonSchema::compile(json::parse(
+      R"({"type": "object", "properties": {"p": {"type": "number", "exclusiveMinimum": 0}}})"));
+  EXPECT_EQ(first_refused(obj, R"({"p": 0})"), 7);  // the '}' that would end 0
+  EXPECT_TRUE(accepts(obj, R"({"p": 0.000000000000000000000000001})"));  // exact, any length
+  // Integers' bounds rounded inward: (-3.5, 3) holds -3 .. 2.
+  const auto i = JsonSchema::compile(
+      json::parse(R"({"type": "integer", "exclusiveMinimum": -3.5, "exclusiveMaximum": 3})"));
+  for (int v = -5; v <= 5; ++v)
+    EXPECT_EQ(accepts(i, std::to_string(v)), v >= -3 && v <= 2) << v;
+  const auto big = JsonSchema::compile(json::parse(R"({"type": "integer", "minimum": 1e20})"));
+  EXPECT_TRUE(accepts(big, "100000000000000000000"));
+  EXPECT_FALSE(accepts(big, "99999999999999999999"));
+  // Enum values outside the bounds are left out.
+  const auto e = JsonSchema::compile(json::parse(R"({"enum": [1, 5, 50, "x"], "maximum": 10})"));
+  EXPECT_EQ(e->node(e->root()).literals.size(), 3u);
+  EXPECT_EQ(first_refused(e, "50"), 1);
+  // The tighter of minimum and exclusiveMinimum; the decimals compare exactly.
+  const auto both = JsonSchema::compile(
+      json::parse(R"({"type": "number", "minimum": 0.1, "exclusiveMinimum": 0.1, "maximum": 0.3})"));
+  EXPECT_FALSE(accepts(both, "0.1"));
+  EXPECT_TRUE(accepts(both, "0.10000000000000000001"));
+  EXPECT_TRUE(accepts(both, "0.3"));
+  EXPECT_FALSE(accepts(both, "0.30000000000000001"));
+  // Every prefix of the numbers between two bounds can go on.
+  const auto band = JsonSchema::compile(
+      json::parse(R"({"type": "number", "minimum": -12.75, "exclusiveMaximum": 7.5})"));
+  for (const char* text : {"-12.75", "-12.7", "-0.001", "7.4999", "-9"}) {
+    Recognizer b = recognizer(band);
+    for (const char* c = text; *c; ++c) {
+      ASSERT_TRUE(b.feed((uint8_t)*c)) << text;
+      ASSERT_TRUE(ct::test::json_can_go_on(b)) << text;
+    }
+    EXPECT_TRUE(b.complete()) << text;
+  }
 }
 
 TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
@@ -376,7 +463,7 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})",
        "json_schema at #/properties/d: keyword 'format'"},
       {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
-      {R"({"type": "integer", "minimum": 0})", "keyword 'minimum'"},
+      {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
       {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})",
        "anyOf alternatives 0 and 1 both admit a number"},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "required": ["a"]}]})",
@@ -400,6 +487,10 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "string", "minLength": 3, "maxLength": 2})", "minLength 3 is above maxLength 2"},
       {R"({"type": "string", "maxLength": -1})", "maxLength must be an integer"},
       {R"({"enum": ["abc"], "maxLength": 2})", "no enum or const value has the schema's type"},
+      {R"({"type": "number", "minimum": 5, "maximum": 3})", "no number lies between"},
+      {R"({"type": "number", "exclusiveMinimum": 1, "maximum": 1})", "no number lies between"},
+      {R"({"type": "integer", "minimum": 0.2, "maximum": 0.8})", "no integer lies between"},
+      {R"({"type": "number", "exclusiveMinimum": true})", "must be a number"},
       {R"(3)", "a schema is an object or a boolean, not number"},
   };
   for (const auto& [schema, want] : cases) {
