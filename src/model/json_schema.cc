@@ -178,6 +178,12 @@ bool reachable(std::string_view text, const JsonSchema::Node& n) {
   }
   if (!hi.on) return true;  // some m puts the whole range above any lower bound
   JsonDecimal a = normal(false, ip, 0), b = normal(false, plus_one(ip), 0);
+  // No range below the lower bound's place can reach it: start at the first that may (a few
+  // steps then decide, however far apart the bounds are).
+  if (lo.on && !lo.at.neg && !lo.at.digits.empty()) {
+    const int64_t place = (int64_t)lo.at.digits.size() + lo.at.exp - (int64_t)b.digits.size();
+    a.exp = b.exp = std::max<int64_t>(0, place);
+  }
   for (;; ++a.exp, ++b.exp) {
     if (meets(a, &b, lo, hi)) return true;
     if (compare(a, hi.at) > 0) return false;  // every later range lies higher still

@@ -315,6 +315,12 @@ TEST(JsonSchema, NumberBoundsRefuseTheFirstByteOutOfReach) {
   const auto big = JsonSchema::compile(json::parse(R"({"type": "integer", "minimum": 1e20})"));
   EXPECT_TRUE(accepts(big, "100000000000000000000"));
   EXPECT_FALSE(accepts(big, "99999999999999999999"));
+  const auto far = JsonSchema::compile(
+      json::parse(R"({"type": "integer", "minimum": 1e200, "maximum": 1e250})"));
+  EXPECT_TRUE(accepts(far, "1" + std::string(200, '0')));
+  EXPECT_TRUE(accepts(far, "2" + std::string(249, '0')));
+  EXPECT_EQ(first_refused(far, "2" + std::string(250, '0')), 250);
+  EXPECT_FALSE(accepts(far, "9" + std::string(199, '0')));
   // Enum values outside the bounds are left out.
   const auto e = JsonSchema::compile(json::parse(R"({"enum": [1, 5, 50, "x"], "maximum": 10})"));
   EXPECT_EQ(e->node(e->root()).literals.size(), 3u);
