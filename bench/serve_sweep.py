@@ -82,8 +82,12 @@ def one_request(port, ex, policy, max_tokens, rng_seed, extra=None):
     rng = random.Random(rng_seed)
     chunks = list(ex["chunks"])
     rng.shuffle(chunks)
+    name, _, ratio = policy.partition("@")  # "cachetune@0.15": the policy at that ratio
+    opts = {"policy": name}
+    if ratio:
+        opts["ratio"] = float(ratio)
     body = {"messages": [{"role": "user", "content": ex["question"]}], "chunks": chunks,
-            "max_tokens": max_tokens, "stream": True, "cachetune": {"policy": policy}}
+            "max_tokens": max_tokens, "stream": True, "cachetune": opts}
     body.update(extra or {})
     t0 = time.perf_counter()
     rec = {"example": ex["id"], "policy": policy, "ok": False}
@@ -208,7 +212,9 @@ def main():
     ap.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared", "data"))
     ap.add_argument("--task", default="hotpotqa")
     ap.add_argument("--pool", type=int, default=12, help="examples in the request pool")
-    ap.add_argument("--policies", nargs="+", default=["full", "prefix", "cacheblend", "epic", "cachetune"])
+    ap.add_argument("--policies", nargs="+", default=["full", "prefix", "cacheblend", "epic", "cachetune"],
+                    help="policies; POLICY@R runs it at ratio R (else the server's default, the "
+                         "model's r_min), e.g. cachetune@0.15 cacheblend@0.3")
     ap.add_argument("--rates", nargs="+", type=float, default=[0.25, 0.5, 1, 2, 4])
     ap.add_argument("--duration", type=float, default=40, help="seconds of arrivals per rate")
     ap.add_argument("--max-tokens", type=int, default=16)
