@@ -39,7 +39,9 @@ struct NoJsonEvents {
 
 // A pushdown recognizer of one JSON value: feed() takes the text byte by byte and refuses the
 // first byte after which no continuation could be valid JSON; complete() says whether the text so
-// far is a whole value. A small value type (24 bytes), copied freely to try continuations.
+// far is a whole value. A value type copied freely to try continuations: 24 bytes with
+// NoJsonEvents; with JsonSchemaEvents a few hundred, plus the text of a bounded number not yet
+// settled (at most 1,024 bytes).
 // A \u escape of a UTF-16 surrogate must be a high one followed by a low one's escape.
 // Limits beyond RFC 8259 (a generator's, not a parser's): nesting depth at most kMaxDepth, and at
 // most kMaxSpaces whitespace bytes in a row outside strings, so a constrained model cannot pad
@@ -99,8 +101,9 @@ class BasicJsonRecognizer {
 using JsonRecognizer = BasicJsonRecognizer<NoJsonEvents>;
 
 // An exact decimal, digits x 10^exp (digits without leading zeros; none: zero), in which a
-// schema's numeric bounds and the number being read are compared: no rounding, whatever the
-// number of digits.
+// schema's numeric bounds (as the JSON parser read them: integers within 64 bits exactly, other
+// numbers as doubles) and the number being read are compared: no rounding of the number,
+// whatever its number of digits.
 struct JsonDecimal {
   bool neg = false;
   std::string digits;
@@ -225,7 +228,12 @@ class JsonSchemaEvents {
   bool key_escaped_ = false;  // the key being read has held a '\\' (it can only be a property's)
   bool length_ = false;       // the scalar being read is a string whose length slot_ bounds
   uint32_t chars_ = 0;        // its characters so far
-  std::string num_;           // the text so far of a number whose value slot_ bounds
+  // A number whose value slot_ bounds: kOpenNumber, its text so far in num_ (at most
+  // kMaxNumberText bytes); kSettledNumber, every value it can still reach is in bounds.
+  static constexpr uint8_t kNoNumber = 0, kOpenNumber = 1, kSettledNumber = 2;
+  static constexpr size_t kMaxNumberText = 1024;
+  uint8_t number_ = kNoNumber;
+  std::string num_;
 };
 using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 

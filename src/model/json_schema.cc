@@ -1,6 +1,7 @@
 // JSON Schema for constrained output: the compiler (JsonSchema::compile) and the events that
 // check a text against the compiled schema as the recognizer reads it (json_constraint.h).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 #include <nlohmann/json.hpp>
@@ -151,33 +152,41 @@ bool meets(const JsonDecimal& a, const JsonDecimal* b, const JsonSchema::Node::B
   return c < 0 || (c == 0 && l_closed && u_closed);
 }
 
-// Whether a number that begins with `text` (a prefix of a number without exponent) can still
-// end inside n's bounds. Its magnitude's reachable values: after the point with fraction digits
-// F, [I.F, I.F + 10^-|F|); "0", [0, 1); integer digits I, [I 10^m, (I + 1) 10^m) for every
-// m >= 0; a sign alone, [0, inf). A negative number mirrors the bounds.
-bool reachable(std::string_view text, const JsonSchema::Node& n) {
+// Where a number that begins with `text` (a prefix of a number without exponent) stands
+// against n's bounds: kOut, no value it can still reach is in bounds; kIn, some is; kSettled,
+// every one is (the rest of the number needs no check). Its magnitude's reachable values: after
+// the point with fraction digits F, [I.F, I.F + 10^-|F|); "0", [0, 1); integer digits I,
+// [I 10^m, (I + 1) 10^m) for every m >= 0; a sign alone, [0, inf). A negative number mirrors the
+// bounds. (For an integer node the same ranges hold its integers, its bounds being integers.)
+enum Reach { kOut, kIn, kSettled };
+Reach reach(std::string_view text, const JsonSchema::Node& n) {
   JsonSchema::Node::Bound lo = n.min, hi = n.max;
   if (!text.empty() && text[0] == '-') {
     text.remove_prefix(1);
     lo = {n.max.on, n.max.closed, negated(n.max.at)};
     hi = {n.min.on, n.min.closed, negated(n.min.at)};
   }
+  // One range [a, b) (b null: unbounded): whether it meets the bounds, or lies inside them.
+  auto range = [&](const JsonDecimal& a, const JsonDecimal* b) {
+    if (above(a, lo) && (b == nullptr ? !hi.on : !hi.on || compare(*b, hi.at) <= 0)) return kSettled;
+    return meets(a, b, lo, hi) ? kIn : kOut;
+  };
   const JsonDecimal zero;
-  if (text.empty()) return meets(zero, nullptr, lo, hi);
+  if (text.empty()) return range(zero, nullptr);
   const size_t dot = text.find('.');
   const std::string ip(text.substr(0, dot));
   if (dot != std::string_view::npos) {
     const std::string digits = ip + std::string(text.substr(dot + 1));
     const int64_t exp = -(int64_t)(text.size() - dot - 1);
     const JsonDecimal a = normal(false, digits, exp), b = normal(false, plus_one(digits), exp);
-    return meets(a, &b, lo, hi);
+    return range(a, &b);
   }
   if (ip == "0") {
     const JsonDecimal one{false, "1", 0};
-    return meets(zero, &one, lo, hi);
+    return range(zero, &one);
   }
-  if (!hi.on) return true;  // some m puts the whole range above any lower bound
   JsonDecimal a = normal(false, ip, 0), b = normal(false, plus_one(ip), 0);
+  if (!hi.on) return above(a, lo) ? kSettled : kIn;  // some m puts the range above any minimum
   // No range below the lower bound's place can reach it: start at the first that may (a few
   // steps then decide, however far apart the bounds are).
   if (lo.on && !lo.at.neg && !lo.at.digits.empty()) {
@@ -185,8 +194,8 @@ bool reachable(std::string_view text, const JsonSchema::Node& n) {
     a.exp = b.exp = std::max<int64_t>(0, place);
   }
   for (;; ++a.exp, ++b.exp) {
-    if (meets(a, &b, lo, hi)) return true;
-    if (compare(a, hi.at) > 0) return false;  // every later range lies higher still
+    if (meets(a, &b, lo, hi)) return kIn;
+    if (compare(a, hi.at) > 0) return kOut;  // every later range lies higher still
   }
 }
 
@@ -391,10 +400,20 @@ class JsonSchemaCompiler {
                std::string(k) + " must be an integer from 0 to 4294967295");
         *field = (uint32_t)d;
       }
-      if (n.min_length > n.max_length)
-        fail(path, "minLength " + std::to_string(n.min_length) + " is above maxLength " +
-                       std::to_string(n.max_length));
-      number_bounds(s, path, n, integer);
+      // Bounds no string (number) meets leave that kind out; a schema left with no kind fails.
+      const uint8_t strings = 1u << JsonSchema::kString, numbers = 1u << JsonSchema::kNumber;
+      if (n.min_length > n.max_length) {
+        if ((kinds & ~strings) == 0)
+          fail(path, "minLength " + std::to_string(n.min_length) + " is above maxLength " +
+                         std::to_string(n.max_length));
+        kinds &= ~strings;
+      }
+      if (!number_bounds(s, path, n, integer)) {
+        if ((kinds & ~numbers) == 0)
+          fail(path, std::string("no ") + (integer ? "integer" : "number") +
+                         " lies between the minimum and the maximum");
+        kinds &= ~numbers;
+      }
     }
     if (s.contains("items")) {
       const json& it = s["items"];
@@ -443,7 +462,7 @@ class JsonSchemaCompiler {
         out_[id].literals.push_back(text);
       }
       if (out_[id].literals.empty())
-        fail(path, "no enum or const value has the schema's type (and length bounds)");
+        fail(path, "no enum or const value has the schema's type (and bounds)");
       CT_THROW_IF_NOT(out_[id].literals.size() < JsonSchema::kNone,
                       "json_schema at {}: more than {} enum values", path, JsonSchema::kNone - 1);
       std::sort(out_[id].literals.begin(), out_[id].literals.end());
@@ -455,10 +474,13 @@ class JsonSchemaCompiler {
     return id;
   }
 
-  // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact (the
-  // number's JSON text: the shortest that reads back as the same double); an integer node's
-  // rounded inward to integers.
-  void number_bounds(const json& s, const std::string& path, JsonSchema::Node& n, bool integer) {
+  // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact from
+  // there on; an integer node's rounded inward to integers. A bound is what the JSON parser
+  // read: an integer up to 64 bits exactly, else a double, taken as its shortest decimal text
+  // (as Python's json reads a fraction); a double of 2^53 or more could be a longer integer
+  // rounded, which a client comparing integers exactly would not agree with, so it is refused.
+  // Returns whether some number lies between the bounds.
+  bool number_bounds(const json& s, const std::string& path, JsonSchema::Node& n, bool integer) {
     using Bound = JsonSchema::Node::Bound;
     const std::tuple<const char*, bool, bool> keys[] = {{"minimum", false, false},
                                                         {"exclusiveMinimum", false, true},
@@ -470,6 +492,10 @@ class JsonSchemaCompiler {
       if (!v.is_number())
         fail(child_path(path, std::string("/") + k),
              std::string(k) + " must be a number (the boolean form of draft 4 is not supported)");
+      if (v.is_number_float() && std::fabs(v.get<double>()) >= 9007199254740992.0)
+        fail(child_path(path, std::string("/") + k),
+             std::string(k) + " " + v.dump() +
+                 " is not exact as a double (2^53 or more); write an integer within 64 bits");
       const Bound b{true, !exclusive, JsonDecimal::parse(v.dump())};
       Bound& cur = upper ? n.max : n.min;
       const int c = cur.on ? compare(b.at, cur.at) : 0;
@@ -487,12 +513,9 @@ class JsonSchemaCompiler {
         n.max = {true, true,
                  n.max.closed ? to_integer(n.max.at, false) : step(to_integer(n.max.at, true), -1)};
     }
-    if (n.min.on && n.max.on) {
-      const int c = compare(n.min.at, n.max.at);
-      if (c > 0 || (c == 0 && !(n.min.closed && n.max.closed)))
-        fail(path, std::string("no ") + (integer ? "integer" : "number") +
-                       " lies between the minimum and the maximum");
-    }
+    if (!n.min.on || !n.max.on) return true;
+    const int c = compare(n.min.at, n.max.at);
+    return c < 0 || (c == 0 && n.min.closed && n.max.closed);
   }
 
   uint16_t ref(const json& r, const std::string& path) {
@@ -666,7 +689,14 @@ bool JsonSchemaEvents::value(uint8_t c) {
       if (kind == JsonSchema::kNumber && n.bounded()) {
         slot_ = leaf;  // a bounded number: its text is kept, its reach checked at every byte
         num_.assign(1, (char)c);
-        return reachable(num_, n);
+        const Reach r = reach(num_, n);
+        if (r == kSettled) {
+          number_ = kSettledNumber;
+          num_.clear();
+        } else {
+          number_ = kOpenNumber;
+        }
+        return r != kOut;
       }
       if (kind == JsonSchema::kString && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
         slot_ = leaf;  // a string whose length is bounded: its characters are counted
@@ -692,10 +722,19 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
   if (slot_ == JsonSchema::kNone) return true;
   const JsonSchema::Node& n = s_->node(slot_);
   if (!n.literals.empty()) return narrow(n.literals, c);
-  if (!num_.empty()) {  // written without exponent; some value within reach still in bounds
+  if (number_ != kNoNumber) {  // written without exponent; some value within reach in bounds
     if (c == 'e' || c == 'E' || (n.integer && c == '.')) return false;
+    if (number_ == kSettledNumber) return true;
     num_ += (char)c;
-    return reachable(num_, n);
+    // Unsettled past kMaxNumberText bytes: only an exact bound followed by zeros stays so (its
+    // other digits settle it, or it may end), so refusing the next byte strands nothing.
+    const Reach r = reach(num_, n);
+    if (r == kSettled) {  // whatever follows is in bounds: the text is no longer needed
+      number_ = kSettledNumber;
+      num_.clear();
+      return true;
+    }
+    return r == kIn && num_.size() <= kMaxNumberText;
   }
   if (length_) return true;
   return c != '.' && c != 'e' && c != 'E';  // an integer
@@ -711,7 +750,7 @@ bool JsonSchemaEvents::string_char() {
 bool JsonSchemaEvents::can_end() const {
   if (slot_ == JsonSchema::kNone) return true;
   const JsonSchema::Node& n = s_->node(slot_);
-  if (!num_.empty()) return in_bounds(JsonDecimal::parse(num_), n);
+  if (number_ != kNoNumber) return number_ == kSettledNumber || in_bounds(JsonDecimal::parse(num_), n);
   return n.literals.empty() || (lo_ < hi_ && n.literals[lo_].size() == pos_);
 }
 
@@ -722,6 +761,7 @@ bool JsonSchemaEvents::scalar_end() {
   length_ = false;
   chars_ = 0;
   num_.clear();
+  number_ = kNoNumber;
   return ok;
 }
 
