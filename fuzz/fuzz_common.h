@@ -17,6 +17,28 @@ namespace ct::fuzz {
   std::abort();
 }
 
+// Calls f(c) for each byte of JSON text outside strings: a string's opening quote, not its
+// contents (escapes followed) or its closing quote.
+template <class F>
+void for_each_outside_strings(const char* s, size_t n, F f) {
+  bool in_str = false, esc = false;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char c = (unsigned char)s[i];
+    if (in_str) {
+      if (esc) {
+        esc = false;
+      } else if (c == '\\') {
+        esc = true;
+      } else if (c == '"') {
+        in_str = false;
+      }
+      continue;
+    }
+    if (c == '"') in_str = true;
+    f(c);
+  }
+}
+
 // Takes fixed-size fields off the front of the input; missing bytes read as zero so every input,
 // however short, is a valid program for the target.
 class Bytes {

@@ -19,25 +19,13 @@ namespace {
 // applies): nesting depth, and whitespace runs outside strings, by a plain scan.
 bool within_bounds(const std::string& s) {
   int depth = 0, max_depth = 0, spaces = 0, max_spaces = 0;
-  bool in_str = false, esc = false;
-  for (unsigned char c : s) {
-    if (in_str) {
-      if (esc) {
-        esc = false;
-      } else if (c == '\\') {
-        esc = true;
-      } else if (c == '"') {
-        in_str = false;
-      }
-      continue;
-    }
+  ct::fuzz::for_each_outside_strings(s.data(), s.size(), [&](unsigned char c) {
     const bool ws = c == ' ' || c == '\t' || c == '\n' || c == '\r';
     spaces = ws ? spaces + 1 : 0;
     if (spaces > max_spaces) max_spaces = spaces;
-    if (c == '"') in_str = true;
     if (c == '{' || c == '[') max_depth = ++depth > max_depth ? depth : max_depth;
     if (c == '}' || c == ']') --depth;
-  }
+  });
   return max_depth <= ct::JsonRecognizer::kMaxDepth &&
          max_spaces <= ct::JsonRecognizer::kMaxSpaces;
 }

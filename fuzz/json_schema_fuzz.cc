@@ -23,29 +23,18 @@ namespace {
 // recognizer compares numbers with their bounds exactly, the reference validator as doubles,
 // which tell apart only 15 digits, so the reference cannot judge such a document.
 bool beyond_a_double(const std::string& doc) {
-  bool in_string = false, escaped = false, leading = true;
+  bool leading = true, beyond = false;
   int digits = 0;
-  for (char c : doc) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') in_string = true;
+  ct::fuzz::for_each_outside_strings(doc.data(), doc.size(), [&](unsigned char c) {
     if (c >= '0' && c <= '9') {
       if (c != '0') leading = false;
-      if (!leading && ++digits > 15) return true;
+      if (!leading && ++digits > 15) beyond = true;
     } else if (c != '.') {
       digits = 0;
       leading = true;
     }
-  }
-  return false;
+  });
+  return beyond;
 }
 
 }  // namespace
