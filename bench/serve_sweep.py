@@ -177,7 +177,10 @@ def zipf_sampler(n, s, rng):
     return draw
 
 
-def run_rate(port, pool, policy, rate, duration, max_tokens, seed):
+def run_rate(port, pool, policy, rate, duration, max_tokens, seed, exact=False):
+    """exact: round(rate * duration) arrivals at uniform random times (a Poisson process
+    conditioned on its count, so the offered rate is the nominal one); else a free Poisson
+    process, whose count in a short window can stray far from rate * duration."""
     rng = random.Random(seed)
     draw = zipf_sampler(len(pool), 1.0, rng)
     recs, threads = [], []
@@ -189,15 +192,20 @@ def run_rate(port, pool, policy, rate, duration, max_tokens, seed):
             recs.append(rec)
 
     t_start = time.perf_counter()
-    t_next = t_start
-    while t_next - t_start < duration:
+    times = sorted(rng.uniform(0, duration) for _ in range(round(rate * duration))) if exact else None
+    t_next = t_start + (times[0] if times else 0)
+    while (times is None and t_next - t_start < duration) or (times is not None and times):
         now = time.perf_counter()
         if t_next > now:
             time.sleep(t_next - now)
         th = threading.Thread(target=fire, args=(pool[draw()], rng.randrange(1 << 30)), daemon=True)
         th.start()
         threads.append(th)
-        t_next += rng.expovariate(rate)
+        if times is None:
+            t_next += rng.expovariate(rate)
+        else:
+            times.pop(0)
+            t_next = t_start + (times[0] if times else 0)
     for th in threads:
         th.join()
     # Completed rate over the whole time the requests took (arrivals plus the drain).
@@ -217,6 +225,10 @@ def main():
                          "model's r_min), e.g. cachetune@0.15 cacheblend@0.3")
     ap.add_argument("--rates", nargs="+", type=float, default=[0.25, 0.5, 1, 2, 4])
     ap.add_argument("--duration", type=float, default=40, help="seconds of arrivals per rate")
+    ap.add_argument("--exact-arrivals", action="store_true",
+                    help="round(rate x duration) arrivals per rate at uniform random times (the "
+                         "offered rate is the nominal one); default: a free Poisson process, whose "
+                         "count in a 60 s window strays (e.g. 17 or 43 arrivals for 24 or 30)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--unloaded", type=int, default=5, help="one-at-a-time requests per policy")
     ap.add_argument("--host-tier", default="4G")
@@ -256,7 +268,7 @@ def main():
             sat = None
             for rate in args.rates:
                 recs, s, elapsed = run_rate(srv.port, pool, policy, rate, args.duration,
-                                            args.max_tokens, args.seed + int(rate * 1000))
+                                            args.max_tokens, args.seed + int(rate * 1000), args.exact_arrivals)
                 s["rate"] = rate
                 s["elapsed_s"] = elapsed
                 s["load"] = os.getloadavg()
