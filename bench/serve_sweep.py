@@ -191,21 +191,23 @@ def run_rate(port, pool, policy, rate, duration, max_tokens, seed, exact=False):
         with lock:
             recs.append(rec)
 
+    def offsets():  # seconds after the start of each arrival
+        if exact:
+            yield from sorted(rng.uniform(0, duration) for _ in range(round(rate * duration)))
+            return
+        t = 0.0
+        while t < duration:
+            yield t
+            t += rng.expovariate(rate)
+
     t_start = time.perf_counter()
-    times = sorted(rng.uniform(0, duration) for _ in range(round(rate * duration))) if exact else None
-    t_next = t_start + (times[0] if times else 0)
-    while (times is None and t_next - t_start < duration) or (times is not None and times):
+    for off in offsets():
         now = time.perf_counter()
-        if t_next > now:
-            time.sleep(t_next - now)
+        if t_start + off > now:
+            time.sleep(t_start + off - now)
         th = threading.Thread(target=fire, args=(pool[draw()], rng.randrange(1 << 30)), daemon=True)
         th.start()
         threads.append(th)
-        if times is None:
-            t_next += rng.expovariate(rate)
-        else:
-            times.pop(0)
-            t_next = t_start + (times[0] if times else 0)
     for th in threads:
         th.join()
     # Completed rate over the whole time the requests took (arrivals plus the drain).
