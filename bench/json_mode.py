@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What JSON output costs per generated token: `response_format` json_object and json_schema
-against free text, on the same server, the same prompts, alternating request by request.
+(without and with patterns on its strings) against free text, on the same server, the same prompts, alternating request by request.
 
 Each request asks the model for a JSON object (greedy, --max-tokens tokens); the decode time per
 token is the response's cachetune.decode_ms over its tokens after the first. JSON output adds the
@@ -16,6 +16,7 @@ accepts (checked here by a plain validator of the schemas' keywords). Example:
 import argparse
 import json
 import os
+import re
 import statistics
 
 from serve_common import ServeProcess, cpu_name, post_json
@@ -40,14 +41,24 @@ SCHEMAS = [  # each prompt's, as an OpenAI strict schema
     obj({"title": S, "author": S, "year": I, "genres": {"type": "array", "items": S}}),
     obj({"city": S, "country": S, "population": I}),
 ]
+# The same schemas with patterns on their strings (json_pattern.h: each string's characters go
+# through a position automaton as the vocabulary mask is computed).
+NAME, WORDS = {"type": "string", "pattern": "^[A-Z][a-z]+$"}, {"type": "string", "pattern": "^[a-z ]+$"}
+PLACE = {"type": "string", "pattern": "^[A-Z][A-Za-z]+( [A-Z][A-Za-z]+)*$"}
+PATTERN_SCHEMAS = [
+    obj({"name": NAME, "age": I, "color": WORDS}),
+    obj({"capitals": {"type": "array", "items": PLACE, "maxItems": 3}}),
+    obj({"title": PLACE, "author": PLACE, "year": I, "genres": {"type": "array", "items": WORDS}}),
+    obj({"city": PLACE, "country": PLACE, "population": I}),
+]
 
 
 def valid(v, s):
     """The schemas above: object, array, string, integer; properties, required, additionalProperties
-    false, items, maxItems."""
+    false, items, maxItems, pattern (Python's re takes these ECMA-262 patterns alike)."""
     t = s["type"]
     if t == "string":
-        return isinstance(v, str)
+        return isinstance(v, str) and re.search(s.get("pattern", ""), v) is not None
     if t == "integer":
         return isinstance(v, int) and not isinstance(v, bool)
     if t == "array":
@@ -75,18 +86,20 @@ def main():
         srv = ServeProcess(args.binary, ["--model", model, "--max-tokens-limit",
                                          str(args.max_tokens)],
                            os.path.join(out, f"serve-{model}.log"), model)
-        per_token = {"free": [], "json": [], "schema": []}
-        ended = {"json": 0, "schema": 0}
-        parsed = {"json": 0, "schema": 0}
+        modes = ("free", "json", "schema", "pattern")
+        per_token = {m: [] for m in modes}
+        ended = {m: 0 for m in modes[1:]}
+        parsed = {m: 0 for m in modes[1:]}
         try:
             for _ in range(args.rounds):
-                for q, schema in zip(PROMPTS, SCHEMAS):
-                    for mode in ("free", "json", "schema"):
+                for q, plain, patterned in zip(PROMPTS, SCHEMAS, PATTERN_SCHEMAS):
+                    for mode in modes:
+                        schema = patterned if mode == "pattern" else plain
                         body = {"messages": [{"role": "user", "content": q}],
                                 "max_tokens": args.max_tokens, "temperature": 0}
                         if mode == "json":
                             body["response_format"] = {"type": "json_object"}
-                        elif mode == "schema":
+                        elif mode in ("schema", "pattern"):
                             body["response_format"] = {
                                 "type": "json_schema",
                                 "json_schema": {"name": "answer", "strict": True, "schema": schema}}
@@ -98,8 +111,8 @@ def main():
                             ended[mode] += 1
                             try:
                                 v = json.loads(r["choices"][0]["message"]["content"])
-                                parsed[mode] += (valid(v, schema) if mode == "schema"
-                                                 else isinstance(v, dict))
+                                parsed[mode] += (isinstance(v, dict) if mode == "json"
+                                                 else valid(v, schema))
                             except ValueError:
                                 pass
         finally:
@@ -107,9 +120,13 @@ def main():
         free = statistics.median(per_token["free"])
         js = statistics.median(per_token["json"])
         sc = statistics.median(per_token["schema"])
+        pt = statistics.median(per_token["pattern"])
         summary["models"][model] = {
             "free_ms_per_token": free, "json_ms_per_token": js, "ratio": js / free,
             "schema_ms_per_token": sc, "schema_ratio": sc / free,
+            "pattern_ms_per_token": pt, "pattern_ratio": pt / free,
+            "pattern_requests": len(per_token["pattern"]), "pattern_ended": ended["pattern"],
+            "pattern_ended_and_valid": parsed["pattern"],
             "json_requests": len(per_token["json"]), "json_ended": ended["json"],
             "json_ended_and_parsed": parsed["json"],
             "schema_requests": len(per_token["schema"]), "schema_ended": ended["schema"],
@@ -118,7 +135,9 @@ def main():
               f"json_schema {sc:.2f} ({sc / free:.2f}x); json_object answers ended on their own "
               f"{ended['json']}/{len(per_token['json'])}, parsed as objects {parsed['json']}; "
               f"json_schema answers ended {ended['schema']}/{len(per_token['schema'])}, "
-              f"valid {parsed['schema']}")
+              f"valid {parsed['schema']}; with patterns {pt:.2f} ({pt / free:.2f}x, "
+              f"{pt / sc:.2f}x json_schema's), ended {ended['pattern']}/"
+              f"{len(per_token['pattern'])}, valid {parsed['pattern']}")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
 

@@ -7,7 +7,8 @@
 // documents that nlohmann::json parses and that the reference validator of the subset
 // (tests/support/json_schema_ref.h) finds valid for the schema (where it can judge them: numbers
 // of at most 15 significant digits, as the bounds are compared exactly and the reference's as
-// doubles).
+// doubles; patterns std::regex takes, on strings of at most 64 characters without the non-ASCII
+// white space its "C" locale classifies otherwise than ECMA-262).
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -83,7 +84,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ct::fuzz::finding("the schema's recognizer accepted text that is not JSON", doc.c_str());
   }
   if (beyond_a_double(doc)) return 0;
-  if (!ct::test::json_schema_valid(parsed, schema, schema, /*integral_floats=*/true))
-    ct::fuzz::finding("the recognizer accepted a document the schema refuses", doc.c_str());
+  try {
+    if (!ct::test::json_schema_valid(parsed, schema, schema, /*integral_floats=*/true))
+      ct::fuzz::finding("the recognizer accepted a document the schema refuses", doc.c_str());
+  } catch (const ct::test::CannotJudge&) {
+    return 0;  // a pattern or string the reference's std::regex cannot judge
+  }
   return 0;
 }

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "model/json_pattern.h"
+
 namespace ct {
 
 class Tokenizer;
@@ -117,9 +119,10 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 // A JSON Schema compiled for the recognizer (OpenAI's response_format json_schema). The subset
 // (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
 // schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems,
-// minLength, maxLength (in characters: Unicode code points), minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal; a number so bounded is
-// written without exponent), enum,
+// minLength, maxLength (in characters: Unicode code points), pattern (an ECMA-262 regular
+// expression, a subset: json_pattern.h), format (date, time, date-time, uuid, ipv4, email, as
+// patterns), minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal;
+// a number so bounded is written without exponent), enum,
 // const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
 // annotations (title, description, default, examples, ...). Any other keyword is refused by name:
 // a schema the text would not be checked against must not pass silently. The recognizer decides
@@ -156,6 +159,9 @@ class JsonSchema {
     // A string's length in characters (Unicode code points; an escape is one, a surrogate
     // pair's two escapes one). With enum or const, the values outside are left out instead.
     uint32_t min_length = 0, max_length = UINT32_MAX;
+    // A string's pattern (or format), matched against its characters; not beside the length
+    // bounds. With enum or const, the values it refuses are left out instead.
+    std::shared_ptr<const JsonPattern> pattern;
     // A number's bounds (minimum / exclusiveMinimum, maximum / exclusiveMaximum, the tighter of
     // each pair); an integer node's rounded inward to integers, both then closed. With enum or
     // const, the values outside are left out instead.
@@ -213,6 +219,7 @@ class JsonSchemaEvents {
     bool operator==(const Frame&) const = default;
   };
   bool narrow(const std::vector<std::string>& v, uint8_t c);
+  bool pattern_byte(const JsonPattern& p, uint8_t c);
   // In the innermost object: the properties that may still come (unseen, and whose value fits
   // in the frames left), and whether another key may.
   uint64_t open_props(const Frame& f, const JsonSchema::Node& n) const;
@@ -234,6 +241,13 @@ class JsonSchemaEvents {
   static constexpr size_t kMaxNumberText = 1024;
   uint8_t number_ = kNoNumber;
   std::string num_;
+  // A string whose pattern slot_ holds: the automaton's state after its last whole character,
+  // and the character being read (an escape or a UTF-8 sequence): its bits so far, the hex
+  // digits or continuation bytes still due, and esc_ (1 after a backslash, 2 in a \u escape).
+  bool pattern_ = false;
+  uint8_t esc_ = 0, cp_due_ = 0;
+  uint32_t cp_ = 0;
+  JsonPattern::State pat_;
 };
 using JsonSchemaRecognizer = BasicJsonRecognizer<JsonSchemaEvents>;
 

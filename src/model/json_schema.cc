@@ -33,7 +33,7 @@ bool is_supported(const std::string& k) {
                                        "items",    "minItems",   "maxItems", "minLength",
                                        "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
                                        "exclusiveMaximum", "enum", "const",    "anyOf",
-                                       "$ref"};
+                                       "$ref",     "pattern",    "format"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
 }
@@ -277,8 +277,9 @@ class JsonSchemaCompiler {
         fail(path, "keyword '" + shorten(it.key()) +
                        "' is not supported (supported: type, properties, required, "
                        "additionalProperties, items, minItems, maxItems, minLength, maxLength, "
-                       "minimum, maximum, exclusiveMinimum, exclusiveMaximum, enum, const, anyOf, "
-                       "$ref, and annotations such as title and description)");
+                       "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
+                       "enum, const, anyOf, $ref, and annotations such as title and "
+                       "description)");
       ++constraints;
     }
     if (s.contains("$ref")) {
@@ -408,6 +409,7 @@ class JsonSchemaCompiler {
                          std::to_string(n.max_length));
         kinds &= ~strings;
       }
+      string_pattern(s, path, n);
       if (!number_bounds(s, path, n, integer)) {
         if ((kinds & ~numbers) == 0)
           fail(path, std::string("no ") + (integer ? "integer" : "number") +
@@ -456,13 +458,15 @@ class JsonSchemaCompiler {
           uint64_t chars = 0;  // code points: the bytes that begin a UTF-8 character
           for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
           if (chars < out_[id].min_length || chars > out_[id].max_length) continue;
+          if (out_[id].pattern && !out_[id].pattern->matches(v.get_ref<const std::string&>()))
+            continue;
         }
         if (v.is_number() && !in_bounds(JsonDecimal::parse(text), out_[id])) continue;
         lit_kinds |= 1u << k;
         out_[id].literals.push_back(text);
       }
       if (out_[id].literals.empty())
-        fail(path, "no enum or const value has the schema's type (and bounds)");
+        fail(path, "no enum or const value has the schema's type (and bounds, and pattern)");
       CT_THROW_IF_NOT(out_[id].literals.size() < JsonSchema::kNone,
                       "json_schema at {}: more than {} enum values", path, JsonSchema::kNone - 1);
       std::sort(out_[id].literals.begin(), out_[id].literals.end());
@@ -472,6 +476,33 @@ class JsonSchemaCompiler {
     }
     raw_[id].kinds = kinds;
     return id;
+  }
+
+  // pattern, or format as the pattern JsonPattern::format_pattern gives it. Not beside the
+  // length bounds: the automaton does not count characters, so a pattern could need a length
+  // they forbid and strand the sampler.
+  void string_pattern(const json& s, const std::string& path, JsonSchema::Node& n) {
+    if (!s.contains("pattern") && !s.contains("format")) return;
+    if (s.contains("pattern") && s.contains("format"))
+      fail(path, "pattern beside format is not supported");
+    const std::string k = s.contains("pattern") ? "pattern" : "format";
+    const std::string at = child_path(path, "/" + k);
+    if (!s[k].is_string()) fail(at, k + " must be a string");
+    std::string re = s[k].get<std::string>();
+    if (k == "format") {
+      re = JsonPattern::format_pattern(re);
+      if (re.empty())
+        fail(at, "format '" + shorten(s[k].get<std::string>()) +
+                     "' is not supported (supported: date, time, date-time, uuid, ipv4, email)");
+    }
+    if (n.min_length > 0 || n.max_length < UINT32_MAX)
+      fail(path, k + " beside minLength or maxLength is not supported (write the length in the "
+                     "pattern, e.g. ^[a-z]{1,8}$)");
+    try {
+      n.pattern = JsonPattern::compile(re);
+    } catch (const Error& e) {
+      fail(at, e.what());
+    }
   }
 
   // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact from
@@ -698,6 +729,12 @@ bool JsonSchemaEvents::value(uint8_t c) {
         }
         return r != kOut;
       }
+      if (kind == JsonSchema::kString && n.pattern) {
+        slot_ = leaf;  // a string with a pattern: its characters go through the automaton
+        pattern_ = true;
+        pat_ = n.pattern->start();
+        return true;
+      }
       if (kind == JsonSchema::kString && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
         slot_ = leaf;  // a string whose length is bounded: its characters are counted
         length_ = true;
@@ -736,8 +773,67 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
     }
     return r == kIn && num_.size() <= kMaxNumberText;
   }
+  if (pattern_) return pattern_byte(*n.pattern, c);
   if (length_) return true;
   return c != '.' && c != 'e' && c != 'E';  // an integer
+}
+
+// A string's bytes (after its opening quote, the recognizer having checked them) decoded into
+// characters for the pattern's automaton. Within an escape or a UTF-8 sequence, each byte is
+// taken only if some character it can still become leads on: the code points a \u escape's
+// digits so far can reach, or a sequence's bytes so far (surrogates excluded: a character
+// beyond U+FFFF is written in UTF-8, not as an escaped surrogate pair).
+bool JsonSchemaEvents::pattern_byte(const JsonPattern& p, uint8_t c) {
+  auto take = [&](uint32_t cp) {
+    const JsonPattern::State next = p.step(pat_, cp);
+    if (next.empty()) return false;
+    pat_ = next;
+    return true;
+  };
+  auto within = [&](int bits_due) {  // cp_'s bits so far, bits_due more to come
+    const uint32_t lo = cp_ << bits_due;
+    return p.can_step(pat_, lo, lo + ((1u << bits_due) - 1));
+  };
+  if (esc_ == 1) {
+    esc_ = 0;
+    switch (c) {
+      case 'b': return take(8);
+      case 'f': return take(12);
+      case 'n': return take(10);
+      case 'r': return take(13);
+      case 't': return take(9);
+      case 'u':
+        esc_ = 2;
+        cp_ = 0;
+        cp_due_ = 4;
+        return within(16);
+      default: return take(c);  // '"', '\\' or '/'
+    }
+  }
+  if (esc_ == 2) {
+    cp_ = cp_ * 16 + (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    if (--cp_due_ > 0) return within(4 * cp_due_);
+    esc_ = 0;
+    return take(cp_);
+  }
+  if (cp_due_ > 0) {  // a UTF-8 continuation byte
+    cp_ = (cp_ << 6) | (c & 0x3F);
+    if (--cp_due_ > 0) return within(6 * cp_due_);
+    return take(cp_);
+  }
+  if (c == '"') return true;  // the closing quote: scalar_end() asks whether it matched
+  if (c == '\\') {
+    esc_ = 1;
+    return p.can_step(pat_, 0, 0xFFFF);
+  }
+  if (c < 0x80) return take(c);
+  // A lead byte: 2, 3 or 4 bytes, the smallest code point of each length (shorter forms are
+  // overlong) and the largest (U+10FFFF) bounding what it can still be.
+  cp_due_ = c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+  cp_ = c & (0x7F >> (cp_due_ + 1));
+  const uint32_t lo = cp_ << (6 * cp_due_), hi = lo + ((1u << (6 * cp_due_)) - 1);
+  const uint32_t least = cp_due_ == 1 ? 0x80 : cp_due_ == 2 ? 0x800 : 0x10000;
+  return p.can_step(pat_, std::max(lo, least), std::min<uint32_t>(hi, 0x10FFFF));
 }
 
 bool JsonSchemaEvents::string_char() {
@@ -755,7 +851,12 @@ bool JsonSchemaEvents::can_end() const {
 }
 
 bool JsonSchemaEvents::scalar_end() {
-  const bool ok = can_end() && (!length_ || chars_ >= s_->node(slot_).min_length);
+  const bool ok = can_end() && (!length_ || chars_ >= s_->node(slot_).min_length) &&
+                  (!pattern_ || s_->node(slot_).pattern->accepts(pat_));
+  pattern_ = false;
+  esc_ = cp_due_ = 0;
+  cp_ = 0;
+  pat_ = {};
   slot_ = JsonSchema::kNone;
   pos_ = lo_ = hi_ = 0;
   length_ = false;

@@ -202,8 +202,10 @@ def main():
             check(isinstance(json.loads(text), dict), f"json_object answer {text!r}")
         print(f"json_object{' streamed' if stream else ''}: {finish}: {text!r}")
     # Structured output: a pydantic model, sent as the client makes it (a strict JSON Schema with
-    # $defs, $ref, anyOf with null, an enum, an array), whole and streamed; an answer that ended
+    # $defs, $ref, anyOf with null, an enum, an array, bounds, a pattern and a date format),
+    # whole and streamed; an answer that ended
     # on its own must validate as the model. Then the client's parse() helper.
+    import datetime
     import typing
     import pydantic
     from openai.lib._parsing._completions import type_to_response_format_param
@@ -215,6 +217,8 @@ def main():
     class Keeper(pydantic.BaseModel):
         name: str
         age: int = pydantic.Field(ge=0, le=150)
+        badge: str = pydantic.Field(pattern=r"^[A-Z]{2}-\d{3}$")
+        since: datetime.date
         mood: typing.Literal["calm", "stormy"]
         home: Home
         tags: typing.List[str]
@@ -244,11 +248,11 @@ def main():
         client.chat.completions.create(
             model=args.model, messages=jmsgs, max_tokens=8,
             response_format={"type": "json_schema",
-                             "json_schema": {"name": "n", "schema": {"type": "string",
-                                                                     "pattern": "^[a-z]+$"}}})
-        check(False, "a json_schema with a pattern was accepted")
+                             "json_schema": {"name": "n", "schema": {"type": "integer",
+                                                                     "multipleOf": 7}}})
+        check(False, "a json_schema with multipleOf was accepted")
     except openai.BadRequestError as e:
-        check(e.status_code == 400 and "'pattern' is not supported" in str(e.body),
+        check(e.status_code == 400 and "'multipleOf' is not supported" in str(e.body),
               f"json_schema: {e.body}")
 
     # Error paths map onto the client's exception classes.

@@ -1,16 +1,148 @@
 // A reference for response_format json_schema: the supported subset's meaning on a parsed value,
 // written from JSON Schema's definitions, independent of the byte-level recognizer it checks
-// (model/json_constraint.h). Keys are compared decoded; enum and const values as compact JSON
+// (model/json_constraint.h); patterns through std::regex, formats through their RFCs' grammars. Keys are compared decoded; enum and const values as compact JSON
 // text, as the recognizer reads them. Used by tests/unit/json_schema_test.cc and
 // fuzz/json_schema_fuzz.cc.
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace ct::test {
+
+// Thrown where the reference cannot judge a value: a pattern std::regex does not take, or a
+// string with a character whose class std::regex's "C" locale decides otherwise than ECMA-262
+// (the non-ASCII white space of \s, the line separators '.' refuses).
+struct CannotJudge {};
+
+// A string's code points (the caller's strings are UTF-8, as nlohmann::json keeps them).
+inline std::u32string code_points(const std::string& s) {
+  std::u32string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = (unsigned char)s[i];
+    const int n = c < 0x80 ? 0 : c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+    char32_t cp = n == 0 ? c : c & (0x7F >> (n + 1));
+    for (int k = 1; k <= n && i + k < s.size(); ++k) cp = (cp << 6) | ((unsigned char)s[i + k] & 0x3F);
+    out.push_back(cp);
+    i += n + 1;
+  }
+  return out;
+}
+
+// JSON Schema's pattern: ECMA-262 regular expression search (not anchored), on code points.
+inline bool pattern_matches(const std::string& pattern, const std::string& value) {
+  std::wstring w;
+  for (char32_t c : code_points(value)) {
+    const bool odd_space = c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+                           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+                           c == 0x3000 || c == 0xFEFF;
+    if (odd_space) throw CannotJudge{};
+    w.push_back((wchar_t)c);
+  }
+  std::wstring p;
+  for (char32_t c : code_points(pattern)) p.push_back((wchar_t)c);
+  // std::regex backtracks: a long string against nested quantifiers may take exponential time.
+  if (w.size() > 64 || p.size() > 256) throw CannotJudge{};
+  try {
+    return std::regex_search(w, std::wregex(p, std::regex::ECMAScript));
+  } catch (const std::regex_error&) {
+    throw CannotJudge{};
+  }
+}
+
+// The formats the recognizer supports, checked by their RFCs' grammars (not by a pattern):
+// RFC 3339 full-date, full-time, date-time; RFC 4122 uuid; dotted-quad ipv4 without leading
+// zeros; an RFC 5321 mailbox with a dot-atom local part and a domain of LDH labels.
+inline bool format_valid(const std::string& f, const std::string& v) {
+  auto digits = [&](size_t at, size_t n, int& out) {
+    if (at + n > v.size()) return false;
+    out = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (v[i] < '0' || v[i] > '9') return false;
+      out = out * 10 + (v[i] - '0');
+    }
+    return true;
+  };
+  auto date = [&](size_t at) {
+    int y, m, d;
+    if (!digits(at, 4, y) || v.size() < at + 10 || v[at + 4] != '-' || !digits(at + 5, 2, m) ||
+        v[at + 7] != '-' || !digits(at + 8, 2, d))
+      return false;
+    const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    return m >= 1 && m <= 12 && d >= 1 && d <= days[m - 1];
+  };
+  auto time = [&](size_t at) {  // to the end of v
+    int h, m, s;
+    if (!digits(at, 2, h) || v.size() < at + 8 || v[at + 2] != ':' || !digits(at + 3, 2, m) ||
+        v[at + 5] != ':' || !digits(at + 6, 2, s) || h > 23 || m > 59 || s > 60)
+      return false;
+    size_t i = at + 8;
+    if (i < v.size() && v[i] == '.') {
+      const size_t f = ++i;
+      while (i < v.size() && v[i] >= '0' && v[i] <= '9') ++i;
+      if (i == f) return false;
+    }
+    if (i + 1 == v.size() && (v[i] == 'Z' || v[i] == 'z')) return true;
+    int oh, om;
+    return i + 6 == v.size() && (v[i] == '+' || v[i] == '-') && digits(i + 1, 2, oh) &&
+           v[i + 3] == ':' && digits(i + 4, 2, om) && oh <= 23 && om <= 59;
+  };
+  auto hex = [](char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); };
+  auto split = [](const std::string& s, char sep) {
+    std::vector<std::string> parts(1);
+    for (char c : s) {
+      if (c == sep) {
+        parts.emplace_back();
+      } else {
+        parts.back().push_back(c);
+      }
+    }
+    return parts;
+  };
+  if (f == "date") return v.size() == 10 && date(0);
+  if (f == "time") return time(0);
+  if (f == "date-time") return v.size() > 11 && date(0) && (v[10] == 'T' || v[10] == 't') && time(11);
+  if (f == "uuid") {
+    if (v.size() != 36) return false;
+    for (size_t i = 0; i < 36; ++i)
+      if (i == 8 || i == 13 || i == 18 || i == 23 ? v[i] != '-' : !hex(v[i])) return false;
+    return true;
+  }
+  if (f == "ipv4") {
+    const auto parts = split(v, '.');
+    if (parts.size() != 4) return false;
+    for (const std::string& p : parts) {
+      if (p.empty() || p.size() > 3 || (p.size() > 1 && p[0] == '0')) return false;
+      for (char c : p)
+        if (c < '0' || c > '9') return false;
+      if (std::stoi(p) > 255) return false;
+    }
+    return true;
+  }
+  if (f == "email") {
+    const size_t at = v.rfind('@');
+    if (at == std::string::npos) return false;
+    const std::string atext = "!#$%&'*+-/=?^_`{|}~";
+    for (const std::string& a : split(v.substr(0, at), '.')) {
+      if (a.empty()) return false;
+      for (char c : a)
+        if (!std::isalnum((unsigned char)c) && atext.find(c) == std::string::npos) return false;
+    }
+    for (const std::string& l : split(v.substr(at + 1), '.')) {
+      if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
+      for (char c : l)
+        if (!std::isalnum((unsigned char)c) && c != '-') return false;
+    }
+    return true;
+  }
+  throw CannotJudge{};
+}
 
 // Whether a recognizer's state can go on to a complete value: it is complete, or some byte other
 // than whitespace may follow, or a whitespace byte may follow and leads to such a state. Inside a
@@ -102,6 +234,12 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
     double chars = 0;
     for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
     if (chars < s.value("minLength", 0.0) || chars > s.value("maxLength", 4294967295.0))
+      return false;
+    if (s.contains("pattern") && s["pattern"].is_string() &&
+        !pattern_matches(s["pattern"].get<std::string>(), v.get<std::string>()))
+      return false;
+    if (s.contains("format") && s["format"].is_string() &&
+        !format_valid(s["format"].get<std::string>(), v.get<std::string>()))
       return false;
   }
   if (v.is_array()) {

@@ -77,6 +77,13 @@ const char* const kSchemas[] = {
         "minimum": -2.5, "exclusiveMaximum": 40}, "i": {"type": "integer",
         "exclusiveMinimum": -3.5, "exclusiveMaximum": 3}},
         "additionalProperties": false})",
+    R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$",
+        "examples": ["AB-123", "ZZ-000"]}, "when": {"type": "string", "format": "date",
+        "examples": ["2024-02-29", "1999-12-31"]}, "at": {"type": "string", "format": "date-time",
+        "examples": ["2024-02-29T23:59:59Z"]}, "e": {"enum": ["ab", "AB-1", "QQ-999"],
+        "pattern": "-"}}, "additionalProperties": false})",
+    R"({"type": "array", "items": {"type": ["string", "null"], "pattern": "(ab|\u00e9)+\\d?$",
+        "examples": ["ab", "x\u00e91", "abab", "\u00e9\n\u00e9"]}, "maxItems": 3})",
 };
 
 // A random value shaped by the schema most of the time (so that both valid and invalid
@@ -132,6 +139,15 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
     for (int i = rng() % 5; i > 0; --i)
       a.push_back(random_value(rng, s.value("items", json(true)), root, depth + 1));
     return a;
+  }
+  if (type == "string" && s.contains("examples") && rng() % 10 != 0) {  // near a valid one
+    std::string v = s["examples"][rng() % s["examples"].size()];
+    const size_t at = v.empty() ? 0 : rng() % v.size();
+    if (rng() % 4 == 0 && at < v.size() && (uint8_t)v[at] < 0x80) {  // an ASCII byte replaced
+      static const char* const c[] = {"a", "1", "-", "\xc3\xa9", "T", "9", ""};
+      v.replace(at, 1, c[rng() % 7]);
+    }
+    return v;
   }
   if (type == "string") {  // 0-6 characters of 1-4 bytes each, some written as escapes
     static const char* const c[] = {"a", "\"", "\n", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80"};
@@ -363,6 +379,80 @@ TEST(JsonSchema, NumberBoundsRefuseTheFirstByteOutOfReach) {
   }
 }
 
+// Patterns and formats: a string is read character by character (escapes and UTF-8 decoded),
+// each byte refused as soon as no character it can still become leads on to a match.
+TEST(JsonSchema, PatternsRefuseTheFirstByteNoMatchCanFollow) {
+  const auto s = JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+      "when": {"type": "string", "format": "date"},
+      "word": {"type": "string", "pattern": "^[\u00e0-\u00ff]x$"},
+      "any": {"type": "string", "pattern": "b"}}, "additionalProperties": false})"));
+  // ok: a prefix the recognizer takes; bad: the byte it must refuse next.
+  auto refused_at = [&](const std::string& ok, const std::string& bad) {
+    Recognizer r = recognizer(s);
+    ASSERT_TRUE(r.feed(ok)) << ok;
+    EXPECT_TRUE(ct::test::json_can_go_on(r)) << ok;
+    EXPECT_EQ(first_refused(s, ok + bad), (int)ok.size()) << ok << " + " << bad;
+  };
+  EXPECT_TRUE(accepts(s, R"({"code": "AB-123", "when": "2024-02-29", "any": "abc"})"));
+  refused_at(R"({"code": "A)", "b");
+  refused_at(R"({"code": "AB-12)", "\"");                 // too short
+  refused_at(R"({"code": "AB-123)", "4");                  // too long
+  EXPECT_TRUE(accepts(s, R"({"code": "\u0041\u0042-123"})"));  // escapes are their characters
+  refused_at(R"({"code": "\u00)", "6");  // \u006_ is U+0060..U+006F: no capital letter
+  refused_at(R"({"code": "AB-123)", "\\");  // nothing may follow, not even an escape
+  EXPECT_TRUE(accepts(s, R"({"code": "AB\u002d12\u0033"})"));  // an escape may write any of them
+  refused_at(R"({"when": "2023-02-2)", "9");               // not a leap year
+  refused_at(R"({"when": "2024-04-3)", "1");
+  EXPECT_TRUE(accepts(s, R"({"when": "2000-02-29"})"));
+  // UTF-8: a lead byte is taken if some character it begins is in the class.
+  EXPECT_TRUE(accepts(s, "{\"word\": \"\xc3\xa9x\"}"));
+  EXPECT_TRUE(accepts(s, R"({"word": "\u00e9x"})"));
+  refused_at("{\"word\": \"", "\xe2");          // U+2000..U+2FFF
+  refused_at("{\"word\": \"", "\xc2");          // U+0080..U+00BF
+  refused_at("{\"word\": \"\xc3", "\x9f");      // U+00DF
+  refused_at(R"({"word": "\u00)", "d");             // U+00D0..U+00DF
+  refused_at(R"({"word": "\u)", "D");              // U+D000..U+DFFF
+  refused_at(R"({"any": "\uD)", "8");               // a surrogate pair is not taken
+  // Unanchored: anything around one 'b', and the string may end only once it holds one.
+  EXPECT_TRUE(accepts(s, "{\"any\": \"\xf0\x9f\x98\x80" "b\\n\"}"));
+  refused_at(R"({"any": "xyz)", "\"");
+}
+
+// Every text of up to 6 bytes over an alphabet of quotes, escapes, hex digits and the bytes of
+// 2-4-byte characters: no state the recognizer reaches is stranded, and it completes exactly the
+// documents std::regex (the reference) finds matching.
+TEST(JsonSchema, PatternStringsNeverStrandAndMatchTheReference) {
+  const std::string alphabet = "\"\\uD80aAbx1-n\xc3\xa9\xe2\x82\xac\xf0\x9f\x98";
+  for (const char* pattern : {"^(a|\u00e9)+1?$", "[^a]b", "^\\S-\\w?$", "^(\u20ac|\\u0041)\\d*$"}) {
+    const json schema = {{"type", "string"}, {"pattern", pattern}};
+    SCOPED_TRACE(schema.dump());
+    const auto compiled = JsonSchema::compile(schema);
+    std::vector<std::pair<std::string, Recognizer>> level = {{"", recognizer(compiled)}};
+    int complete = 0, states = 0;
+    for (int depth = 0; depth < 6; ++depth) {
+      std::vector<std::pair<std::string, Recognizer>> next;
+      for (const auto& [text, r] : level) {
+        for (char c : alphabet) {
+          Recognizer q = r;
+          if (!q.feed((uint8_t)c)) continue;
+          ++states;
+          const std::string t = text + c;
+          ASSERT_TRUE(ct::test::json_can_go_on(q)) << t;
+          if (q.complete()) {
+            ++complete;
+            ASSERT_TRUE(ref_valid(json::parse(t), schema, schema)) << t;
+          }
+          next.emplace_back(t, q);
+        }
+      }
+      level = std::move(next);
+    }
+    EXPECT_GT(complete, 0);  // (the other direction: the random documents' test above)
+    EXPECT_GT(states, 50);
+  }
+}
+
 TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
   // An integer listed with other types: '.', 'e' and 'E' are refused in numbers only.
   const auto ib = JsonSchema::compile(json::parse(R"({"type": ["integer", "boolean"]})"));
@@ -483,9 +573,15 @@ TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
 
 TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type": "string", "pattern": "^a"})", "keyword 'pattern' is not supported"},
-      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})",
-       "json_schema at #/properties/d: keyword 'format'"},
+      {R"({"type": "string", "pattern": "^a", "maxLength": 3})",
+       "pattern beside minLength or maxLength is not supported"},
+      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "hostname"}}})",
+       "json_schema at #/properties/d/format: format 'hostname' is not supported"},
+      {R"j({"type": "string", "pattern": "(?=x)"})j",
+       "json_schema at #/pattern: pattern '(?=x)': lookaround"},
+      {R"({"type": "string", "pattern": 3})", "pattern must be a string"},
+      {R"({"type": "string", "pattern": "^a", "format": "date"})", "pattern beside format"},
+      {R"({"enum": ["ab", "b"], "pattern": "^a$"})", "no enum or const value has the schema's type"},
       {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
       {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
       {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})",

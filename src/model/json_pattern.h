@@ -1,0 +1,62 @@
+// A JSON Schema `pattern` (or a `format` written as one) compiled for constrained decoding: a
+// regular expression in ECMA-262 syntax (a subset, docs/SERVER.md), matched against a string's
+// Unicode code points with the search semantics JSON Schema gives it (unanchored unless ^ / $),
+// as a position (Glushkov) automaton whose state is a set of positions. The automaton keeps
+// only positions from which a match can still be completed, so a non-empty state always has a
+// continuation: a sampler that follows it is never stranded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ct {
+
+class JsonPattern {
+ public:
+  // Character-class occurrences after {n,m} is expanded, plus the start and the implicit
+  // [\s\S]* of an unanchored end: a state is a bit set of them.
+  static constexpr int kMaxPositions = 256;
+  // Bounds on what compile() reads from a request.
+  static constexpr size_t kMaxSource = 4096;  // bytes of the pattern
+  static constexpr uint32_t kMaxRepeat = 1000;  // n and m of {n,m}
+  struct State {
+    uint64_t w[kMaxPositions / 64] = {};
+    bool empty() const;
+    bool operator==(const State&) const = default;
+  };
+  using Range = std::pair<uint32_t, uint32_t>;  // code points lo..hi, both included
+
+  // Throws ct::Error saying what in the pattern is not supported, or that it matches nothing.
+  static std::shared_ptr<const JsonPattern> compile(std::string_view pattern);
+  // The pattern of a JSON Schema `format` this supports (date, time, date-time, uuid, ipv4,
+  // email); empty for any other.
+  static std::string format_pattern(std::string_view format);
+
+  State start() const { return start_; }
+  // The state after code point cp from s; empty when no match can go on from there.
+  State step(const State& s, uint32_t cp) const;
+  // Whether some code point in [lo, hi] (surrogates excluded) leads from s to a non-empty state.
+  bool can_step(const State& s, uint32_t lo, uint32_t hi) const;
+  // Whether the string read to s matches.
+  bool accepts(const State& s) const;
+  // Whether a whole string (UTF-8) matches; false for text that is not UTF-8.
+  bool matches(std::string_view utf8) const;
+  const std::string& source() const { return source_; }
+  int positions() const { return n_pos_; }
+
+ private:
+  friend class JsonPatternBuilder;
+  State follow_of(const State& s) const;  // the positions that may come next, live ones only
+  std::string source_;
+  int n_pos_ = 0;
+  std::vector<uint32_t> cuts_;  // interval i is [cuts_[i], cuts_[i + 1]); cuts_[0] = 0
+  std::vector<State> on_;       // per interval: the positions whose class holds it
+  std::vector<State> follow_;   // per position
+  State live_, accept_, start_;
+};
+
+}  // namespace ct

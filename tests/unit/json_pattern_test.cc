@@ -1,0 +1,221 @@
+// JSON Schema patterns (model/json_pattern.h): the automaton against std::regex (an independent
+// ECMAScript engine) on every short string and on random ones, the character classes of ECMA-262
+// on non-ASCII text, the formats against their RFCs' grammars (tests/support/json_schema_ref.h),
+// and the compiler's refusals by name.
+#include "model/json_pattern.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "support/json_schema_ref.h"
+
+namespace ct {
+namespace {
+
+// Patterns of the kinds schemas carry, each with the alphabet its test strings are drawn from.
+struct Case {
+  const char* pattern;
+  const char* alphabet;
+};
+const Case kCases[] = {
+    {"^[a-z]+$", "ab1_"},
+    {"abc", "abcx"},
+    {"^a|b$", "abc"},
+    {"^(ab|a)*c?$", "abc"},
+    {"^\\d{3}-\\d{2,4}$", "19-a"},
+    {"^[A-Z][a-z]{0,3}( [A-Z][a-z]{0,3})?$", "Aa b"},
+    {"^(?:x|yz){2,}$", "xyz"},
+    {"colou?r", "colur"},
+    {"^\\w+@\\w+\\.c$", "a_@.c"},
+    {"^[^0-9\\s]+$", "a1 \t"},
+    {"^\\S\\s\\S$", "a \tb"},
+    {"^(a|ab)(c|bcd)(d*)$", "abcd"},
+    {"^[-.a]+$", "-.ab"},
+    {"^[\\-\\]x]*$", "-]xa"},
+    {"^.{2}$", "ab\n\r"},
+    {"^\\x41\\u0042[\\x30-\\x32]$", "AB01x"},
+    {"^a{2}b{0,1}c{1,}$", "abc"},
+    {"^a+?b*?$", "ab"},
+    {"^[^]$", "a\n"},
+    {"^(a|)+$", "ab"},
+    {"^\\.\\*\\+\\?$", ".*+?a"},
+    {"^\\(\\)\\[\\]$", "()[]"},
+    {"^\\{\\}\\|\\^$", "{}|^"},
+    {"^\\$\\\\\\/$", "$\\/a"},
+    {"^[.*+?()\\[\\]{}|^$\\\\/]{2}$", ".*+?()[]{}|^$\\/a"},
+    {"^(([a-c])(d|e)){1,2}$", "acde"},
+    {"^[\\d\\W]$", "1a!_"},
+    {"^[\\t\\n]\\v\\f\\r\\0$", "\t\n\v\f\r"},
+};
+
+std::string random_string(std::mt19937& rng, const std::string& alphabet, int max_len) {
+  std::string s;
+  for (int n = rng() % (max_len + 1); n > 0; --n) s += alphabet[rng() % alphabet.size()];
+  return s;
+}
+
+TEST(JsonPattern, AgreesWithStdRegexOnEveryShortStringAndOnRandomOnes) {
+  std::mt19937 rng(5);
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.pattern);
+    const auto p = JsonPattern::compile(c.pattern);
+    const std::regex ref(c.pattern, std::regex::ECMAScript);
+    std::string alphabet = c.alphabet;
+    if (std::string(c.pattern).find('\\') != std::string::npos) alphabet += std::string(1, '\0');
+    // Every string of up to 5 characters, then random ones up to 12.
+    std::vector<std::string> texts = {""};
+    for (size_t from = 0, len = 0; len < 5; ++len) {
+      const size_t to = texts.size();
+      for (size_t i = from; i < to; ++i)
+        for (char a : alphabet) texts.push_back(texts[i] + a);
+      from = to;
+    }
+    for (int i = 0; i < 3000; ++i) texts.push_back(random_string(rng, alphabet, 12));
+    int yes = 0;
+    for (const std::string& t : texts) {
+      const bool want = std::regex_search(t, ref);
+      ASSERT_EQ(p->matches(t), want) << "'" << t << "'";
+      yes += want;
+    }
+    EXPECT_GT(yes, 0);
+    EXPECT_LT(yes, (int)texts.size());
+  }
+}
+
+// The state after each character of a string, and the ranges can_step is asked about, agree
+// with stepping each code point of the range alone.
+TEST(JsonPattern, CanStepIsTheUnionOfSteps) {
+  const auto p = JsonPattern::compile("^(\\d+|[\\u00e0-\\u00ff]x|\\u20ac|[^\\x00-\\uffff])$");
+  const JsonPattern::State s0 = p->start();
+  auto brute = [&](const JsonPattern::State& s, uint32_t lo, uint32_t hi) {
+    for (uint32_t c = lo; c <= hi; ++c)
+      if ((c < 0xD800 || c > 0xDFFF) && !p->step(s, c).empty()) return true;
+    return false;
+  };
+  const std::pair<uint32_t, uint32_t> ranges[] = {
+      {0, 0x7F}, {'0', '9'}, {'a', 'z'}, {0x80, 0xDF}, {0xE0, 0xE0}, {0x100, 0x7FF},
+      {0x800, 0xFFFF}, {0x20AC, 0x20AC}, {0x20AD, 0xFFFF}, {0xD800, 0xDFFF}, {0x10000, 0x10FFFF}};
+  const JsonPattern::State s1 = p->step(s0, 0xE9);
+  for (const auto& [lo, hi] : ranges) {
+    EXPECT_EQ(p->can_step(s0, lo, hi), brute(s0, lo, hi)) << lo << ".." << hi;
+    EXPECT_EQ(p->can_step(s1, lo, hi), brute(s1, lo, hi)) << lo << ".." << hi;
+  }
+  EXPECT_TRUE(p->matches("\xc3\xa9x"));       // U+00E9 then x
+  EXPECT_TRUE(p->matches("\xe2\x82\xac"));    // U+20AC
+  EXPECT_TRUE(p->matches("\xf0\x9f\x98\x80"));  // U+1F600: beyond U+FFFF
+  EXPECT_FALSE(p->matches("\xc3\xa9"));
+  EXPECT_FALSE(p->matches("\xe2\x82"));  // not UTF-8
+}
+
+// Characters are code points (as with the u flag, or Python's re); \s, \w, \d and '.' as
+// ECMA-262 defines them on non-ASCII text.
+TEST(JsonPattern, ClassesFollowEcma262OnNonAsciiText) {
+  auto m = [](const char* re, const char* s) { return JsonPattern::compile(re)->matches(s); };
+  for (const char* space : {"\xc2\xa0", "\xe2\x80\xa8", "\xe3\x80\x80", "\xef\xbb\xbf", "\t"})
+    EXPECT_TRUE(m("^\\s$", space)) << space;
+  EXPECT_FALSE(m("^\\s$", "\xc2\x85"));  // NEL is not white space in ECMA-262
+  EXPECT_FALSE(m("^\\w$", "\xc3\xa9"));  // \w is ASCII
+  EXPECT_FALSE(m("^\\d$", "\xd9\xa3"));  // so is \d (ARABIC-INDIC DIGIT THREE)
+  EXPECT_TRUE(m("^.$", "\xf0\x9f\x98\x80"));     // one character, not two code units
+  EXPECT_FALSE(m("^.$", "\xe2\x80\xa9"));        // U+2029 ends a line
+  EXPECT_TRUE(m("^[\xc3\xa0-\xc3\xbf]+$", "\xc3\xa9\xc3\xbc"));  // a range of UTF-8 characters
+  EXPECT_TRUE(m("^\\ud83d\\ude00$", "\xf0\x9f\x98\x80"));  // an escaped pair is one character
+  EXPECT_TRUE(m("^[^a]$", "\xf0\x9f\x98\x80"));
+  // A '{' that begins no quantifier is itself (ECMA-262 Annex B; std::regex refuses it).
+  EXPECT_TRUE(m("^x{,2}$", "x{,2}"));
+  EXPECT_TRUE(m("^a{b$", "a{b"));
+}
+
+TEST(JsonPattern, FormatsAgreeWithTheirGrammars) {
+  std::mt19937 rng(9);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> formats = {
+      {"date", {"2024-02-29", "2023-02-28", "1999-12-31", "2000-02-29", "1900-04-30"}},
+      {"time", {"23:59:59Z", "00:00:00.5+05:30", "12:34:56-23:59", "07:08:09z"}},
+      {"date-time", {"2024-02-29T23:59:59Z", "1970-01-01t00:00:00.000+00:00"}},
+      {"uuid", {"123e4567-e89b-12d3-a456-426614174000", "ABCDEF01-2345-6789-abcd-ef0123456789"}},
+      {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255", "10.1.20.200"}},
+      {"email", {"a.b+c@example.com", "x_y%z@mail.sub.example.org", "q@a-b.cd"}},
+  };
+  // Mutations of valid values: digits, separators and letters swapped in, characters dropped or
+  // doubled, so that both verdicts are common.
+  const std::string swaps = "0123456789-:.T+Z@ax_%";
+  for (const auto& [f, valid] : formats) {
+    SCOPED_TRACE(f);
+    const auto p = JsonPattern::compile(JsonPattern::format_pattern(f));
+    int yes = 0, no = 0;
+    for (const std::string& v : valid) EXPECT_TRUE(p->matches(v)) << v;
+    for (int i = 0; i < 20000; ++i) {
+      std::string v = valid[rng() % valid.size()];
+      for (int k = rng() % 3; k >= 0; --k) {
+        const size_t at = rng() % v.size();
+        switch (rng() % 4) {
+          case 0: v[at] = swaps[rng() % swaps.size()]; break;
+          case 1: v.erase(at, 1); break;
+          case 2: v.insert(at, 1, v[at]); break;
+          default: v[at] = (char)('0' + rng() % 10); break;
+        }
+        if (v.empty()) v = "0";
+      }
+      const bool got = p->matches(v);
+      // The pattern may be stricter than the grammar (no leap second, at most four domain
+      // labels of 22 characters): it must never accept what the grammar refuses.
+      if (got) {
+        ASSERT_TRUE(test::format_valid(f, v)) << v;
+      }
+      if (f != "time" && f != "date-time" && f != "email") {
+        ASSERT_EQ(got, test::format_valid(f, v)) << v;
+      }
+      (got ? yes : no) += 1;
+    }
+    EXPECT_GT(yes, 200);
+    EXPECT_GT(no, 200);
+  }
+  EXPECT_FALSE(JsonPattern::compile(JsonPattern::format_pattern("date"))->matches("2023-02-29"));
+  EXPECT_FALSE(JsonPattern::compile(JsonPattern::format_pattern("date"))->matches("1900-02-29"));
+  EXPECT_TRUE(JsonPattern::format_pattern("hostname").empty());
+}
+
+TEST(JsonPattern, RefusesWhatItDoesNotSupportByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"(?=a)b", "lookaround"},
+      {"(?<n>a)", "named groups"},
+      {"(a)\\1", "backreferences"},
+      {"\\bword", "word boundary"},
+      {"a^b", "^ is supported only"},
+      {"(^a)", "^ is supported only"},
+      {"a$b", "$ is supported only"},
+      {"\\p{L}", "Unicode property"},
+      {"\\ud800", "lone surrogate"},
+      {"\\q", "unknown escape"},
+      {"a{3,2}", "n above m"},
+      {"a{1001}", "repetition count"},
+      {"a**", "nothing to repeat"},
+      {"*a", "nothing to repeat"},
+      {"(ab", "missing ')'"},
+      {"ab)", "unmatched ')'"},
+      {"[ab", "missing ']'"},
+      {"[z-a]", "out of order"},
+      {"[\\d-z]", "class escape"},
+      {"^[]$", "matches no string"},
+      {"^a{256}$", "more than 255"},
+      {"((){1000}){1000}", "too large"},
+      {"\xff", "not UTF-8"},
+  };
+  for (const auto& [re, what] : cases) {
+    try {
+      JsonPattern::compile(re);
+      ADD_FAILURE() << "accepted " << re;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << re << ": " << e.what();
+    }
+  }
+  EXPECT_EQ(JsonPattern::compile("^a{255}$")->positions(), 256);  // the most that fit
+}
+
+}  // namespace
+}  // namespace ct
