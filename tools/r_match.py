@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quality-matched ratios of two policies from one `cachetune eval --sweep-ratio` directory.
 
-usage: tools/r_match.py RUN_DIR [--a cachetune] [--b cacheblend] [--json OUT]
+usage: tools/r_match.py RUN_DIR [--a cachetune] [--b cacheblend] [--tasks T1,T2] [--json OUT]
 
 RUN_DIR holds both policies swept over the same ratios on the same examples (`--sweep-policies
 A,B --sweep-ratios ...`, with full and reuse as the references), e.g.
@@ -32,8 +32,10 @@ def bootstrap(xs, seed, n=10000):
     return statistics.fmean(xs), means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def load(run_dir):
+def load(run_dir, tasks=None):
     recs = [json.loads(line) for line in open(os.path.join(run_dir, "results.jsonl"))]
+    if tasks:
+        recs = [r for r in recs if r["task"] in tasks]
     reuse = {}
     for r in recs:
         if r["policy"] == "reuse" and r.get("kl") is not None:
@@ -55,10 +57,13 @@ def main():
     ap.add_argument("run_dir")
     ap.add_argument("--a", default="cachetune")
     ap.add_argument("--b", default="cacheblend")
+    ap.add_argument("--tasks", help="only these tasks (comma-separated, e.g. musique,multi_news)")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    ratios = load(args.run_dir)
-    out = {"run_dir": args.run_dir, "curves": {}, "pairs": []}
+    tasks = set(args.tasks.split(",")) if args.tasks else None
+    ratios = load(args.run_dir, tasks)
+    out = {"run_dir": args.run_dir, "tasks": sorted(tasks) if tasks else "all", "curves": {},
+           "pairs": []}
     for pol in (args.a, args.b):
         rs = sorted(r for p, r in ratios if p == pol)
         print(f"**{pol}**: KL ratio to reuse, mean [95% CI]")
