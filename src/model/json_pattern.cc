@@ -101,8 +101,12 @@ bool decode_utf8(std::string_view s, std::vector<uint32_t>& out) {
   return true;
 }
 
+// At most 80 bytes of s for a message, cut where a UTF-8 character begins.
 std::string shorten(std::string_view s) {
-  return s.size() <= 80 ? std::string(s) : std::string(s.substr(0, 80)) + "...";
+  if (s.size() <= 80) return std::string(s);
+  size_t n = 80;
+  while (n > 0 && ((uint8_t)s[n] & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n)) + "...";
 }
 
 // The parsed pattern. A repeated part is one node that the builder walks once per copy.
@@ -208,7 +212,8 @@ class Parser {
   }
 
   // *, +, ?, {n}, {n,}, {n,m}, each optionally lazy (the same strings match); false (nothing
-  // read) for anything else, a '{' that does not form one included (a literal, as Annex B says).
+  // read) for anything else. A '{' that does not form one is refused, as with the u flag
+  // (without it, Annex B reads it as itself; Python users write {,n} for {0,n}).
   bool quantifier(uint32_t& lo, uint32_t& hi) {
     if (!more()) return false;
     const uint32_t c = peek();
@@ -225,13 +230,14 @@ class Parser {
         v = (uint32_t)x;
         return j > at;
       };
-      if (!number(lo)) return false;
+      const char* form = "'{' that does not form a quantifier {n}, {n,} or {n,m} (\\{ is the character)";
+      if (!number(lo)) fail(form);
       hi = lo;
       if (j < cps_.size() && cps_[j] == ',') {
         ++j;
         if (!number(hi)) hi = kInf;
       }
-      if (j >= cps_.size() || cps_[j] != '}') return false;
+      if (j >= cps_.size() || cps_[j] != '}') fail(form);
       i_ = j + 1;
       if (hi != kInf && lo > hi) fail("{n,m} with n above m");
       if (lo > JsonPattern::kMaxRepeat || (hi != kInf && hi > JsonPattern::kMaxRepeat))
@@ -251,7 +257,8 @@ class Parser {
       case '(': {
         if (peek() == '?') {
           if (peek(1) != ':')
-            fail("lookaround (?= (?! (?<= (?<! and named groups are not supported");
+            fail("groups (? other than (?: are not supported (lookaround, named groups, inline "
+                 "flags)");
           i_ += 2;
         }
         if (depth + 1 > kMaxGroups) fail("groups nested more than 64 deep");
@@ -271,10 +278,13 @@ class Parser {
       case '{': {
         --i_;
         uint32_t lo = 0, hi = 0;
-        if (quantifier(lo, hi)) fail("nothing to repeat");
-        ++i_;
-        return char_node({{c, c}});
+        quantifier(lo, hi);  // refuses a '{' that forms none
+        fail("nothing to repeat");
       }
+      case '}':
+      case ']':
+        --i_;
+        fail(std::string("a bare '") + (char)c + "' (\\" + (char)c + " is the character)");
       default:
         return char_node({{c, c}});
     }
@@ -331,11 +341,16 @@ class Parser {
       case 'p':
       case 'P':
         fail("\\p{...} Unicode property classes are not supported");
-      default:
+      default: {
         if (is_digit(c)) fail("backreferences are not supported");
-        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
-          fail(std::string("unknown escape \\") + (char)c);
-        return one(c);  // \. \* \\ \/ \- ...: the character itself
+        // As with the u flag: a syntax character, '/', or in a class '-', is itself; any other
+        // escape is refused (without the flag Annex B reads \a as a, \_ as _).
+        const std::u32string_view syntax = U"^$\\.*+?()[]{}|/";
+        if (syntax.find((char32_t)c) != std::u32string_view::npos || (in_class && c == '-'))
+          return one(c);
+        --i_;
+        fail(c < 0x80 ? std::string("unknown escape \\") + (char)c : "unknown escape");
+      }
     }
   }
 
@@ -426,7 +441,7 @@ class JsonPatternBuilder {
  public:
   JsonPatternBuilder(JsonPattern& p, std::string_view src) : p_(p), src_(src) {}
 
-  void build(const Re& top) {
+  void build(const Re& top, bool allow_empty) {
     classes_.emplace_back();  // position 0: the start
     p_.follow_.emplace_back();
     const Frag f = walk(top);
@@ -466,11 +481,11 @@ class JsonPatternBuilder {
         }
       }
     }
-    if (!has(live, 0)) CT_THROW("pattern '{}': it matches no string", shorten(src_));
+    if (!has(live, 0) && !allow_empty) CT_THROW("pattern '{}': it matches no string", shorten(src_));
     for (State& f2 : p_.follow_) f2 = f2 & live;
     p_.live_ = live;
     p_.accept_ = accept & live;
-    p_.start_ = bit(0);
+    p_.start_ = has(live, 0) ? bit(0) : State{};
   }
 
  private:
@@ -547,11 +562,11 @@ class JsonPatternBuilder {
   size_t walks_ = 0;
 };
 
-std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern) {
+std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern, bool allow_empty) {
   const Re top = Parser(pattern).parse();
   auto p = std::make_shared<JsonPattern>();
   p->source_ = std::string(pattern);
-  JsonPatternBuilder(*p, pattern).build(top);
+  JsonPatternBuilder(*p, pattern).build(top, allow_empty);
   return p;
 }
 

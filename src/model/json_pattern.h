@@ -30,13 +30,16 @@ class JsonPattern {
   };
   using Range = std::pair<uint32_t, uint32_t>;  // code points lo..hi, both included
 
-  // Throws ct::Error saying what in the pattern is not supported, or that it matches nothing.
-  static std::shared_ptr<const JsonPattern> compile(std::string_view pattern);
+  // Throws ct::Error saying what in the pattern is not supported, or (unless allow_empty)
+  // that it matches nothing; with allow_empty such a pattern compiles and matches_nothing().
+  static std::shared_ptr<const JsonPattern> compile(std::string_view pattern,
+                                                    bool allow_empty = false);
   // The pattern of a JSON Schema `format` this supports (date, time, date-time, uuid, ipv4,
   // email); empty for any other.
   static std::string format_pattern(std::string_view format);
 
   State start() const { return start_; }
+  bool matches_nothing() const { return start_.empty(); }
   // The state after code point cp from s; empty when no match can go on from there.
   State step(const State& s, uint32_t cp) const;
   // Whether some code point in [lo, hi] (surrogates excluded) leads from s to a non-empty state.

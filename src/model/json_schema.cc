@@ -54,7 +54,9 @@ std::string pointer_token(const std::string& s) {  // RFC 6901
 
 // Error messages quote parts of the schema: a key or pointer from a request may be megabytes.
 std::string shorten(const std::string& s, size_t max = 120) {
-  return s.size() <= max ? s : s.substr(0, max) + "...";
+  if (s.size() <= max) return s;
+  while (max > 0 && ((uint8_t)s[max] & 0xC0) == 0x80) --max;  // where a UTF-8 character begins
+  return s.substr(0, max) + "...";
 }
 
 // A child's JSON pointer for messages, bounded (every node keeps its own).
@@ -409,7 +411,10 @@ class JsonSchemaCompiler {
                          std::to_string(n.max_length));
         kinds &= ~strings;
       }
-      string_pattern(s, path, n);
+      if (!string_pattern(s, path, n, (kinds & strings) != 0)) {
+        if ((kinds & ~strings) == 0) fail(path, "the pattern matches no string");
+        kinds &= ~strings;
+      }
       if (!number_bounds(s, path, n, integer)) {
         if ((kinds & ~numbers) == 0)
           fail(path, std::string("no ") + (integer ? "integer" : "number") +
@@ -478,16 +483,19 @@ class JsonSchemaCompiler {
     return id;
   }
 
-  // pattern, or format as the pattern JsonPattern::format_pattern gives it. Not beside the
-  // length bounds: the automaton does not count characters, so a pattern could need a length
-  // they forbid and strand the sampler.
-  void string_pattern(const json& s, const std::string& path, JsonSchema::Node& n) {
-    if (!s.contains("pattern") && !s.contains("format")) return;
+  // pattern, or format as the pattern JsonPattern::format_pattern gives it; both constrain
+  // strings only, so on a node whose type has no string they are not read (as JSON Schema says;
+  // OpenAPI's {"type": "integer", "format": "int64"} passes). Not beside the length bounds: the
+  // automaton does not count characters, so a pattern could need a length they forbid and
+  // strand the sampler. Returns false when the pattern matches no string.
+  bool string_pattern(const json& s, const std::string& path, JsonSchema::Node& n, bool strings) {
+    if (!s.contains("pattern") && !s.contains("format")) return true;
     if (s.contains("pattern") && s.contains("format"))
       fail(path, "pattern beside format is not supported");
     const std::string k = s.contains("pattern") ? "pattern" : "format";
     const std::string at = child_path(path, "/" + k);
     if (!s[k].is_string()) fail(at, k + " must be a string");
+    if (!strings) return true;
     std::string re = s[k].get<std::string>();
     if (k == "format") {
       re = JsonPattern::format_pattern(re);
@@ -498,12 +506,22 @@ class JsonSchemaCompiler {
     if (n.min_length > 0 || n.max_length < UINT32_MAX)
       fail(path, k + " beside minLength or maxLength is not supported (write the length in the "
                      "pattern, e.g. ^[a-z]{1,8}$)");
+    // Each pattern's tables are a few dozen times its length: bounded per schema.
+    pattern_bytes_ += re.size();
+    if (pattern_bytes_ > kMaxPatternBytes)
+      fail(at, "patterns and formats longer than " + std::to_string(kMaxPatternBytes) +
+                   " bytes in all");
     try {
-      n.pattern = JsonPattern::compile(re);
+      n.pattern = JsonPattern::compile(re, /*allow_empty=*/true);
     } catch (const Error& e) {
       fail(at, e.what());
     }
+    if (!n.pattern->matches_nothing()) return true;
+    n.pattern.reset();
+    return false;
   }
+  static constexpr size_t kMaxPatternBytes = 65536;
+  size_t pattern_bytes_ = 0;
 
   // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact from
   // there on; an integer node's rounded inward to integers. A bound is what the JSON parser
@@ -784,10 +802,11 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
 // digits so far can reach, or a sequence's bytes so far (surrogates excluded: a character
 // beyond U+FFFF is written in UTF-8, not as an escaped surrogate pair).
 bool JsonSchemaEvents::pattern_byte(const JsonPattern& p, uint8_t c) {
-  auto take = [&](uint32_t cp) {
+  auto take = [&](uint32_t cp) {  // a whole character (cp_ cleared: equal states stay equal)
     const JsonPattern::State next = p.step(pat_, cp);
     if (next.empty()) return false;
     pat_ = next;
+    cp_ = 0;
     return true;
   };
   auto within = [&](int bits_due) {  // cp_'s bits so far, bits_due more to come

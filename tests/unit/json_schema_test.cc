@@ -417,6 +417,15 @@ TEST(JsonSchema, PatternsRefuseTheFirstByteNoMatchCanFollow) {
   // Unanchored: anything around one 'b', and the string may end only once it holds one.
   EXPECT_TRUE(accepts(s, "{\"any\": \"\xf0\x9f\x98\x80" "b\\n\"}"));
   refused_at(R"({"any": "xyz)", "\"");
+  // A whole character leaves no trace of how it was written: the states are equal (the mask
+  // cache of the constraint keys on them).
+  Recognizer x = recognizer(s), y = recognizer(s);
+  ASSERT_TRUE(x.feed(R"({"any": "\u00e9a)"));
+  ASSERT_TRUE(y.feed("{\"any\": \"\xc3\xa9" "a"));
+  EXPECT_TRUE(x == y);
+  ASSERT_TRUE(y.feed(R"(\u000a)"));  // the same character as x's \n, another way
+  ASSERT_TRUE(x.feed(R"(\n)"));
+  EXPECT_TRUE(x == y);
 }
 
 // Every text of up to 6 bytes over an alphabet of quotes, escapes, hex digits and the bytes of
@@ -578,9 +587,11 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "object", "properties": {"d": {"type": "string", "format": "hostname"}}})",
        "json_schema at #/properties/d/format: format 'hostname' is not supported"},
       {R"j({"type": "string", "pattern": "(?=x)"})j",
-       "json_schema at #/pattern: pattern '(?=x)': lookaround"},
+       "json_schema at #/pattern: pattern '(?=x)': groups (? other than (?:"},
       {R"({"type": "string", "pattern": 3})", "pattern must be a string"},
       {R"({"type": "string", "pattern": "^a", "format": "date"})", "pattern beside format"},
+      {R"({"type": "string", "pattern": "[]"})", "the pattern matches no string"},
+      {R"({"type": "string", "pattern": "^a{,3}$"})", "does not form a quantifier"},
       {R"({"enum": ["ab", "b"], "pattern": "^a$"})", "no enum or const value has the schema's type"},
       {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
       {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
@@ -624,6 +635,26 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << schema << ": " << e.what();
     }
   }
+  // pattern and format constrain strings only: where strings are not among the kinds they are
+  // not read, and a pattern that matches nothing leaves strings out of the kinds.
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(R"({"type": "integer", "format": "int64"})")));
+  const auto nothing = JsonSchema::compile(json::parse(R"({"type": ["string", "null"], "pattern": "[]"})"));
+  EXPECT_TRUE(accepts(nothing, "null"));
+  EXPECT_EQ(first_refused(nothing, "\"\""), 0);
+  // Patterns' tables grow with their length: 64 KiB of patterns per schema at most.
+  json long_patterns = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 17; ++i)
+    long_patterns["properties"]["p" + std::to_string(i)] = {
+        {"type", "string"}, {"pattern", "[" + std::string(3998, 'a') + "]"}};
+  try {
+    JsonSchema::compile(long_patterns);
+    ADD_FAILURE() << "68,000 bytes of patterns were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("longer than 65536 bytes in all"), std::string::npos)
+        << e.what();
+  }
+  long_patterns["properties"].erase("p16");
+  EXPECT_NO_THROW(JsonSchema::compile(long_patterns));
   std::string many = R"({"type": "object", "properties": {)";
   for (int i = 0; i < 65; ++i) many += (i ? ", \"p" : "\"p") + std::to_string(i) + "\": {}";
   EXPECT_THROW(JsonSchema::compile(json::parse(many + "}}")), Error);
