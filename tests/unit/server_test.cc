@@ -204,8 +204,8 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                    {{"type", "json_schema"},
                     {"json_schema",
                      {{"name", "n"},
-                      {"schema", {{"type", "string"}, {"format", "email"}}}}}}}},
-                 "response_format", "json_schema at #: keyword 'format' is not supported");
+                      {"schema", {{"type", "string"}, {"format", "hostname"}}}}}}}},
+                 "response_format", "json_schema at #/format: format 'hostname' is not supported");
   expect_refused({{"messages", {user("q")}},
                   {"response_format",
                    {{"type", "json_schema"},
