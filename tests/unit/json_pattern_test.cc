@@ -64,7 +64,10 @@ TEST(JsonPattern, AgreesWithStdRegexOnEveryShortStringAndOnRandomOnes) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.pattern);
     const auto p = JsonPattern::compile(c.pattern);
-    const std::regex ref(c.pattern, std::regex::ECMAScript);
+    // Wide characters: the char instantiation of std::regex would interpose on the one inside
+    // libcpp-httplib, which the TSan build does not instrument (false races in server tests).
+    auto wide = [](const std::string& t) { return std::wstring(t.begin(), t.end()); };
+    const std::wregex ref(wide(c.pattern), std::regex::ECMAScript);
     std::string alphabet = c.alphabet;
     if (std::string(c.pattern).find('\\') != std::string::npos) alphabet += std::string(1, '\0');
     // Every string of up to 5 characters, then random ones up to 12.
@@ -78,7 +81,7 @@ TEST(JsonPattern, AgreesWithStdRegexOnEveryShortStringAndOnRandomOnes) {
     for (int i = 0; i < 3000; ++i) texts.push_back(random_string(rng, alphabet, 12));
     int yes = 0;
     for (const std::string& t : texts) {
-      const bool want = std::regex_search(t, ref);
+      const bool want = std::regex_search(wide(t), ref);
       ASSERT_EQ(p->matches(t), want) << "'" << t << "'";
       yes += want;
     }
