@@ -483,7 +483,6 @@ class JsonPatternBuilder {
     }
     if (!has(live, 0) && !allow_empty) CT_THROW("pattern '{}': it matches no string", shorten(src_));
     for (State& f2 : p_.follow_) f2 = f2 & live;
-    p_.live_ = live;
     p_.accept_ = accept & live;
     p_.start_ = has(live, 0) ? bit(0) : State{};
   }
@@ -565,7 +564,6 @@ class JsonPatternBuilder {
 std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern, bool allow_empty) {
   const Re top = Parser(pattern).parse();
   auto p = std::make_shared<JsonPattern>();
-  p->source_ = std::string(pattern);
   JsonPatternBuilder(*p, pattern).build(top, allow_empty);
   return p;
 }
@@ -584,12 +582,11 @@ State JsonPattern::step(const State& s, uint32_t cp) const {
 bool JsonPattern::can_step(const State& s, uint32_t lo, uint32_t hi) const {
   const State f = follow_of(s);
   if (f.empty()) return false;
-  hi = std::min(hi, kMaxCp);
-  for (const Range& r : without_surrogates({{lo, hi}})) {
-    size_t i = std::upper_bound(cuts_.begin(), cuts_.end(), r.first) - cuts_.begin() - 1;
-    for (; i < cuts_.size() && cuts_[i] <= r.second; ++i)
-      if (any_bit(f & on_[i])) return true;
-  }
+  // No class holds a surrogate, so an interval holding one enters no position: the range is
+  // scanned whole, without splitting it around them (this runs in the mask's trie walk).
+  size_t i = std::upper_bound(cuts_.begin(), cuts_.end(), lo) - cuts_.begin() - 1;
+  for (; i < cuts_.size() && cuts_[i] <= std::min(hi, kMaxCp); ++i)
+    if (any_bit(f & on_[i])) return true;
   return false;
 }
 

@@ -48,18 +48,16 @@ class JsonPattern {
   bool accepts(const State& s) const;
   // Whether a whole string (UTF-8) matches; false for text that is not UTF-8.
   bool matches(std::string_view utf8) const;
-  const std::string& source() const { return source_; }
   int positions() const { return n_pos_; }
 
  private:
   friend class JsonPatternBuilder;
   State follow_of(const State& s) const;  // the positions that may come next, live ones only
-  std::string source_;
   int n_pos_ = 0;
   std::vector<uint32_t> cuts_;  // interval i is [cuts_[i], cuts_[i + 1]); cuts_[0] = 0
   std::vector<State> on_;       // per interval: the positions whose class holds it
   std::vector<State> follow_;   // per position
-  State live_, accept_, start_;
+  State accept_, start_;
 };
 
 }  // namespace ct
