@@ -220,7 +220,9 @@ TEST(JsonPattern, RefusesWhatItDoesNotSupportByName) {
       {"((){1000}){1000}", "too large"},
       {"\xff", "not UTF-8"},
   };
-  for (const auto& [re, what] : cases) {
+  for (const auto& c : cases) {
+    const std::string& re = c.first;
+    const std::string& what = c.second;
     const std::string err = test::error_of([&] { JsonPattern::compile(re); });
     EXPECT_NE(err.find(what), std::string::npos) << re << ": " << err;
   }
