@@ -118,10 +118,10 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 
 // A JSON Schema compiled for the recognizer (OpenAI's response_format json_schema). The subset
 // (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
-// schema; absent: any other key allowed, as JSON Schema says), items, minItems, maxItems,
-// minLength, maxLength (in characters: Unicode code points), pattern (an ECMA-262 regular
-// expression, a subset: json_pattern.h), format (date, time, date-time, uuid, ipv4, email, as
-// patterns), minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal;
+// schema; absent: any other key allowed, as JSON Schema says), items, prefixItems (tuples),
+// minItems, maxItems, minLength, maxLength (in characters: Unicode code points), pattern (an
+// ECMA-262 regular expression, a subset: json_pattern.h), format (date, time, date-time,
+// duration, uuid, ipv4, email, as patterns; binary and password: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal;
 // a number so bounded is written without exponent), enum,
 // const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
 // annotations (title, description, default, examples, ...). Any other keyword is refused by name:
@@ -154,8 +154,10 @@ class JsonSchema {
     std::vector<uint16_t> props;     // each name's node
     uint64_t required = 0;           // bit i: names[i] is required
     uint16_t additional = kAny;      // other keys' values; kNone: no other key
-    uint16_t items = kAny;
+    uint16_t items = kAny;           // the elements after the prefix
+    std::vector<uint16_t> prefix;    // prefixItems: element i's node, for i < prefix.size()
     uint32_t min_items = 0, max_items = UINT32_MAX;
+    uint16_t element(uint32_t i) const { return i < prefix.size() ? prefix[i] : items; }
     // A string's length in characters (Unicode code points; an escape is one, a surrogate
     // pair's two escapes one). With enum or const, the values outside are left out instead.
     uint32_t min_length = 0, max_length = UINT32_MAX;

@@ -621,6 +621,17 @@ std::string JsonPattern::format_pattern(std::string_view format) {
   if (format == "uuid")
     return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
   if (format == "ipv4") return "^(" + kOctet + "\\.){3}" + kOctet + "$";
+  // RFC 3339 (Appendix A) duration: P, then a date part (days; months and days; years, months
+  // and days) with an optional time part, a time part alone, or weeks; whole numbers of at most
+  // 6 digits each (the RFC has no bound: a model that wants "P8H" would otherwise write zeros
+  // after "P8" for ever; 999,999 years is still a Python timedelta).
+  if (format == "duration") {
+    const std::string n = "[0-9]{1,6}";
+    const std::string time =
+        "T(" + n + "H(" + n + "M(" + n + "S)?)?|" + n + "M(" + n + "S)?|" + n + "S)";
+    return "^P((" + n + "D|" + n + "M(" + n + "D)?|" + n + "Y(" + n + "M(" + n + "D)?)?)(" + time +
+           ")?|" + time + "|" + n + "W)$";
+  }
   // A dot-atom local part at a domain of two to four labels (a subset of RFC 5321's addresses).
   if (format == "email")
     return "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+){0,3}@" + kLabel + "(\\." + kLabel + "){1,3}$";

@@ -34,8 +34,8 @@ class JsonPattern {
   // that it matches nothing; with allow_empty such a pattern compiles and matches_nothing().
   static std::shared_ptr<const JsonPattern> compile(std::string_view pattern,
                                                     bool allow_empty = false);
-  // The pattern of a JSON Schema `format` this supports (date, time, date-time, uuid, ipv4,
-  // email); empty for any other.
+  // The pattern of a JSON Schema `format` this supports (date, time, date-time, duration, uuid,
+  // ipv4, email); empty for any other.
   static std::string format_pattern(std::string_view format);
 
   State start() const { return start_; }

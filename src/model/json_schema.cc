@@ -30,7 +30,7 @@ bool is_annotation(const std::string& k) {
 
 bool is_supported(const std::string& k) {
   static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
-                                       "items",    "minItems",   "maxItems", "minLength",
+                                       "items",    "prefixItems", "minItems", "maxItems", "minLength",
                                        "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
                                        "exclusiveMaximum", "enum", "const",    "anyOf",
                                        "$ref",     "pattern",    "format"};
@@ -278,7 +278,8 @@ class JsonSchemaCompiler {
       if (!is_supported(it.key()))
         fail(path, "keyword '" + shorten(it.key()) +
                        "' is not supported (supported: type, properties, required, "
-                       "additionalProperties, items, minItems, maxItems, minLength, maxLength, "
+                       "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
+                       "maxLength, "
                        "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
                        "enum, const, anyOf, $ref, and annotations such as title and "
                        "description)");
@@ -422,13 +423,29 @@ class JsonSchemaCompiler {
         kinds &= ~numbers;
       }
     }
+    // prefixItems (a tuple: element i follows prefixItems[i]) and items (every element after
+    // them; false: none).
+    size_t n_prefix = 0;
+    if (s.contains("prefixItems")) {
+      const json& pi = s["prefixItems"];
+      if (!pi.is_array() || pi.empty())
+        fail(child_path(path, "/prefixItems"), "prefixItems must be a non-empty array of schemas");
+      if (pi.size() > 64) fail(child_path(path, "/prefixItems"), "more than 64 prefixItems");
+      n_prefix = pi.size();
+      for (size_t i = 0; i < pi.size(); ++i) {
+        const uint16_t e = build(pi[i], child_path(path, "/prefixItems/" + std::to_string(i)));
+        out_[id].prefix.push_back(e);  // (build() may grow out_)
+      }
+    }
     if (s.contains("items")) {
       const json& it = s["items"];
       if (it.is_boolean() && !it.get<bool>()) {
-        out_[id].max_items = 0;  // no element at all, whatever maxItems says
+        // No element after the prefix, whatever maxItems says.
+        out_[id].max_items = std::min<uint32_t>(out_[id].max_items, (uint32_t)n_prefix);
       } else {
         if (it.is_array())
-          fail(child_path(path, "/items"), "items as an array (tuple form) is not supported");
+          fail(child_path(path, "/items"), "items as an array (draft 4's tuple form) is not "
+                                           "supported; write prefixItems");
         out_[id].items = build(it, child_path(path, "/items"));
       }
     }
@@ -498,10 +515,13 @@ class JsonSchemaCompiler {
     if (!strings) return true;
     std::string re = s[k].get<std::string>();
     if (k == "format") {
+      // OpenAPI's binary and password (pydantic's bytes and SecretStr) admit every string.
+      if (re == "binary" || re == "password") return true;
       re = JsonPattern::format_pattern(re);
       if (re.empty())
         fail(at, "format '" + shorten(s[k].get<std::string>()) +
-                     "' is not supported (supported: date, time, date-time, uuid, ipv4, email)");
+                     "' is not supported (supported: date, time, date-time, duration, uuid, "
+                     "ipv4, email, and binary and password, which admit any string)");
     }
     if (n.min_length > 0 || n.max_length < UINT32_MAX)
       fail(path, k + " beside minLength or maxLength is not supported (write the length in the "
@@ -603,7 +623,11 @@ class JsonSchemaCompiler {
           for (size_t j = 0; j < n.props.size(); ++j)
             if ((n.required >> j) & 1) deepest = std::max<int>(deepest, out_[n.props[j]].need);
           const uint8_t o = plus1(deepest);
-          const uint8_t a = n.min_items == 0 ? 1 : plus1(out_[n.items].need);
+          // An array needs room for the elements it must have: the first min_items.
+          int elem = 0;
+          const size_t must = std::min<size_t>(n.min_items, n.prefix.size() + 1);
+          for (size_t e = 0; e < must; ++e) elem = std::max<int>(elem, out_[n.element(e)].need);
+          const uint8_t a = n.min_items == 0 ? 1 : plus1(elem);
           if (o < n.need_obj || a < n.need_arr) changed = true;
           n.need_obj = std::min(n.need_obj, o);
           n.need_arr = std::min(n.need_arr, a);
@@ -719,8 +743,7 @@ bool JsonSchemaEvents::value(uint8_t c) {
     } else {
       const JsonSchema::Node& a = s_->node(f.node);
       if (f.count >= a.max_items) return false;
-      ++f.count;
-      node = a.items;
+      node = a.element(f.count++);
     }
   }
   const uint16_t leaf = s_->node(node).leaf[kind];
@@ -938,7 +961,9 @@ bool JsonSchemaEvents::comma(bool object) {
   if (f.node == JsonSchema::kAny) return true;
   const JsonSchema::Node& n = s_->node(f.node);
   if (object) return other_keys(n) || open_props(f, n) != 0;
-  return f.count < n.max_items;
+  // Another element, if one of the next element's schema fits in the frames left (a tuple's
+  // elements differ: the one before it fitting says nothing).
+  return f.count < n.max_items && depth_ + s_->node(n.element(f.count)).need <= kMaxFrames;
 }
 
 bool JsonSchemaEvents::close(bool object) {

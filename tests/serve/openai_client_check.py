@@ -202,7 +202,8 @@ def main():
             check(isinstance(json.loads(text), dict), f"json_object answer {text!r}")
         print(f"json_object{' streamed' if stream else ''}: {finish}: {text!r}")
     # Structured output: a pydantic model, sent as the client makes it (a strict JSON Schema with
-    # $defs, $ref, anyOf with null, an enum, an array, bounds, a pattern and a date format),
+    # $defs, $ref, anyOf with null, an enum, an array, a tuple, bounds, a pattern, a date and a
+    # duration format),
     # whole and streamed; an answer that ended
     # on its own must validate as the model. Then the client's parse() helper.
     import datetime
@@ -222,6 +223,8 @@ def main():
         mood: typing.Literal["calm", "stormy"]
         home: Home
         tags: typing.List[str]
+        shift: typing.Tuple[int, str]  # prefixItems
+        watch: datetime.timedelta  # format duration
 
     rf = type_to_response_format_param(Keeper)
     kmsgs = [{"role": "user", "content": "Describe the lighthouse keeper as JSON."}]

@@ -114,6 +114,41 @@ inline bool format_valid(const std::string& f, const std::string& v) {
       if (i == 8 || i == 13 || i == 18 || i == 23 ? v[i] != '-' : !hex(v[i])) return false;
     return true;
   }
+  if (f == "binary" || f == "password") return true;  // OpenAPI's: any string
+  if (f == "duration") {  // RFC 3339 Appendix A, by its ABNF, one production at a time
+    size_t i = 1;
+    auto unit = [&](char u) {  // 1*DIGIT u
+      size_t j = i;
+      while (j < v.size() && v[j] >= '0' && v[j] <= '9') ++j;
+      if (j == i || j >= v.size() || v[j] != u) return false;
+      i = j + 1;
+      return true;
+    };
+    // A chain of optional-tail units: the first must come, each later one only after the one
+    // before it (dur-year [dur-month [dur-day]], dur-hour [dur-minute [dur-second]]).
+    auto chain = [&](const char* units) {
+      for (const char* u = units; *u; ++u) {
+        const size_t at = i;
+        if (!unit(*u)) {
+          i = at;
+          return u != units;
+        }
+      }
+      return true;
+    };
+    auto time = [&] {
+      if (i >= v.size() || v[i] != 'T') return false;
+      ++i;
+      return chain("HMS") || chain("MS") || chain("S");
+    };
+    if (v.size() < 3 || v[0] != 'P') return false;
+    if (v[1] == 'T') return time() && i == v.size();
+    const size_t start = i;
+    if (unit('W')) return i == v.size();
+    i = start;
+    if (!(chain("YMD") || chain("MD") || chain("D"))) return false;
+    return i == v.size() || (time() && i == v.size());
+  }
   if (f == "ipv4") {
     const auto parts = split(v, '.');
     if (parts.size() != 4) return false;
@@ -243,13 +278,19 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
       return false;
   }
   if (v.is_array()) {
-    if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>() && !v.empty())
+    if (s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>() &&
+        v.size() > (s.contains("prefixItems") ? s["prefixItems"].size() : 0))
       return false;
     if (v.size() < s.value("minItems", 0.0) || v.size() > s.value("maxItems", 4294967295.0))
       return false;
-    if (s.contains("items"))
-      for (const json& x : v)
-        if (!valid(x, s["items"])) return false;
+    const size_t n_prefix = s.contains("prefixItems") ? s["prefixItems"].size() : 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i < n_prefix) {
+        if (!valid(v[i], s["prefixItems"][i])) return false;
+      } else if (s.contains("items")) {
+        if (!valid(v[i], s["items"])) return false;
+      }
+    }
   }
   return true;
 }

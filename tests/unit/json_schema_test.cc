@@ -85,6 +85,14 @@ const char* const kSchemas[] = {
         "pattern": "-"}}, "additionalProperties": false})",
     R"({"type": "array", "items": {"type": ["string", "null"], "pattern": "(ab|\u00e9)+\\d?$",
         "examples": ["ab", "x\u00e91", "abab", "\u00e9\n\u00e9"]}, "maxItems": 3})",
+    // Tuples (pydantic's tuple[int, str]): prefixItems, with and without items after them;
+    // formats that are patterns (duration) and that admit any string (binary).
+    R"({"type": "object", "properties": {"t": {"type": "array", "prefixItems": [{"type":
+        "integer", "minimum": 0, "maximum": 9}, {"type": "string", "format": "duration",
+        "examples": ["P1Y2M3DT4H5M6S", "PT5S", "P3W", "P1M", "PT1H30M", "P2D"]},
+        {"enum": ["a", null]}], "items": false, "minItems": 2}, "u": {"type": "array",
+        "prefixItems": [{"type": "boolean"}], "items": {"type": "integer"}, "maxItems": 3},
+        "b": {"type": "string", "format": "binary"}}, "additionalProperties": false})",
 };
 
 // A random value shaped by the schema most of the time (so that both valid and invalid
@@ -137,8 +145,10 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
   }
   if (type == "array") {
     json a = json::array();
-    for (int i = rng() % 5; i > 0; --i)
-      a.push_back(random_value(rng, s.value("items", json(true)), root, depth + 1));
+    const json prefix = s.value("prefixItems", json::array());
+    for (int i = rng() % 5, at = 0; i > 0; --i, ++at)
+      a.push_back(random_value(rng, at < (int)prefix.size() ? prefix[at] : s.value("items", json(true)),
+                               root, depth + 1));
     return a;
   }
   if (type == "string" && s.contains("examples") && rng() % 10 != 0) {  // near a valid one
@@ -463,6 +473,44 @@ TEST(JsonSchema, PatternStringsNeverStrandAndMatchTheReference) {
   }
 }
 
+// prefixItems: element i follows prefixItems[i], the rest items (absent: any value; false:
+// none), refused at the exact byte; an element whose schema would not fit in the frames left
+// is not offered, whatever the element before it needed.
+TEST(JsonSchema, TuplesFollowPrefixItemsElementByElement) {
+  const auto pair = JsonSchema::compile(json::parse(
+      R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+          "items": false, "minItems": 2})"));
+  EXPECT_TRUE(accepts(pair, R"([1, "a"])"));
+  EXPECT_EQ(first_refused(pair, R"(["a")"), 1);       // a string first
+  EXPECT_EQ(first_refused(pair, R"([1, 2)"), 4);      // a number second
+  EXPECT_EQ(first_refused(pair, R"([1, "a", )"), 7);  // no third element
+  EXPECT_EQ(first_refused(pair, R"([1])"), 2);        // minItems 2
+  const auto rest = JsonSchema::compile(json::parse(
+      R"({"type": "array", "prefixItems": [{"type": "boolean"}], "items": {"type": "null"}})"));
+  EXPECT_TRUE(accepts(rest, "[]"));
+  EXPECT_TRUE(accepts(rest, "[true, null, null]"));
+  EXPECT_EQ(first_refused(rest, "[true, 1"), 7);
+  const auto open = JsonSchema::compile(json::parse(R"({"prefixItems": [{"const": 1}]})"));
+  EXPECT_TRUE(accepts(open, R"([1, "x", {"y": [2]}])"));  // after the prefix: any value
+  EXPECT_EQ(first_refused(open, "[2"), 1);
+  // Nested 19 deep, an element needing two frames more does not fit after one needing none.
+  json s = {{"type", "array"},
+            {"prefixItems", {{{"type", "integer"}}, {{"type", "array"}, {"minItems", 1},
+                                                      {"items", {{"type", "array"}}}}}}};
+  for (int i = 0; i < 18; ++i) s = {{"type", "array"}, {"items", std::move(s)}};
+  const auto deep = JsonSchema::compile(s);
+  Recognizer r = recognizer(deep);
+  ASSERT_TRUE(r.feed(std::string(19, '[') + "1"));  // 19 frames open
+  Recognizer c = r;
+  EXPECT_FALSE(c.feed(","));  // [[]] would need the 20th and 21st
+  EXPECT_TRUE(ct::test::json_can_go_on(r));
+  EXPECT_TRUE(r.feed("]"));
+  const auto shallow = JsonSchema::compile(s["items"]);
+  Recognizer t = recognizer(shallow);
+  ASSERT_TRUE(t.feed(std::string(18, '[') + "1"));
+  EXPECT_TRUE(t.feed(", [[]]"));  // one level less: it fits
+}
+
 TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
   // An integer listed with other types: '.', 'e' and 'E' are refused in numbers only.
   const auto ib = JsonSchema::compile(json::parse(R"({"type": ["integer", "boolean"]})"));
@@ -612,7 +660,13 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"enum": [{"a": 1}]})", "objects or arrays are not supported"},
       {R"({"type": "thing"})", "unknown type 'thing'"},
       {R"(false)", "the schema false admits no value"},
-      {R"({"items": [{"type": "string"}]})", "tuple form"},
+      {R"({"items": [{"type": "string"}]})", "tuple form) is not supported; write prefixItems"},
+      {R"({"prefixItems": []})", "prefixItems must be a non-empty array"},
+      {R"({"prefixItems": {"type": "string"}})", "prefixItems must be a non-empty array"},
+      {R"({"type": "array", "prefixItems": [true], "items": false, "minItems": 2})",
+       "minItems 2 is above maxItems 1"},
+      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "duration",
+          "maxLength": 9}}})", "format beside minLength or maxLength"},
       {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
        "$id inside a schema is not supported"},
       {R"({"type": "array", "minItems": 1.5})", "minItems must be an integer"},
