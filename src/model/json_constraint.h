@@ -127,7 +127,9 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 // annotations (title, description, default, examples, ...). Any other keyword is refused by name:
 // a schema the text would not be checked against must not pass silently. The recognizer decides
 // which anyOf alternative a value follows by the value's first byte, so alternatives must differ
-// in type (e.g. a string or null). Keys and enum/const values are matched as written in compact
+// in type (e.g. a string or null), except objects told apart by a tag (a required property
+// with a const or enum whose values differ between them), which must then come first; oneOf
+// is taken where its alternatives are so disjoint (then exactly one is at least one). Keys and enum/const values are matched as written in compact
 // JSON (a key spelled with an escape it does not need is refused); integers are written without
 // fraction or exponent. At most 64 properties per object, 4096 schema nodes, 128 levels of
 // nesting (a $ref's target counts as nested where it is referred to).
@@ -175,6 +177,13 @@ class JsonSchema {
     Bound min, max;
     bool bounded() const { return min.on || max.on; }
     std::vector<std::string> literals;  // enum / const as compact JSON, sorted; empty: none
+    // A tagged union of objects (anyOf / oneOf alternatives that are all objects, told apart by
+    // a required property whose enum / const values differ): the node's one property is the
+    // tag, written first, whose node lists every alternative's values; branch[i] is the object
+    // the value literals[i] of that node selects, branch_seen[i] the tag's bit there. Empty:
+    // not a union.
+    std::vector<uint16_t> branch;
+    std::vector<uint64_t> branch_seen;
     // The fewest open objects and arrays (JsonSchemaEvents' frames) a value of this node needs
     // to be whole: of any of its kinds (need), of a leaf's object and array kinds; above
     // JsonSchemaEvents::kMaxFrames (kUnreachable at most): none fits, or no finite value exists

@@ -23,7 +23,8 @@ constexpr const char* kKindNames[JsonSchema::kKinds] = {"an object", "an array",
 bool is_annotation(const std::string& k) {
   static const char* const kNames[] = {"title",    "description", "default", "examples",
                                        "$schema",  "$id",         "$comment", "deprecated",
-                                       "readOnly", "writeOnly",   "$defs",   "definitions"};
+                                       "readOnly", "writeOnly",   "$defs",   "definitions",
+                                       "discriminator"};  // OpenAPI's hint beside oneOf
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
 }
@@ -32,7 +33,7 @@ bool is_supported(const std::string& k) {
   static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
                                        "items",    "prefixItems", "minItems", "maxItems", "minLength",
                                        "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
-                                       "exclusiveMaximum", "enum", "const",    "anyOf",
+                                       "exclusiveMaximum", "enum", "const",    "anyOf", "oneOf",
                                        "$ref",     "pattern",    "format"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
@@ -236,7 +237,8 @@ class JsonSchemaCompiler {
   struct Raw {
     Type type = kLeaf;
     uint8_t kinds = 0;              // a leaf's kinds
-    std::vector<uint16_t> alts;     // an anyOf's alternatives
+    std::vector<uint16_t> alts;     // an anyOf's (oneOf's) alternatives
+    bool one_of = false;
     uint16_t target = 0;            // a $ref's node
     std::string path;
     int state = 0;                  // resolve(): 0 not yet, 1 under way, 2 done
@@ -245,7 +247,7 @@ class JsonSchemaCompiler {
   uint16_t add(Type t, const std::string& path) {
     CT_THROW_IF_NOT(raw_.size() < JsonSchema::kMaxNodes,
                     "json_schema at {}: more than {} schema nodes", path, JsonSchema::kMaxNodes);
-    raw_.push_back(Raw{t, 0, {}, 0, path, 0});
+    raw_.push_back(Raw{t, 0, {}, false, 0, path, 0});
     out_.emplace_back();
     std::fill(std::begin(out_.back().leaf), std::end(out_.back().leaf), JsonSchema::kNone);
     return (uint16_t)(raw_.size() - 1);
@@ -281,7 +283,7 @@ class JsonSchemaCompiler {
                        "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
                        "maxLength, "
                        "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
-                       "enum, const, anyOf, $ref, and annotations such as title and "
+                       "enum, const, anyOf, oneOf, $ref, and annotations such as title and "
                        "description)");
       ++constraints;
     }
@@ -289,13 +291,16 @@ class JsonSchemaCompiler {
       if (constraints > 1) fail(path, "$ref beside other constraining keywords is not supported");
       return ref(s["$ref"], path);
     }
-    if (s.contains("anyOf")) {
-      if (constraints > 1) fail(path, "anyOf beside other constraining keywords is not supported");
-      const json& a = s["anyOf"];
-      if (!a.is_array() || a.empty()) fail(path, "anyOf must be a non-empty array");
+    for (const char* k : {"anyOf", "oneOf"}) {
+      if (!s.contains(k)) continue;
+      const std::string key = k;
+      if (constraints > 1) fail(path, key + " beside other constraining keywords is not supported");
+      const json& a = s[k];
+      if (!a.is_array() || a.empty()) fail(path, key + " must be a non-empty array");
       const uint16_t id = add(kUnion, path);
+      raw_[id].one_of = key == "oneOf";
       for (size_t i = 0; i < a.size(); ++i) {
-        const uint16_t alt = build(a[i], child_path(path, "/anyOf/" + std::to_string(i)));
+        const uint16_t alt = build(a[i], child_path(path, "/" + key + "/" + std::to_string(i)));
         raw_[id].alts.push_back(alt);
       }
       return id;
@@ -622,12 +627,14 @@ class JsonSchemaCompiler {
           int deepest = 0;
           for (size_t j = 0; j < n.props.size(); ++j)
             if ((n.required >> j) & 1) deepest = std::max<int>(deepest, out_[n.props[j]].need);
-          const uint8_t o = plus1(deepest);
+          uint8_t o = plus1(deepest);
           // An array needs room for the elements it must have: the first min_items.
           int elem = 0;
           const size_t must = std::min<size_t>(n.min_items, n.prefix.size() + 1);
           for (size_t e = 0; e < must; ++e) elem = std::max<int>(elem, out_[n.element(e)].need);
           const uint8_t a = n.min_items == 0 ? 1 : plus1(elem);
+          // A tagged union is opened only where every alternative fits: its value picks one.
+          for (const uint16_t b : n.branch) o = std::max(o, out_[b].need_obj);
           if (o < n.need_obj || a < n.need_arr) changed = true;
           n.need_obj = std::min(n.need_obj, o);
           n.need_arr = std::min(n.need_arr, a);
@@ -650,39 +657,132 @@ class JsonSchemaCompiler {
     }
   }
 
+  // Sets node i's leaf table. Resolving an alternative may add nodes (a tagged union's), so
+  // raw_ and out_ are indexed afresh after each call, never held by reference across one.
   void resolve(uint16_t i) {
-    Raw& r = raw_[i];
-    if (r.state == 2) return;
-    if (r.state == 1)
-      fail(r.path, "$ref or anyOf refers back to itself before any object or array");
-    r.state = 1;
-    uint16_t* leaf = out_[i].leaf;
+    if (raw_[i].state == 2) return;
+    if (raw_[i].state == 1)
+      fail(raw_[i].path, "$ref or anyOf refers back to itself before any object or array");
+    raw_[i].state = 1;
+    const Raw r = raw_[i];  // a copy
     if (i == JsonSchema::kAny) {
-      std::fill(leaf, leaf + JsonSchema::kKinds, JsonSchema::kAny);
+      std::fill_n(out_[i].leaf, JsonSchema::kKinds, JsonSchema::kAny);
     } else if (r.type == kLeaf) {
       for (int k = 0; k < JsonSchema::kKinds; ++k)
-        leaf[k] = (r.kinds >> k) & 1 ? i : JsonSchema::kNone;
+        out_[i].leaf[k] = (r.kinds >> k) & 1 ? i : JsonSchema::kNone;
     } else if (r.type == kRef) {
       resolve(r.target);
-      std::copy_n(out_[r.target].leaf, JsonSchema::kKinds, leaf);
+      std::copy_n(out_[r.target].leaf, JsonSchema::kKinds, out_[i].leaf);
     } else {
+      const std::string what = r.one_of ? "oneOf" : "anyOf";
+      const std::vector<uint16_t>& alts = r.alts;
       std::vector<int> from(JsonSchema::kKinds, -1);
-      for (size_t a = 0; a < r.alts.size(); ++a) {
-        resolve(r.alts[a]);
+      std::vector<uint16_t> objects;  // the alternatives' object leaves (oneOf: repeats kept)
+      uint16_t found[JsonSchema::kKinds];
+      std::fill(std::begin(found), std::end(found), JsonSchema::kNone);
+      auto clash = [&](int k, size_t a) {
+        fail(raw_[i].path, what + " alternatives " + std::to_string(from[k]) + " and " +
+                               std::to_string(a) + " both admit " + kKindNames[k] +
+                               "; the alternative a value follows is chosen by its first byte, "
+                               "so they must differ in type (objects may also differ in a tag: "
+                               "a required property with a const or enum)");
+      };
+      for (size_t a = 0; a < alts.size(); ++a) {
+        resolve(alts[a]);
         for (int k = 0; k < JsonSchema::kKinds; ++k) {
-          const uint16_t l = out_[r.alts[a]].leaf[k];
+          const uint16_t l = out_[alts[a]].leaf[k];
           if (l == JsonSchema::kNone) continue;
-          if (from[k] >= 0 && leaf[k] != l)
-            fail(r.path, "anyOf alternatives " + std::to_string(from[k]) + " and " +
-                             std::to_string(a) + " both admit " + kKindNames[k] +
-                             "; the alternative a value follows is chosen by its first byte, "
-                             "so they must differ in type");
-          from[k] = (int)a;
-          leaf[k] = l;
+          if (k == JsonSchema::kObject) {
+            // Objects may be told apart later, by a tag; any object (kAny) by nothing.
+            const bool any = !objects.empty() && objects[0] == JsonSchema::kAny;
+            if ((l == JsonSchema::kAny && !objects.empty()) || any) clash(k, a);
+            // An alternative that is itself a tagged union counts as its alternatives. oneOf:
+            // the same object twice would match a value twice, which tagged() refuses.
+            std::vector<uint16_t> objs{l};
+            if (l != JsonSchema::kAny && !out_[l].branch.empty()) {
+              objs.clear();
+              for (const uint16_t b : out_[l].branch)
+                if (std::find(objs.begin(), objs.end(), b) == objs.end()) objs.push_back(b);
+            }
+            for (const uint16_t o : objs)
+              if (r.one_of || std::find(objects.begin(), objects.end(), o) == objects.end())
+                objects.push_back(o);
+          } else if (from[k] >= 0 && (found[k] != l || r.one_of)) {
+            clash(k, a);  // (oneOf: a value two alternatives admit would match both)
+          }
+          if (from[k] < 0) from[k] = (int)a;
+          found[k] = l;
         }
       }
+      if (objects.size() > 1) found[JsonSchema::kObject] = tagged(raw_[i].path, what, objects);
+      std::copy_n(found, JsonSchema::kKinds, out_[i].leaf);
     }
     raw_[i].state = 2;
+  }
+
+  // The leaf a property's node is, following $refs (not resolving them: this runs inside
+  // resolve(), and a property may refer back to the union), when it is an enum or const.
+  const JsonSchema::Node* literal_leaf(uint16_t id) const {
+    for (int hops = 0; hops < 64 && id != JsonSchema::kAny && raw_[id].type == kRef; ++hops)
+      id = raw_[id].target;
+    if (id == JsonSchema::kAny || raw_[id].type != kLeaf || out_[id].literals.empty())
+      return nullptr;
+    return &out_[id];
+  }
+
+  // A tagged union of the object leaves objs (two or more): the first property name, in the
+  // first alternative's (bytewise) order, that every alternative requires, with a const or enum
+  // there and no value in two alternatives. Its node (a leaf whose one property is the tag,
+  // holding every value) is returned; refused by name when no property tells them apart.
+  uint16_t tagged(const std::string& path, const std::string& what,
+                  const std::vector<uint16_t>& objs) {
+    for (size_t j = 0; j < out_[objs[0]].names.size(); ++j) {
+      const std::string name = out_[objs[0]].names[j];
+      std::vector<std::pair<std::string, size_t>> values;  // (literal, alternative)
+      std::vector<uint64_t> seen;
+      bool ok = true;
+      for (size_t a = 0; a < objs.size() && ok; ++a) {
+        const JsonSchema::Node& o = out_[objs[a]];
+        const auto at = std::find(o.names.begin(), o.names.end(), name);
+        const size_t idx = (size_t)(at - o.names.begin());
+        const JsonSchema::Node* lit = at == o.names.end() ? nullptr : literal_leaf(o.props[idx]);
+        ok = lit != nullptr && ((o.required >> idx) & 1);
+        if (!ok) break;
+        for (const std::string& v : lit->literals) values.push_back({v, a});
+        seen.push_back(uint64_t(1) << idx);
+      }
+      if (!ok) continue;
+      std::sort(values.begin(), values.end());
+      bool disjoint = true;
+      for (size_t v = 1; v < values.size(); ++v)
+        if (values[v].first == values[v - 1].first) disjoint = false;
+      if (!disjoint) continue;
+      // The tag's node: every value; the union's node: the tag alone, then the branch.
+      const uint16_t tag = add(kLeaf, path + " (tag '" + shorten(name) + "')");
+      uint8_t kinds = 0;
+      for (const auto& [v, a] : values) {
+        out_[tag].literals.push_back(v);
+        kinds |= 1u << kind_of((uint8_t)v[0]);
+      }
+      raw_[tag].kinds = kinds;
+      const uint16_t u = add(kLeaf, path);
+      raw_[u].kinds = 1u << JsonSchema::kObject;
+      JsonSchema::Node& n = out_[u];
+      n.names = {name};
+      n.props = {tag};
+      n.required = 1;
+      n.additional = JsonSchema::kNone;
+      for (const auto& [v, a] : values) {
+        n.branch.push_back(objs[a]);
+        n.branch_seen.push_back(seen[a]);
+      }
+      resolve(tag);
+      resolve(u);
+      return u;
+    }
+    fail(path, what + " alternatives that are objects must differ in a tag: a property every one "
+                      "requires, with a const or enum whose values no two of them share (as "
+                      "pydantic's Literal fields of a discriminated union)");
   }
 
   const json& doc_;
@@ -895,6 +995,16 @@ bool JsonSchemaEvents::can_end() const {
 bool JsonSchemaEvents::scalar_end() {
   const bool ok = can_end() && (!length_ || chars_ >= s_->node(slot_).min_length) &&
                   (!pattern_ || s_->node(slot_).pattern->accepts(pat_));
+  if (ok && depth_ > 0 && ((objects_ >> (depth_ - 1)) & 1)) {
+    // A tagged union's tag (its only property) ended: the object goes on as the alternative
+    // its value selects, with the tag seen.
+    Frame& f = frames_[depth_ - 1];
+    const JsonSchema::Node& u = s_->node(f.node);
+    if (f.node != JsonSchema::kAny && !u.branch.empty()) {
+      f.seen = u.branch_seen[lo_];
+      f.node = u.branch[lo_];
+    }
+  }
   pattern_ = false;
   esc_ = cp_due_ = 0;
   cp_ = 0;

@@ -220,6 +220,11 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
       if (valid(v, a)) return true;
     return false;
   }
+  if (s.contains("oneOf")) {
+    int matched = 0;
+    for (const json& a : s["oneOf"]) matched += valid(v, a);
+    return matched == 1;
+  }
   if (s.contains("type")) {
     const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
     const bool integer = v.is_number_integer() ||

@@ -93,6 +93,20 @@ const char* const kSchemas[] = {
         {"enum": ["a", null]}], "items": false, "minItems": 2}, "u": {"type": "array",
         "prefixItems": [{"type": "boolean"}], "items": {"type": "integer"}, "maxItems": 3},
         "b": {"type": "string", "format": "binary"}}, "additionalProperties": false})",
+    // Unions of objects told apart by a tag, as pydantic writes them: a plain Union of models
+    // with Literal fields (anyOf, here with null), and a discriminated union (oneOf with
+    // OpenAPI's discriminator). The tags sort first among each object's keys, so a document
+    // dumped with sorted keys writes its tag first, as the recognizer wants it.
+    R"({"$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat", "type":
+        "string"}, "lives": {"type": "integer", "minimum": 0, "maximum": 9}}, "required":
+        ["kind", "lives"], "additionalProperties": false}, "Dog": {"type": "object", "properties":
+        {"kind": {"enum": ["dog", "pup"]}, "name": {"type": "string"}}, "required": ["kind"],
+        "additionalProperties": false}}, "type": "object", "properties": {"pet": {"anyOf":
+        [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}]}, "pets": {"type":
+        "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+        "discriminator": {"propertyName": "kind", "mapping": {"cat": "#/$defs/Cat", "dog":
+        "#/$defs/Dog", "pup": "#/$defs/Dog"}}}, "maxItems": 3}}, "required": ["pet"],
+        "additionalProperties": false})",
 };
 
 // A random value shaped by the schema most of the time (so that both valid and invalid
@@ -128,7 +142,8 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
   if (s.contains("$ref"))
     return random_value(rng, root.at(json::json_pointer(s["$ref"].get<std::string>().substr(1))),
                         root, depth);
-  if (s.contains("anyOf")) return random_value(rng, s["anyOf"][rng() % s["anyOf"].size()], root, depth);
+  for (const char* k : {"anyOf", "oneOf"})
+    if (s.contains(k)) return random_value(rng, s[k][rng() % s[k].size()], root, depth);
   if (s.contains("const")) return s["const"];
   if (s.contains("enum")) return s["enum"][rng() % s["enum"].size()];
   std::string type = "object";
@@ -511,6 +526,79 @@ TEST(JsonSchema, TuplesFollowPrefixItemsElementByElement) {
   EXPECT_TRUE(t.feed(", [[]]"));  // one level less: it fits
 }
 
+// Objects of an anyOf / oneOf told apart by a tag: the tag comes first and its value picks the
+// alternative the rest of the object follows; refused at the exact byte otherwise. Unions the
+// recognizer cannot tell apart so are refused by name.
+TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
+  const json defs = json::parse(R"({
+      "A": {"type": "object", "properties": {"t": {"const": "a"}, "x": {"type": "integer"}},
+            "required": ["t", "x"], "additionalProperties": false},
+      "B": {"type": "object", "properties": {"t": {"enum": ["b", 2]}, "y": {"type": "null"}},
+            "required": ["t"]}})");
+  json schema = {{"$defs", defs},
+                 {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}, {{"type", "string"}}}}};
+  const auto u = JsonSchema::compile(schema);
+  EXPECT_TRUE(accepts(u, R"({"t": "a", "x": 1})"));
+  EXPECT_TRUE(accepts(u, R"({"t": 2, "y": null, "z": [1]})"));  // B allows other keys
+  EXPECT_TRUE(accepts(u, R"("s")"));
+  EXPECT_EQ(first_refused(u, R"({"x": 1, "t": "a"})"), 2);  // the tag first
+  EXPECT_EQ(first_refused(u, R"({"t": "c")"), 7);           // no alternative's value
+  EXPECT_EQ(first_refused(u, R"({"t": "a", "y")"), 12);     // A has no y
+  EXPECT_EQ(first_refused(u, R"({"t": "a"})"), 9);          // A requires x
+  EXPECT_TRUE(accepts(u, R"({"t": 2, "x": "any"})"));       // B's x: another key, any value
+  EXPECT_EQ(first_refused(u, R"({"t": "a", "t")"), 12);     // the tag once
+  // Nested: a union inside an array of unions, both switching at their own depth.
+  schema = {{"$defs", defs},
+            {"type", "array"},
+            {"items", {{"oneOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}},
+                       {"discriminator", {{"propertyName", "t"}}}}}};
+  const auto arr = JsonSchema::compile(schema);
+  EXPECT_TRUE(accepts(arr, R"([{"t": "b", "y": null}, {"t": "a", "x": 3}, {"t": 2}])"));
+  EXPECT_EQ(first_refused(arr, R"([{"t": "b", "y": null}, {"t": "a", "y")"), 36);
+  // A union of unions is the union of their objects, told apart by a tag they all have (here
+  // B and C by "u" alone would pass the inner union, but the outer needs one for A, B and C).
+  const auto nested = JsonSchema::compile(json::parse(R"({"anyOf": [
+      {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"],
+       "additionalProperties": false},
+      {"anyOf": [{"type": "object", "properties": {"k": {"const": 2}, "b": {"type": "null"}},
+                  "required": ["k", "b"], "additionalProperties": false},
+                 {"type": "object", "properties": {"k": {"const": 3}, "c": {"type": "null"}},
+                  "required": ["k", "c"], "additionalProperties": false}]}]})"));
+  EXPECT_TRUE(accepts(nested, R"({"k": 2, "b": null})"));
+  EXPECT_TRUE(accepts(nested, R"({"k": 1})"));
+  EXPECT_EQ(first_refused(nested, R"({"k": 3})"), 7);  // C requires c
+  EXPECT_EQ(first_refused(nested, R"({"k": 3, "b")"), 10);
+  // What cannot be told apart so is refused by name.
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"anyOf": [{"type": "object", "properties": {"t": {"const": 1}}},
+                     {"type": "object", "properties": {"t": {"const": 2}}, "required": ["t"]}]})",
+       "must differ in a tag"},  // the first does not require t
+      {R"({"anyOf": [{"type": "object", "properties": {"t": {"enum": [1, 2]}}, "required": ["t"]},
+                     {"type": "object", "properties": {"t": {"const": 2}}, "required": ["t"]}]})",
+       "must differ in a tag"},  // 2 in both
+      {R"({"anyOf": [{"type": "object", "properties": {"t": {"type": "string"}}, "required": ["t"]},
+                     {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]}]})",
+       "must differ in a tag"},  // no enum in the first
+      {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {"t": {"const": 1}},
+                     "required": ["t"]}]})",
+       "must differ in a tag"},
+      {R"({"anyOf": [true, {"type": "object", "properties": {"t": {"const": 1}}, "required": ["t"]}]})",
+       "anyOf alternatives 0 and 1 both admit an object"},
+      {R"({"$defs": {"s": {"type": "string"}}, "oneOf": [{"$ref": "#/$defs/s"}, {"$ref": "#/$defs/s"}]})",
+       "oneOf alternatives 0 and 1 both admit a string"},
+      {R"({"$defs": {"o": {"type": "object", "properties": {"t": {"const": 1}}, "required": ["t"]}},
+          "oneOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/o"}]})",
+       "must differ in a tag"},  // oneOf: the same object twice matches twice
+  };
+  for (const auto& c : cases) {
+    const std::string err = test::error_of([&] { JsonSchema::compile(json::parse(c.first)); });
+    EXPECT_NE(err.find(c.second), std::string::npos) << c.first << ": " << err;
+  }
+  // anyOf keeps an object that two alternatives share (the same $ref twice): no tag needed.
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(
+      R"({"$defs": {"o": {"type": "object"}}, "anyOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/o"}]})")));
+}
+
 TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
   // An integer listed with other types: '.', 'e' and 'E' are refused in numbers only.
   const auto ib = JsonSchema::compile(json::parse(R"({"type": ["integer", "boolean"]})"));
@@ -642,12 +730,12 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "string", "pattern": "[]"})", "the pattern matches no string"},
       {R"({"type": "string", "pattern": "^a{,3}$"})", "does not form a quantifier"},
       {R"({"enum": ["ab", "b"], "pattern": "^a$"})", "no enum or const value has the schema's type"},
-      {R"({"oneOf": [{"type": "string"}]})", "keyword 'oneOf'"},
+      {R"({"allOf": [{"type": "string"}]})", "keyword 'allOf'"},
       {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
       {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})",
        "anyOf alternatives 0 and 1 both admit a number"},
       {R"({"anyOf": [{"type": "object"}, {"type": "object", "required": ["a"]}]})",
-       "both admit an object"},
+       "anyOf alternatives that are objects must differ in a tag"},
       {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"$ref": "#/$defs/a"}]}},
           "$ref": "#/$defs/a"})",
        "refers back to itself"},
