@@ -163,9 +163,16 @@ class JsonSchema {
     // A string's length in characters (Unicode code points; an escape is one, a surrogate
     // pair's two escapes one). With enum or const, the values outside are left out instead.
     uint32_t min_length = 0, max_length = UINT32_MAX;
-    // A string's pattern (or format), matched against its characters; not beside the length
-    // bounds. With enum or const, the values it refuses are left out instead.
+    // A string's pattern (or format), matched against its characters. With enum or const, the
+    // values it refuses are left out instead.
     std::shared_ptr<const JsonPattern> pattern;
+    // With a pattern and length bounds: pattern->completions(K), K = min(max_length,
+    // min_length + positions), so that a character is taken only where the pattern can still
+    // be completed within the bounds. Empty: no bounds beside the pattern.
+    std::vector<JsonPattern::State> lengths;
+    // Whether a pattern state s, after n characters, can still end in a match of a length
+    // within the bounds.
+    bool length_fits(const JsonPattern::State& s, uint32_t n) const;
     // A number's bounds (minimum / exclusiveMinimum, maximum / exclusiveMaximum, the tighter of
     // each pair); an integer node's rounded inward to integers, both then closed. With enum or
     // const, the values outside are left out instead.
@@ -230,7 +237,7 @@ class JsonSchemaEvents {
     bool operator==(const Frame&) const = default;
   };
   bool narrow(const std::vector<std::string>& v, uint8_t c);
-  bool pattern_byte(const JsonPattern& p, uint8_t c);
+  bool pattern_byte(const JsonSchema::Node& n, uint8_t c);
   // In the innermost object: the properties that may still come (unseen, and whose value fits
   // in the frames left), and whether another key may.
   uint64_t open_props(const Frame& f, const JsonSchema::Node& n) const;

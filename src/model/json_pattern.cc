@@ -590,6 +590,24 @@ bool JsonPattern::can_step(const State& s, uint32_t lo, uint32_t hi) const {
   return false;
 }
 
+State JsonPattern::step_range(const State& s, uint32_t lo, uint32_t hi) const {
+  const State f = follow_of(s);
+  State out;
+  if (f.empty()) return out;
+  size_t i = std::upper_bound(cuts_.begin(), cuts_.end(), lo) - cuts_.begin() - 1;
+  for (; i < cuts_.size() && cuts_[i] <= std::min(hi, kMaxCp); ++i) out |= f & on_[i];
+  return out;
+}
+
+std::vector<State> JsonPattern::completions(int n) const {
+  std::vector<State> r(n + 1);
+  r[0] = accept_;
+  for (int k = 1; k <= n; ++k)
+    for (int p = 0; p < n_pos_; ++p)
+      if (any_bit(follow_[p] & r[k - 1])) r[k].w[p / 64] |= uint64_t(1) << (p % 64);
+  return r;
+}
+
 bool JsonPattern::accepts(const State& s) const { return any_bit(s & accept_); }
 
 bool JsonPattern::matches(std::string_view utf8) const {

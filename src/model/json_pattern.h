@@ -44,6 +44,14 @@ class JsonPattern {
   State step(const State& s, uint32_t cp) const;
   // Whether some code point in [lo, hi] (surrogates excluded) leads from s to a non-empty state.
   bool can_step(const State& s, uint32_t lo, uint32_t hi) const;
+  // The union of the states some code point in [lo, hi] leads to from s (a state is a set of
+  // positions, and what can follow a union is the union of what can follow its parts).
+  State step_range(const State& s, uint32_t lo, uint32_t hi) const;
+  // completions(n)[k], k = 0..n: the positions from which some string of exactly k more
+  // characters completes a match. A state can complete in k characters iff it meets [k]; and
+  // when it can in some k >= lo, it can in one of [lo, lo + positions()] (a longer path through
+  // the automaton repeats a position, and its loop can be cut).
+  std::vector<State> completions(int n) const;
   // Whether the string read to s matches.
   bool accepts(const State& s) const;
   // Whether a whole string (UTF-8) matches; false for text that is not UTF-8.

@@ -418,7 +418,10 @@ class JsonSchemaCompiler {
         kinds &= ~strings;
       }
       if (!string_pattern(s, path, n, (kinds & strings) != 0)) {
-        if ((kinds & ~strings) == 0) fail(path, "the pattern matches no string");
+        if ((kinds & ~strings) == 0)
+          fail(path, n.min_length > 0 || n.max_length < UINT32_MAX
+                         ? "the pattern matches no string of a length from minLength to maxLength"
+                         : "the pattern matches no string");
         kinds &= ~strings;
       }
       if (!number_bounds(s, path, n, integer)) {
@@ -507,9 +510,11 @@ class JsonSchemaCompiler {
 
   // pattern, or format as the pattern JsonPattern::format_pattern gives it; both constrain
   // strings only, so on a node whose type has no string they are not read (as JSON Schema says;
-  // OpenAPI's {"type": "integer", "format": "int64"} passes). Not beside the length bounds: the
-  // automaton does not count characters, so a pattern could need a length they forbid and
-  // strand the sampler. Returns false when the pattern matches no string.
+  // OpenAPI's {"type": "integer", "format": "int64"} passes). Beside the length bounds the
+  // node keeps the lengths in which each position can complete a match (Node::lengths), so
+  // that a character is taken only where a match within the bounds can still follow (else a
+  // pattern could need a length they forbid and strand the sampler). Returns false when the
+  // pattern matches no string (of a length within the bounds).
   bool string_pattern(const json& s, const std::string& path, JsonSchema::Node& n, bool strings) {
     if (!s.contains("pattern") && !s.contains("format")) return true;
     if (s.contains("pattern") && s.contains("format"))
@@ -528,9 +533,6 @@ class JsonSchemaCompiler {
                      "' is not supported (supported: date, time, date-time, duration, uuid, "
                      "ipv4, email, and binary and password, which admit any string)");
     }
-    if (n.min_length > 0 || n.max_length < UINT32_MAX)
-      fail(path, k + " beside minLength or maxLength is not supported (write the length in the "
-                     "pattern, e.g. ^[a-z]{1,8}$)");
     // Each pattern's tables are a few dozen times its length: bounded per schema.
     pattern_bytes_ += re.size();
     if (pattern_bytes_ > kMaxPatternBytes)
@@ -541,12 +543,32 @@ class JsonSchemaCompiler {
     } catch (const Error& e) {
       fail(at, e.what());
     }
-    if (!n.pattern->matches_nothing()) return true;
+    if (!n.pattern->matches_nothing() && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
+      // Beside length bounds: the lengths each position can still complete a match in.
+      if (n.min_length > kMaxPatternMinLength)
+        fail(path, "minLength " + std::to_string(n.min_length) + " beside " + k +
+                       " is above " + std::to_string(kMaxPatternMinLength));
+      const uint64_t K = std::min<uint64_t>(n.max_length,
+                                            (uint64_t)n.min_length + n.pattern->positions());
+      length_states_ += K + 1;
+      if (length_states_ > kMaxLengthStates)
+        fail(path, "minLength and maxLength beside patterns and formats: more than " +
+                       std::to_string(kMaxLengthStates) + " lengths in all (the sum of " +
+                       "min(maxLength, minLength + the pattern's positions) + 1)");
+      n.lengths = n.pattern->completions((int)K);
+      if (n.length_fits(n.pattern->start(), 0)) return true;
+    } else if (!n.pattern->matches_nothing()) {
+      return true;
+    }
     n.pattern.reset();
+    n.lengths.clear();
     return false;
   }
   static constexpr size_t kMaxPatternBytes = 65536;
+  static constexpr uint32_t kMaxPatternMinLength = 4096;
+  static constexpr uint64_t kMaxLengthStates = 65536;
   size_t pattern_bytes_ = 0;
+  uint64_t length_states_ = 0;
 
   // minimum, exclusiveMinimum, maximum, exclusiveMaximum: the tighter of each pair, exact from
   // there on; an integer node's rounded inward to integers. A bound is what the JSON parser
@@ -874,6 +896,8 @@ bool JsonSchemaEvents::value(uint8_t c) {
         slot_ = leaf;  // a string with a pattern: its characters go through the automaton
         pattern_ = true;
         pat_ = n.pattern->start();
+        length_ = !n.lengths.empty();  // and are counted, when its length is bounded too
+        chars_ = 0;
         return true;
       }
       if (kind == JsonSchema::kString && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
@@ -914,7 +938,7 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
     }
     return r == kIn && num_.size() <= kMaxNumberText;
   }
-  if (pattern_) return pattern_byte(*n.pattern, c);
+  if (pattern_) return pattern_byte(n, c);
   if (length_) return true;
   return c != '.' && c != 'e' && c != 'E';  // an integer
 }
@@ -924,17 +948,30 @@ bool JsonSchemaEvents::scalar_byte(uint8_t c) {
 // taken only if some character it can still become leads on: the code points a \u escape's
 // digits so far can reach, or a sequence's bytes so far (surrogates excluded: a character
 // beyond U+FFFF is written in UTF-8, not as an escaped surrogate pair).
-bool JsonSchemaEvents::pattern_byte(const JsonPattern& p, uint8_t c) {
+bool JsonSchemaEvents::pattern_byte(const JsonSchema::Node& n, uint8_t c) {
+  const JsonPattern& p = *n.pattern;
+  // With length bounds, the characters the string will have once the one this byte belongs to
+  // is whole (a byte that begins a character comes before string_char() counts it), and
+  // whether a state can still end in a match within the bounds from there.
+  const uint32_t after = chars_ + (esc_ == 0 && cp_due_ == 0 ? 1 : 0);
+  auto goes_on = [&](const JsonPattern::State& s) {
+    return !s.empty() && (!length_ || n.length_fits(s, after));
+  };
   auto take = [&](uint32_t cp) {  // a whole character (cp_ cleared: equal states stay equal)
     const JsonPattern::State next = p.step(pat_, cp);
-    if (next.empty()) return false;
+    if (!goes_on(next)) return false;
     pat_ = next;
     cp_ = 0;
     return true;
   };
+  // Whether some character in [lo, hi] leads on (the union of their states can end within the
+  // bounds iff one of them can).
+  auto some = [&](uint32_t lo, uint32_t hi) {
+    return length_ ? goes_on(p.step_range(pat_, lo, hi)) : p.can_step(pat_, lo, hi);
+  };
   auto within = [&](int bits_due) {  // cp_'s bits so far, bits_due more to come
     const uint32_t lo = cp_ << bits_due;
-    return p.can_step(pat_, lo, lo + ((1u << bits_due) - 1));
+    return some(lo, lo + ((1u << bits_due) - 1));
   };
   if (esc_ == 1) {
     esc_ = 0;
@@ -966,7 +1003,7 @@ bool JsonSchemaEvents::pattern_byte(const JsonPattern& p, uint8_t c) {
   if (c == '"') return true;  // the closing quote: scalar_end() asks whether it matched
   if (c == '\\') {
     esc_ = 1;
-    return p.can_step(pat_, 0, 0xFFFF);
+    return some(0, 0xFFFF);
   }
   if (c < 0x80) return take(c);
   // A lead byte: 2, 3 or 4 bytes, the smallest code point of each length (shorter forms are
@@ -975,7 +1012,19 @@ bool JsonSchemaEvents::pattern_byte(const JsonPattern& p, uint8_t c) {
   cp_ = c & (0x7F >> (cp_due_ + 1));
   const uint32_t lo = cp_ << (6 * cp_due_), hi = lo + ((1u << (6 * cp_due_)) - 1);
   const uint32_t least = cp_due_ == 1 ? 0x80 : cp_due_ == 2 ? 0x800 : 0x10000;
-  return p.can_step(pat_, std::max(lo, least), std::min<uint32_t>(hi, 0x10FFFF));
+  return some(std::max(lo, least), std::min<uint32_t>(hi, 0x10FFFF));
+}
+
+bool JsonSchema::Node::length_fits(const JsonPattern::State& s, uint32_t n) const {
+  if (n > max_length || s.empty()) return false;
+  const uint64_t lo = min_length > n ? min_length - n : 0, hi = (uint64_t)max_length - n;
+  const uint64_t reach = lo + pattern->positions();  // a longer completion can be cut to one
+  if (lo == 0 && hi >= reach) return true;  // (a live state completes within positions())
+  const uint64_t top = std::min<uint64_t>({hi, reach, lengths.size() - 1});
+  for (uint64_t k = lo; k <= top; ++k)
+    for (int w = 0; w < JsonPattern::kMaxPositions / 64; ++w)
+      if (s.w[w] & lengths[k].w[w]) return true;
+  return false;
 }
 
 bool JsonSchemaEvents::string_char() {

@@ -100,7 +100,9 @@ const char* const kSchemas[] = {
     R"({"$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat", "type":
         "string"}, "lives": {"type": "integer", "minimum": 0, "maximum": 9}}, "required":
         ["kind", "lives"], "additionalProperties": false}, "Dog": {"type": "object", "properties":
-        {"kind": {"enum": ["dog", "pup"]}, "name": {"type": "string"}}, "required": ["kind"],
+        {"kind": {"enum": ["dog", "pup"]}, "name": {"type": "string", "pattern": "^[A-Z][a-z]*$",
+        "minLength": 2, "maxLength": 4, "examples": ["Rex", "Bo", "Fido", "Maxi", "Ab"]}},
+        "required": ["kind"],
         "additionalProperties": false}}, "type": "object", "properties": {"pet": {"anyOf":
         [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}]}, "pets": {"type":
         "array", "items": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
@@ -457,10 +459,61 @@ TEST(JsonSchema, PatternsRefuseTheFirstByteNoMatchCanFollow) {
 // Every text of up to 6 bytes over an alphabet of quotes, escapes, hex digits and the bytes of
 // 2-4-byte characters: no state the recognizer reaches is stranded, and it completes exactly the
 // documents std::regex (the reference) finds matching.
+// A pattern beside minLength / maxLength: a character is refused as soon as no match within the
+// bounds can follow it, counted in characters however they are written.
+TEST(JsonSchema, PatternsBesideLengthBoundsEndWithinThem) {
+  auto schema = [](const char* pattern, int lo, int hi) {
+    json s = {{"type", "string"}, {"pattern", pattern}};
+    if (lo > 0) s["minLength"] = lo;
+    if (hi >= 0) s["maxLength"] = hi;
+    return JsonSchema::compile(s);
+  };
+  const auto word = schema("^[a-z]+$", 3, 5);
+  EXPECT_TRUE(accepts(word, R"("abc")"));
+  EXPECT_TRUE(accepts(word, R"("ab\u0063de")"));     // an escape is one character
+  EXPECT_EQ(first_refused(word, R"("ab")"), 3);        // two: the quote
+  EXPECT_EQ(first_refused(word, R"("abcdef")"), 6);    // the sixth letter
+  EXPECT_EQ(first_refused(word, R"("abcd\u0065f")"), 11);  // the sixth, after an escaped fifth
+  // Pairs of "ab" within 5: after "abab" an 'a' could end only at 6 characters.
+  const auto pairs = schema("^(ab)+$", 0, 5);
+  EXPECT_TRUE(accepts(pairs, R"("abab")"));
+  EXPECT_EQ(first_refused(pairs, R"("ababa")"), 5);
+  // Alternatives of other lengths: with at most 3, only the a's are left.
+  const auto alt = schema("^aa$|^bbbbb$", 0, 3);
+  EXPECT_TRUE(accepts(alt, R"("aa")"));
+  EXPECT_EQ(first_refused(alt, R"("b")"), 1);
+  EXPECT_EQ(first_refused(alt, "\"\\u0062"), 6);  // the escape's last digit: it would be a 'b'
+  // At least 4 of a pattern whose strings are long: any count above works, counted to 4 + 255.
+  const auto some = schema("x(yz)*", 9, -1);
+  EXPECT_TRUE(accepts(some, R"("xyzyzyzyz")"));
+  EXPECT_TRUE(accepts(some, R"("abxyzyzyz")"));  // search: the match anywhere
+  EXPECT_EQ(first_refused(some, R"("xyzyzyzy")"), 9);  // 8: the quote
+  // Multi-byte characters: 2 to 3 euros; a fourth is refused at its lead byte.
+  const auto euros = schema("^\u20ac+$", 2, 3);
+  EXPECT_TRUE(accepts(euros, "\"\xe2\x82\xac\xe2\x82\xac\""));
+  EXPECT_EQ(first_refused(euros, "\"\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2"), 10);
+  // A type list keeps its other kinds where no string of the lengths matches.
+  const auto none = JsonSchema::compile(json::parse(
+      R"({"type": ["string", "null"], "pattern": "^ab$", "minLength": 3})"));
+  EXPECT_TRUE(accepts(none, "null"));
+  EXPECT_EQ(first_refused(none, R"("")"), 0);
+  // A format, too (pydantic's HttpUrl-style bounds beside one).
+  const auto date = JsonSchema::compile(json::parse(
+      R"({"type": "string", "format": "date", "maxLength": 10})"));
+  EXPECT_TRUE(accepts(date, R"("2024-02-29")"));
+}
+
 TEST(JsonSchema, PatternStringsNeverStrandAndMatchTheReference) {
   const std::string alphabet = "\"\\uD80aAbx1-n\xc3\xa9\xe2\x82\xac\xf0\x9f\x98";
-  for (const char* pattern : {"^(a|\u00e9)+1?$", "[^a]b", "^\\S-\\w?$", "^(\u20ac|\\u0041)\\d*$"}) {
-    const json schema = {{"type", "string"}, {"pattern", pattern}};
+  std::vector<json> schemas;
+  for (const char* pattern : {"^(a|\u00e9)+1?$", "[^a]b", "^\\S-\\w?$", "^(\u20ac|\\u0041)\\d*$"})
+    schemas.push_back({{"type", "string"}, {"pattern", pattern}});
+  // Beside length bounds: a character is taken only where the pattern can still end within them.
+  schemas.push_back({{"type", "string"}, {"pattern", "^(a|\u00e9)+1?$"}, {"minLength", 2}, {"maxLength", 3}});
+  schemas.push_back({{"type", "string"}, {"pattern", "[^a]b"}, {"maxLength", 3}});
+  schemas.push_back({{"type", "string"}, {"pattern", "^\\S-\\w*$"}, {"minLength", 4}});
+  schemas.push_back({{"type", "string"}, {"pattern", "^(ab|\u20ac1|x)+$"}, {"minLength", 3}, {"maxLength", 5}});
+  for (const json& schema : schemas) {
     SCOPED_TRACE(schema.dump());
     const auto compiled = JsonSchema::compile(schema);
     std::vector<std::pair<std::string, Recognizer>> level = {{"", recognizer(compiled)}};
@@ -719,8 +772,9 @@ TEST(JsonSchema, NeitherStrandsTheSamplerNorWidensTheSchema) {
 
 TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type": "string", "pattern": "^a", "maxLength": 3})",
-       "pattern beside minLength or maxLength is not supported"},
+      {R"({"type": "string", "pattern": "^x?y?z?$", "minLength": 4})",
+       "the pattern matches no string of a length from minLength to maxLength"},
+      {R"({"type": "string", "pattern": "a", "minLength": 5000})", "minLength 5000 beside pattern"},
       {R"({"type": "object", "properties": {"d": {"type": "string", "format": "hostname"}}})",
        "json_schema at #/properties/d/format: format 'hostname' is not supported"},
       {R"j({"type": "string", "pattern": "(?=x)"})j",
@@ -753,8 +807,7 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"prefixItems": {"type": "string"}})", "prefixItems must be a non-empty array"},
       {R"({"type": "array", "prefixItems": [true], "items": false, "minItems": 2})",
        "minItems 2 is above maxItems 1"},
-      {R"({"type": "object", "properties": {"d": {"type": "string", "format": "duration",
-          "maxLength": 9}}})", "format beside minLength or maxLength"},
+
       {R"({"type": "object", "properties": {"a": {"$id": "x", "type": "string"}}})",
        "$id inside a schema is not supported"},
       {R"({"type": "array", "minItems": 1.5})", "minItems must be an integer"},
