@@ -34,6 +34,7 @@ bool is_supported(const std::string& k) {
                                        "items",    "prefixItems", "minItems", "maxItems", "minLength",
                                        "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
                                        "exclusiveMaximum", "enum", "const",    "anyOf", "oneOf",
+                                       "allOf",
                                        "$ref",     "pattern",    "format"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
@@ -283,13 +284,23 @@ class JsonSchemaCompiler {
                        "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
                        "maxLength, "
                        "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
-                       "enum, const, anyOf, oneOf, $ref, and annotations such as title and "
+                       "enum, const, anyOf, oneOf, allOf of one schema, $ref, and annotations such as "
+                       "title and "
                        "description)");
       ++constraints;
     }
     if (s.contains("$ref")) {
       if (constraints > 1) fail(path, "$ref beside other constraining keywords is not supported");
       return ref(s["$ref"], path);
+    }
+    if (s.contains("allOf")) {
+      // One schema (what generators write to give a $ref a description): that schema. Several
+      // would need the intersection of their constraints.
+      const json& a = s["allOf"];
+      if (constraints > 1) fail(path, "allOf beside other constraining keywords is not supported");
+      if (!a.is_array() || a.size() != 1)
+        fail(path, "allOf is supported with exactly one schema (an intersection of several is not)");
+      return build(a[0], child_path(path, "/allOf/0"));
     }
     for (const char* k : {"anyOf", "oneOf"}) {
       if (!s.contains(k)) continue;

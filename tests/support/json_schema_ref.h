@@ -220,6 +220,10 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
       if (valid(v, a)) return true;
     return false;
   }
+  if (s.contains("allOf")) {
+    for (const json& a : s["allOf"])
+      if (!valid(v, a)) return false;
+  }
   if (s.contains("oneOf")) {
     int matched = 0;
     for (const json& a : s["oneOf"]) matched += valid(v, a);

@@ -647,6 +647,12 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
     const std::string err = test::error_of([&] { JsonSchema::compile(json::parse(c.first)); });
     EXPECT_NE(err.find(c.second), std::string::npos) << c.first << ": " << err;
   }
+  // allOf of one schema (a $ref given a description, as older pydantic wrote it) is that schema.
+  const auto all = JsonSchema::compile(json::parse(
+      R"({"$defs": {"s": {"type": "string", "maxLength": 2}},
+          "properties": {"a": {"allOf": [{"$ref": "#/$defs/s"}], "description": "d"}}})"));
+  EXPECT_TRUE(accepts(all, R"({"a": "xy"})"));
+  EXPECT_EQ(first_refused(all, R"({"a": "xyz")"), 9);
   // anyOf keeps an object that two alternatives share (the same $ref twice): no tag needed.
   EXPECT_NO_THROW(JsonSchema::compile(json::parse(
       R"({"$defs": {"o": {"type": "object"}}, "anyOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/o"}]})")));
@@ -784,7 +790,9 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "string", "pattern": "[]"})", "the pattern matches no string"},
       {R"({"type": "string", "pattern": "^a{,3}$"})", "does not form a quantifier"},
       {R"({"enum": ["ab", "b"], "pattern": "^a$"})", "no enum or const value has the schema's type"},
-      {R"({"allOf": [{"type": "string"}]})", "keyword 'allOf'"},
+      {R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})", "allOf is supported with exactly one"},
+      {R"({"allOf": [{"type": "string"}], "maxLength": 3})", "allOf beside other constraining"},
+      {R"({"type": "integer", "uniqueItems": true})", "keyword 'uniqueItems'"},
       {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
       {R"({"anyOf": [{"type": "integer"}, {"type": "number"}]})",
        "anyOf alternatives 0 and 1 both admit a number"},
