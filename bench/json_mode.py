@@ -55,10 +55,12 @@ PATTERN_SCHEMAS = [
 
 def valid(v, s):
     """The schemas above: object, array, string, integer; properties, required, additionalProperties
-    false, items, maxItems, pattern (Python's re takes these ECMA-262 patterns alike)."""
+    false, items, maxItems, pattern (Python's re takes these ECMA-262 patterns alike), minLength,
+    maxLength (len() counts code points, as JSON Schema does)."""
     t = s["type"]
     if t == "string":
-        return isinstance(v, str) and re.search(s.get("pattern", ""), v) is not None
+        return (isinstance(v, str) and re.search(s.get("pattern", ""), v) is not None
+                and s.get("minLength", 0) <= len(v) <= s.get("maxLength", len(v)))
     if t == "integer":
         return isinstance(v, int) and not isinstance(v, bool)
     if t == "array":
@@ -76,11 +78,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="folder for summary.json and the server logs")
+    ap.add_argument("--pattern-lengths", action="store_true",
+                    help="the pattern mode's strings also bounded by minLength / maxLength "
+                         "(a pattern beside length bounds: the lengths each position completes in)")
     args = ap.parse_args()
+    if args.pattern_lengths:
+        for s, (lo, hi) in ((NAME, (2, 12)), (WORDS, (1, 24)), (PLACE, (2, 32))):
+            s.update(minLength=lo, maxLength=hi)
     out = args.out or "."
     os.makedirs(out, exist_ok=True)
     summary = {"cpu": cpu_name(), "threads": args.threads, "max_tokens": args.max_tokens,
-               "rounds": args.rounds, "models": {}}
+               "rounds": args.rounds, "pattern_lengths": args.pattern_lengths, "models": {}}
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     for model in args.model:
         srv = ServeProcess(args.binary, ["--model", model, "--max-tokens-limit",
