@@ -123,8 +123,9 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 // ECMA-262 regular expression, a subset: json_pattern.h), format (date, time, date-time,
 // duration, uuid, ipv4, email, as patterns; binary and password: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal;
 // a number so bounded is written without exponent), enum,
-// const, anyOf, $ref to "#" or into "#/$defs" / "#/definitions" (recursion allowed), and the
-// annotations (title, description, default, examples, ...). Any other keyword is refused by name:
+// const, anyOf, oneOf, allOf of one schema, $ref to "#" or into "#/$defs" / "#/definitions"
+// (recursion allowed), and the annotations (title, description, default, examples,
+// OpenAPI's discriminator, ...). Any other keyword is refused by name:
 // a schema the text would not be checked against must not pass silently. The recognizer decides
 // which anyOf alternative a value follows by the value's first byte, so alternatives must differ
 // in type (e.g. a string or null), except objects told apart by a tag (a required property

@@ -747,7 +747,7 @@ class JsonSchemaCompiler {
           found[k] = l;
         }
       }
-      if (objects.size() > 1) found[JsonSchema::kObject] = tagged(raw_[i].path, what, objects);
+      if (objects.size() > 1) found[JsonSchema::kObject] = tagged(r.path, what, objects);
       std::copy_n(found, JsonSchema::kKinds, out_[i].leaf);
     }
     raw_[i].state = 2;
@@ -763,12 +763,28 @@ class JsonSchemaCompiler {
     return &out_[id];
   }
 
+  // A literal's identity as JSON Schema compares values: a number by its value (1, 1.0 and
+  // 1e0 are one value; -0 is 0), anything else by its compact text.
+  static std::string value_key(const std::string& text) {
+    if (text[0] != '-' && (text[0] < '0' || text[0] > '9')) return text;
+    JsonDecimal d = JsonDecimal::parse(text);
+    while (!d.digits.empty() && d.digits.back() == '0') {  // trailing zeros into the exponent
+      d.digits.pop_back();
+      ++d.exp;
+    }
+    if (d.digits.empty()) return "n0";
+    return std::string("n") + (d.neg ? "-" : "") + d.digits + "e" + std::to_string(d.exp);
+  }
+
   // A tagged union of the object leaves objs (two or more): the first property name, in the
   // first alternative's (bytewise) order, that every alternative requires, with a const or enum
-  // there and no value in two alternatives. Its node (a leaf whose one property is the tag,
-  // holding every value) is returned; refused by name when no property tells them apart.
-  uint16_t tagged(const std::string& path, const std::string& what,
+  // there and no value (compared as JSON Schema compares them) in two alternatives. Its node (a
+  // leaf whose one property is the tag, holding every value) is returned; refused by name when
+  // no property tells them apart. Made once per list of alternatives (sites that refer to the
+  // same objects share it), and the values it reads are bounded per schema.
+  uint16_t tagged(const std::string path, const std::string& what,
                   const std::vector<uint16_t>& objs) {
+    if (auto it = tagged_.find(objs); it != tagged_.end()) return it->second;
     for (size_t j = 0; j < out_[objs[0]].names.size(); ++j) {
       const std::string name = out_[objs[0]].names[j];
       std::vector<std::pair<std::string, size_t>> values;  // (literal, alternative)
@@ -781,15 +797,26 @@ class JsonSchemaCompiler {
         const JsonSchema::Node* lit = at == o.names.end() ? nullptr : literal_leaf(o.props[idx]);
         ok = lit != nullptr && ((o.required >> idx) & 1);
         if (!ok) break;
+        tag_values_ += lit->literals.size();
+        if (tag_values_ > kMaxTagValues)
+          fail(path, what + " of objects: more than " + std::to_string(kMaxTagValues) +
+                         " tag values read in all");
         for (const std::string& v : lit->literals) values.push_back({v, a});
         seen.push_back(uint64_t(1) << idx);
       }
       if (!ok) continue;
-      std::sort(values.begin(), values.end());
+      std::vector<std::pair<std::string, size_t>> keys;
+      for (const auto& [v, a] : values) keys.push_back({value_key(v), a});
+      std::sort(keys.begin(), keys.end());
       bool disjoint = true;
-      for (size_t v = 1; v < values.size(); ++v)
-        if (values[v].first == values[v - 1].first) disjoint = false;
+      for (size_t v = 1; v < keys.size(); ++v)
+        if (keys[v].first == keys[v - 1].first && keys[v].second != keys[v - 1].second)
+          disjoint = false;
       if (!disjoint) continue;
+      if (values.size() >= JsonSchema::kNone)
+        fail(path, what + " of objects: more than " + std::to_string(JsonSchema::kNone - 1) +
+                       " tag values");
+      std::sort(values.begin(), values.end());
       // The tag's node: every value; the union's node: the tag alone, then the branch.
       const uint16_t tag = add(kLeaf, path + " (tag '" + shorten(name) + "')");
       uint8_t kinds = 0;
@@ -811,12 +838,16 @@ class JsonSchemaCompiler {
       }
       resolve(tag);
       resolve(u);
+      tagged_[objs] = u;
       return u;
     }
     fail(path, what + " alternatives that are objects must differ in a tag: a property every one "
                       "requires, with a const or enum whose values no two of them share (as "
                       "pydantic's Literal fields of a discriminated union)");
   }
+  static constexpr uint64_t kMaxTagValues = 1 << 20;
+  uint64_t tag_values_ = 0;
+  std::map<std::vector<uint16_t>, uint16_t> tagged_;
 
   const json& doc_;
   int depth_ = 0;  // build()'s nesting

@@ -204,12 +204,17 @@ bool json_can_go_on(Recognizer r) {
 // Whether v is valid for schema s (a part of root, which $ref pointers index). integral_floats:
 // a float with an integer's value counts as an integer, as JSON Schema says (a parser reads a
 // 30-digit integer as a float); false: only values parsed as integers do.
+// by_value: enum and const compare numbers by value, as JSON Schema does (1 is 1.0); false: by
+// their compact text, as the recognizer matches them (it writes each value as listed). oneOf
+// counts its matches by value, so that two alternatives a value matches both of are seen.
 inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
-                              const nlohmann::json& root, bool integral_floats = false) {
+                              const nlohmann::json& root, bool integral_floats = false,
+                              bool by_value = false) {
   using json = nlohmann::json;
   auto valid = [&](const json& x, const json& sub) {
-    return json_schema_valid(x, sub, root, integral_floats);
+    return json_schema_valid(x, sub, root, integral_floats, by_value);
   };
+  auto same = [&](const json& a, const json& b) { return by_value ? a == b : a.dump() == b.dump(); };
   if (s.is_boolean()) return s.get<bool>();
   if (s.contains("$ref")) {
     const std::string r = s["$ref"];
@@ -225,9 +230,12 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
       if (!valid(v, a)) return false;
   }
   if (s.contains("oneOf")) {
-    int matched = 0;
-    for (const json& a : s["oneOf"]) matched += valid(v, a);
-    return matched == 1;
+    int matched = 0, by_val = 0;
+    for (const json& a : s["oneOf"]) {
+      matched += valid(v, a);
+      by_val += json_schema_valid(v, a, root, integral_floats, true);
+    }
+    return matched >= 1 && by_val == 1;
   }
   if (s.contains("type")) {
     const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
@@ -247,9 +255,9 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
   if (s.contains("enum") || s.contains("const")) {
     bool any = false;
     if (s.contains("const")) {
-      any = s["const"].dump() == v.dump();
+      any = same(s["const"], v);
     } else {
-      for (const json& x : s["enum"]) any = any || x.dump() == v.dump();
+      for (const json& x : s["enum"]) any = any || same(x, v);
     }
     if (!any) return false;
   }

@@ -642,6 +642,17 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
       {R"({"$defs": {"o": {"type": "object", "properties": {"t": {"const": 1}}, "required": ["t"]}},
           "oneOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/o"}]})",
        "must differ in a tag"},  // oneOf: the same object twice matches twice
+      // Tag values compared as JSON Schema compares them: 1 is 1.0, -0 is 0 (a review found
+      // {"t": 1} accepted by a oneOf that both alternatives match).
+      {R"({"oneOf": [{"type": "object", "properties": {"t": {"const": 1}}, "required": ["t"]},
+                     {"type": "object", "properties": {"t": {"const": 1.0}}, "required": ["t"]}]})",
+       "must differ in a tag"},
+      {R"({"anyOf": [{"type": "object", "properties": {"t": {"enum": [0, "x"]}}, "required": ["t"]},
+                     {"type": "object", "properties": {"t": {"const": -0.0}}, "required": ["t"]}]})",
+       "must differ in a tag"},
+      {R"({"anyOf": [{"type": "object", "properties": {"t": {"const": 10}}, "required": ["t"]},
+                     {"type": "object", "properties": {"t": {"const": 1e1}}, "required": ["t"]}]})",
+       "must differ in a tag"},
   };
   for (const auto& c : cases) {
     const std::string err = test::error_of([&] { JsonSchema::compile(json::parse(c.first)); });
@@ -653,6 +664,44 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
           "properties": {"a": {"allOf": [{"$ref": "#/$defs/s"}], "description": "d"}}})"));
   EXPECT_TRUE(accepts(all, R"({"a": "xy"})"));
   EXPECT_EQ(first_refused(all, R"({"a": "xyz")"), 9);
+  // Numbers that differ in value are told apart whatever their text (1 and 10, 0.1 and 1).
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(
+      R"({"anyOf": [{"type": "object", "properties": {"t": {"enum": [1, 0.1]}}, "required": ["t"]},
+                    {"type": "object", "properties": {"t": {"enum": [10, 100.5]}}, "required": ["t"]}]})")));
+  // Hostile schemas (a review's): a union site is made once per list of objects, however many
+  // sites refer to them, and the tag values read are bounded; more than 65,534 tag values in
+  // one union are refused (the recognizer counts a value's index in 16 bits).
+  {
+    json big = json::array();
+    for (int i = 0; i < 40000; ++i) big.push_back("v" + std::to_string(i));
+    json s = {{"$defs", {{"A", {{"type", "object"}, {"properties", {{"t", {{"enum", big}}}}},
+                               {"required", {"t"}}}},
+                         {"B", {{"type", "object"}, {"properties", {{"t", {{"const", "b"}}}}},
+                                {"required", {"t"}}}}}}};
+    json sites = json::array();
+    for (int i = 0; i < 60; ++i)  // (wrapped in anyOfs of one: the same objects)
+      sites.push_back({{"anyOf", {{{"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}}}}});
+    s["type"] = "array";
+    s["prefixItems"] = sites;
+    const auto shared = JsonSchema::compile(s);  // one union node for the 60 sites
+    EXPECT_LT(shared->size(), 200u);
+    EXPECT_TRUE(accepts(shared, R"([{"t": "v39999"}, {"t": "b"}])"));
+    json wide = s["$defs"];
+    json more = json::array();
+    for (int i = 0; i < 30000; ++i) more.push_back("w" + std::to_string(i));
+    wide["B"]["properties"]["t"] = {{"enum", more}};  // 70,000 in all
+    const std::string err = test::error_of([&] {
+      JsonSchema::compile(json{{"$defs", wide},
+                               {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}});
+    });
+    EXPECT_NE(err.find("more than 65534 tag values"), std::string::npos) << err;
+  }
+  // The union's path in messages outlives the nodes the union adds (a review found it read
+  // after add() had moved the node table, under ASan).
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(R"({"type": "object", "properties": {
+      "f0": {"type": "null"}, "u": {"anyOf": [
+        {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+        {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]}]}}})")));
   // anyOf keeps an object that two alternatives share (the same $ref twice): no tag needed.
   EXPECT_NO_THROW(JsonSchema::compile(json::parse(
       R"({"$defs": {"o": {"type": "object"}}, "anyOf": [{"$ref": "#/$defs/o"}, {"$ref": "#/$defs/o"}]})")));
