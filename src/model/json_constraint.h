@@ -121,19 +121,19 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 // schema; absent: any other key allowed, as JSON Schema says), items, prefixItems (tuples),
 // minItems, maxItems, minLength, maxLength (in characters: Unicode code points), pattern (an
 // ECMA-262 regular expression, a subset: json_pattern.h), format (date, time, date-time,
-// duration, uuid, ipv4, email, as patterns; binary and password: any string), minimum, maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal;
-// a number so bounded is written without exponent), enum,
-// const, anyOf, oneOf, allOf of one schema, $ref to "#" or into "#/$defs" / "#/definitions"
-// (recursion allowed), and the annotations (title, description, default, examples,
-// OpenAPI's discriminator, ...). Any other keyword is refused by name:
-// a schema the text would not be checked against must not pass silently. The recognizer decides
-// which anyOf alternative a value follows by the value's first byte, so alternatives must differ
-// in type (e.g. a string or null), except objects told apart by a tag (a required property
-// with a const or enum whose values differ between them), which must then come first; oneOf
-// is taken where its alternatives are so disjoint (then exactly one is at least one). Keys and enum/const values are matched as written in compact
-// JSON (a key spelled with an escape it does not need is refused); integers are written without
-// fraction or exponent. At most 64 properties per object, 4096 schema nodes, 128 levels of
-// nesting (a $ref's target counts as nested where it is referred to).
+// duration, uuid, ipv4, email, as patterns; binary and password: any string), minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal; a number so bounded is written
+// without exponent), enum, const, anyOf, oneOf, allOf of one schema, $ref to "#" or into "#/$defs"
+// / "#/definitions" (recursion allowed), and the annotations (title, description, default,
+// examples, OpenAPI's discriminator, ...). Any other keyword is refused by name: a schema the text
+// would not be checked against must not pass silently. The recognizer decides which anyOf
+// alternative a value follows by the value's first byte, so alternatives must differ in type (e.g.
+// a string or null), except objects told apart by a tag (a required property with a const or enum
+// whose values differ between them), which must then come first; oneOf is taken where its
+// alternatives are so disjoint (then exactly one is at least one). Keys and enum/const values are
+// matched as written in compact JSON (a key spelled with an escape it does not need is refused);
+// integers are written without fraction or exponent. At most 64 properties per object, 4096 schema
+// nodes, 128 levels of nesting (a $ref's target counts as nested where it is referred to).
 class JsonSchema {
  public:
   // Throws ct::Error naming the keyword and its place (a JSON pointer) for what is not supported.

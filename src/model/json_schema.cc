@@ -21,21 +21,37 @@ constexpr const char* kKindNames[JsonSchema::kKinds] = {"an object", "an array",
 
 // Keywords that only describe: they constrain nothing, so any schema may carry them.
 bool is_annotation(const std::string& k) {
-  static const char* const kNames[] = {"title",    "description", "default", "examples",
-                                       "$schema",  "$id",         "$comment", "deprecated",
-                                       "readOnly", "writeOnly",   "$defs",   "definitions",
+  static const char* const kNames[] = {"title",        "description", "default",  "examples",
+                                       "$schema",      "$id",         "$comment", "deprecated",
+                                       "readOnly",     "writeOnly",   "$defs",    "definitions",
                                        "discriminator"};  // OpenAPI's hint beside oneOf
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
 }
 
 bool is_supported(const std::string& k) {
-  static const char* const kNames[] = {"type",     "properties", "required", "additionalProperties",
-                                       "items",    "prefixItems", "minItems", "maxItems", "minLength",
-                                       "maxLength", "minimum",   "maximum",  "exclusiveMinimum",
-                                       "exclusiveMaximum", "enum", "const",    "anyOf", "oneOf",
+  static const char* const kNames[] = {"type",
+                                       "properties",
+                                       "required",
+                                       "additionalProperties",
+                                       "items",
+                                       "prefixItems",
+                                       "minItems",
+                                       "maxItems",
+                                       "minLength",
+                                       "maxLength",
+                                       "minimum",
+                                       "maximum",
+                                       "exclusiveMinimum",
+                                       "exclusiveMaximum",
+                                       "enum",
+                                       "const",
+                                       "anyOf",
+                                       "oneOf",
                                        "allOf",
-                                       "$ref",     "pattern",    "format"};
+                                       "$ref",
+                                       "pattern",
+                                       "format"};
   return std::find_if(std::begin(kNames), std::end(kNames),
                       [&](const char* n) { return k == n; }) != std::end(kNames);
 }
@@ -279,14 +295,15 @@ class JsonSchemaCompiler {
     for (auto it = s.begin(); it != s.end(); ++it) {
       if (is_annotation(it.key())) continue;
       if (!is_supported(it.key()))
-        fail(path, "keyword '" + shorten(it.key()) +
-                       "' is not supported (supported: type, properties, required, "
-                       "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
-                       "maxLength, "
-                       "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
-                       "enum, const, anyOf, oneOf, allOf of one schema, $ref, and annotations such as "
-                       "title and "
-                       "description)");
+        fail(path,
+             "keyword '" + shorten(it.key()) +
+                 "' is not supported (supported: type, properties, required, "
+                 "additionalProperties, items, prefixItems, minItems, maxItems, minLength, "
+                 "maxLength, "
+                 "pattern, format, minimum, maximum, exclusiveMinimum, exclusiveMaximum, "
+                 "enum, const, anyOf, oneOf, allOf of one schema, $ref, and annotations such as "
+                 "title and "
+                 "description)");
       ++constraints;
     }
     if (s.contains("$ref")) {
@@ -299,7 +316,8 @@ class JsonSchemaCompiler {
       const json& a = s["allOf"];
       if (constraints > 1) fail(path, "allOf beside other constraining keywords is not supported");
       if (!a.is_array() || a.size() != 1)
-        fail(path, "allOf is supported with exactly one schema (an intersection of several is not)");
+        fail(path,
+             "allOf is supported with exactly one schema (an intersection of several is not)");
       return build(a[0], child_path(path, "/allOf/0"));
     }
     for (const char* k : {"anyOf", "oneOf"}) {
@@ -463,8 +481,9 @@ class JsonSchemaCompiler {
         out_[id].max_items = std::min<uint32_t>(out_[id].max_items, (uint32_t)n_prefix);
       } else {
         if (it.is_array())
-          fail(child_path(path, "/items"), "items as an array (draft 4's tuple form) is not "
-                                           "supported; write prefixItems");
+          fail(child_path(path, "/items"),
+               "items as an array (draft 4's tuple form) is not "
+               "supported; write prefixItems");
         out_[id].items = build(it, child_path(path, "/items"));
       }
     }
@@ -557,10 +576,10 @@ class JsonSchemaCompiler {
     if (!n.pattern->matches_nothing() && (n.min_length > 0 || n.max_length < UINT32_MAX)) {
       // Beside length bounds: the lengths each position can still complete a match in.
       if (n.min_length > kMaxPatternMinLength)
-        fail(path, "minLength " + std::to_string(n.min_length) + " beside " + k +
-                       " is above " + std::to_string(kMaxPatternMinLength));
-      const uint64_t K = std::min<uint64_t>(n.max_length,
-                                            (uint64_t)n.min_length + n.pattern->positions());
+        fail(path, "minLength " + std::to_string(n.min_length) + " beside " + k + " is above " +
+                       std::to_string(kMaxPatternMinLength));
+      const uint64_t K =
+          std::min<uint64_t>(n.max_length, (uint64_t)n.min_length + n.pattern->positions());
       length_states_ += K + 1;
       if (length_states_ > kMaxLengthStates)
         fail(path, "minLength and maxLength beside patterns and formats: more than " +
@@ -841,9 +860,10 @@ class JsonSchemaCompiler {
       tagged_[objs] = u;
       return u;
     }
-    fail(path, what + " alternatives that are objects must differ in a tag: a property every one "
-                      "requires, with a const or enum whose values no two of them share (as "
-                      "pydantic's Literal fields of a discriminated union)");
+    fail(path, what +
+                   " alternatives that are objects must differ in a tag: a property every one "
+                   "requires, with a const or enum whose values no two of them share (as "
+                   "pydantic's Literal fields of a discriminated union)");
   }
   static constexpr uint64_t kMaxTagValues = 1 << 20;
   uint64_t tag_values_ = 0;
@@ -1061,7 +1081,7 @@ bool JsonSchema::Node::length_fits(const JsonPattern::State& s, uint32_t n) cons
   if (n > max_length || s.empty()) return false;
   const uint64_t lo = min_length > n ? min_length - n : 0, hi = (uint64_t)max_length - n;
   const uint64_t reach = lo + pattern->positions();  // a longer completion can be cut to one
-  if (lo == 0 && hi >= reach) return true;  // (a live state completes within positions())
+  if (lo == 0 && hi >= reach) return true;           // (a live state completes within positions())
   const uint64_t top = std::min<uint64_t>({hi, reach, lengths.size() - 1});
   for (uint64_t k = lo; k <= top; ++k)
     for (int w = 0; w < JsonPattern::kMaxPositions / 64; ++w)

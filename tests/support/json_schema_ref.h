@@ -214,7 +214,9 @@ inline bool json_schema_valid(const nlohmann::json& v, const nlohmann::json& s,
   auto valid = [&](const json& x, const json& sub) {
     return json_schema_valid(x, sub, root, integral_floats, by_value);
   };
-  auto same = [&](const json& a, const json& b) { return by_value ? a == b : a.dump() == b.dump(); };
+  auto same = [&](const json& a, const json& b) {
+    return by_value ? a == b : a.dump() == b.dump();
+  };
   if (s.is_boolean()) return s.get<bool>();
   if (s.contains("$ref")) {
     const std::string r = s["$ref"];

@@ -164,7 +164,8 @@ json random_value(std::mt19937& rng, const json& s, const json& root, int depth)
     json a = json::array();
     const json prefix = s.value("prefixItems", json::array());
     for (int i = rng() % 5, at = 0; i > 0; --i, ++at)
-      a.push_back(random_value(rng, at < (int)prefix.size() ? prefix[at] : s.value("items", json(true)),
+      a.push_back(random_value(rng,
+                               at < (int)prefix.size() ? prefix[at] : s.value("items", json(true)),
                                root, depth + 1));
     return a;
   }
@@ -470,9 +471,9 @@ TEST(JsonSchema, PatternsBesideLengthBoundsEndWithinThem) {
   };
   const auto word = schema("^[a-z]+$", 3, 5);
   EXPECT_TRUE(accepts(word, R"("abc")"));
-  EXPECT_TRUE(accepts(word, R"("ab\u0063de")"));     // an escape is one character
-  EXPECT_EQ(first_refused(word, R"("ab")"), 3);        // two: the quote
-  EXPECT_EQ(first_refused(word, R"("abcdef")"), 6);    // the sixth letter
+  EXPECT_TRUE(accepts(word, R"("ab\u0063de")"));           // an escape is one character
+  EXPECT_EQ(first_refused(word, R"("ab")"), 3);            // two: the quote
+  EXPECT_EQ(first_refused(word, R"("abcdef")"), 6);        // the sixth letter
   EXPECT_EQ(first_refused(word, R"("abcd\u0065f")"), 11);  // the sixth, after an escaped fifth
   // Pairs of "ab" within 5: after "abab" an 'a' could end only at 6 characters.
   const auto pairs = schema("^(ab)+$", 0, 5);
@@ -486,20 +487,20 @@ TEST(JsonSchema, PatternsBesideLengthBoundsEndWithinThem) {
   // At least 4 of a pattern whose strings are long: any count above works, counted to 4 + 255.
   const auto some = schema("x(yz)*", 9, -1);
   EXPECT_TRUE(accepts(some, R"("xyzyzyzyz")"));
-  EXPECT_TRUE(accepts(some, R"("abxyzyzyz")"));  // search: the match anywhere
+  EXPECT_TRUE(accepts(some, R"("abxyzyzyz")"));        // search: the match anywhere
   EXPECT_EQ(first_refused(some, R"("xyzyzyzy")"), 9);  // 8: the quote
   // Multi-byte characters: 2 to 3 euros; a fourth is refused at its lead byte.
   const auto euros = schema("^\u20ac+$", 2, 3);
   EXPECT_TRUE(accepts(euros, "\"\xe2\x82\xac\xe2\x82\xac\""));
   EXPECT_EQ(first_refused(euros, "\"\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2"), 10);
   // A type list keeps its other kinds where no string of the lengths matches.
-  const auto none = JsonSchema::compile(json::parse(
-      R"({"type": ["string", "null"], "pattern": "^ab$", "minLength": 3})"));
+  const auto none = JsonSchema::compile(
+      json::parse(R"({"type": ["string", "null"], "pattern": "^ab$", "minLength": 3})"));
   EXPECT_TRUE(accepts(none, "null"));
   EXPECT_EQ(first_refused(none, R"("")"), 0);
   // A format, too (pydantic's HttpUrl-style bounds beside one).
-  const auto date = JsonSchema::compile(json::parse(
-      R"({"type": "string", "format": "date", "maxLength": 10})"));
+  const auto date =
+      JsonSchema::compile(json::parse(R"({"type": "string", "format": "date", "maxLength": 10})"));
   EXPECT_TRUE(accepts(date, R"("2024-02-29")"));
 }
 
@@ -509,10 +510,12 @@ TEST(JsonSchema, PatternStringsNeverStrandAndMatchTheReference) {
   for (const char* pattern : {"^(a|\u00e9)+1?$", "[^a]b", "^\\S-\\w?$", "^(\u20ac|\\u0041)\\d*$"})
     schemas.push_back({{"type", "string"}, {"pattern", pattern}});
   // Beside length bounds: a character is taken only where the pattern can still end within them.
-  schemas.push_back({{"type", "string"}, {"pattern", "^(a|\u00e9)+1?$"}, {"minLength", 2}, {"maxLength", 3}});
+  schemas.push_back(
+      {{"type", "string"}, {"pattern", "^(a|\u00e9)+1?$"}, {"minLength", 2}, {"maxLength", 3}});
   schemas.push_back({{"type", "string"}, {"pattern", "[^a]b"}, {"maxLength", 3}});
   schemas.push_back({{"type", "string"}, {"pattern", "^\\S-\\w*$"}, {"minLength", 4}});
-  schemas.push_back({{"type", "string"}, {"pattern", "^(ab|\u20ac1|x)+$"}, {"minLength", 3}, {"maxLength", 5}});
+  schemas.push_back(
+      {{"type", "string"}, {"pattern", "^(ab|\u20ac1|x)+$"}, {"minLength", 3}, {"maxLength", 5}});
   for (const json& schema : schemas) {
     SCOPED_TRACE(schema.dump());
     const auto compiled = JsonSchema::compile(schema);
@@ -563,8 +566,9 @@ TEST(JsonSchema, TuplesFollowPrefixItemsElementByElement) {
   EXPECT_EQ(first_refused(open, "[2"), 1);
   // Nested 19 deep, an element needing two frames more does not fit after one needing none.
   json s = {{"type", "array"},
-            {"prefixItems", {{{"type", "integer"}}, {{"type", "array"}, {"minItems", 1},
-                                                      {"items", {{"type", "array"}}}}}}};
+            {"prefixItems",
+             {{{"type", "integer"}},
+              {{"type", "array"}, {"minItems", 1}, {"items", {{"type", "array"}}}}}}};
   for (int i = 0; i < 18; ++i) s = {{"type", "array"}, {"items", std::move(s)}};
   const auto deep = JsonSchema::compile(s);
   Recognizer r = recognizer(deep);
@@ -588,8 +592,9 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
             "required": ["t", "x"], "additionalProperties": false},
       "B": {"type": "object", "properties": {"t": {"enum": ["b", 2]}, "y": {"type": "null"}},
             "required": ["t"]}})");
-  json schema = {{"$defs", defs},
-                 {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}, {{"type", "string"}}}}};
+  json schema = {
+      {"$defs", defs},
+      {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}, {{"type", "string"}}}}};
   const auto u = JsonSchema::compile(schema);
   EXPECT_TRUE(accepts(u, R"({"t": "a", "x": 1})"));
   EXPECT_TRUE(accepts(u, R"({"t": 2, "y": null, "z": [1]})"));  // B allows other keys
@@ -603,8 +608,9 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
   // Nested: a union inside an array of unions, both switching at their own depth.
   schema = {{"$defs", defs},
             {"type", "array"},
-            {"items", {{"oneOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}},
-                       {"discriminator", {{"propertyName", "t"}}}}}};
+            {"items",
+             {{"oneOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}},
+              {"discriminator", {{"propertyName", "t"}}}}}};
   const auto arr = JsonSchema::compile(schema);
   EXPECT_TRUE(accepts(arr, R"([{"t": "b", "y": null}, {"t": "a", "x": 3}, {"t": 2}])"));
   EXPECT_EQ(first_refused(arr, R"([{"t": "b", "y": null}, {"t": "a", "y")"), 36);
@@ -674,13 +680,16 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
   {
     json big = json::array();
     for (int i = 0; i < 40000; ++i) big.push_back("v" + std::to_string(i));
-    json s = {{"$defs", {{"A", {{"type", "object"}, {"properties", {{"t", {{"enum", big}}}}},
-                               {"required", {"t"}}}},
-                         {"B", {{"type", "object"}, {"properties", {{"t", {{"const", "b"}}}}},
-                                {"required", {"t"}}}}}}};
+    json s = {
+        {"$defs",
+         {{"A",
+           {{"type", "object"}, {"properties", {{"t", {{"enum", big}}}}}, {"required", {"t"}}}},
+          {"B",
+           {{"type", "object"}, {"properties", {{"t", {{"const", "b"}}}}}, {"required", {"t"}}}}}}};
     json sites = json::array();
     for (int i = 0; i < 60; ++i)  // (wrapped in anyOfs of one: the same objects)
-      sites.push_back({{"anyOf", {{{"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}}}}});
+      sites.push_back(
+          {{"anyOf", {{{"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}}}}});
     s["type"] = "array";
     s["prefixItems"] = sites;
     const auto shared = JsonSchema::compile(s);  // one union node for the 60 sites
@@ -691,8 +700,8 @@ TEST(JsonSchema, TaggedUnionsPickTheirAlternativeByTheTagWrittenFirst) {
     for (int i = 0; i < 30000; ++i) more.push_back("w" + std::to_string(i));
     wide["B"]["properties"]["t"] = {{"enum", more}};  // 70,000 in all
     const std::string err = test::error_of([&] {
-      JsonSchema::compile(json{{"$defs", wide},
-                               {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}});
+      JsonSchema::compile(
+          json{{"$defs", wide}, {"anyOf", {{{"$ref", "#/$defs/A"}}, {{"$ref", "#/$defs/B"}}}}});
     });
     EXPECT_NE(err.find("more than 65534 tag values"), std::string::npos) << err;
   }
@@ -838,8 +847,10 @@ TEST(JsonSchema, TheCompilerRefusesWhatItWouldNotCheckByName) {
       {R"({"type": "string", "pattern": "^a", "format": "date"})", "pattern beside format"},
       {R"({"type": "string", "pattern": "[]"})", "the pattern matches no string"},
       {R"({"type": "string", "pattern": "^a{,3}$"})", "does not form a quantifier"},
-      {R"({"enum": ["ab", "b"], "pattern": "^a$"})", "no enum or const value has the schema's type"},
-      {R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})", "allOf is supported with exactly one"},
+      {R"({"enum": ["ab", "b"], "pattern": "^a$"})",
+       "no enum or const value has the schema's type"},
+      {R"({"allOf": [{"type": "string"}, {"maxLength": 3}]})",
+       "allOf is supported with exactly one"},
       {R"({"allOf": [{"type": "string"}], "maxLength": 3})", "allOf beside other constraining"},
       {R"({"type": "integer", "uniqueItems": true})", "keyword 'uniqueItems'"},
       {R"({"type": "integer", "multipleOf": 2})", "keyword 'multipleOf'"},
