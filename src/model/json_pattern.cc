@@ -579,23 +579,30 @@ State JsonPattern::step(const State& s, uint32_t cp) const {
   return follow_of(s) & on_[i];
 }
 
-bool JsonPattern::can_step(const State& s, uint32_t lo, uint32_t hi) const {
+bool JsonPattern::range_step(const State& s, uint32_t lo, uint32_t hi, State* out) const {
   const State f = follow_of(s);
   if (f.empty()) return false;
   // No class holds a surrogate, so an interval holding one enters no position: the range is
   // scanned whole, without splitting it around them (this runs in the mask's trie walk).
+  bool any = false;
   size_t i = std::upper_bound(cuts_.begin(), cuts_.end(), lo) - cuts_.begin() - 1;
-  for (; i < cuts_.size() && cuts_[i] <= std::min(hi, kMaxCp); ++i)
-    if (any_bit(f & on_[i])) return true;
-  return false;
+  for (; i < cuts_.size() && cuts_[i] <= std::min(hi, kMaxCp); ++i) {
+    const State g = f & on_[i];
+    if (!any_bit(g)) continue;
+    if (out == nullptr) return true;  // whether, not where: the first will do
+    *out |= g;
+    any = true;
+  }
+  return any;
+}
+
+bool JsonPattern::can_step(const State& s, uint32_t lo, uint32_t hi) const {
+  return range_step(s, lo, hi, nullptr);
 }
 
 State JsonPattern::step_range(const State& s, uint32_t lo, uint32_t hi) const {
-  const State f = follow_of(s);
   State out;
-  if (f.empty()) return out;
-  size_t i = std::upper_bound(cuts_.begin(), cuts_.end(), lo) - cuts_.begin() - 1;
-  for (; i < cuts_.size() && cuts_[i] <= std::min(hi, kMaxCp); ++i) out |= f & on_[i];
+  range_step(s, lo, hi, &out);
   return out;
 }
 

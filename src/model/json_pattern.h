@@ -61,6 +61,9 @@ class JsonPattern {
  private:
   friend class JsonPatternBuilder;
   State follow_of(const State& s) const;  // the positions that may come next, live ones only
+  // can_step (out null: stops at the first code point that leads on) and step_range (out: the
+  // union of where they lead).
+  bool range_step(const State& s, uint32_t lo, uint32_t hi, State* out) const;
   int n_pos_ = 0;
   std::vector<uint32_t> cuts_;  // interval i is [cuts_[i], cuts_[i + 1]); cuts_[0] = 0
   std::vector<State> on_;       // per interval: the positions whose class holds it
