@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <queue>
+#include <tuple>
 
 #include "core/error.h"
 #include "model/gguf.h"
@@ -213,6 +214,65 @@ std::string extract_default_system(const std::string& tmpl) {
     if (literal && !text.empty()) return text;
   }
   return "";
+}
+
+// The string literals inside the template's tags ({{ ... }} and {% ... %}), unescaped, in order.
+std::vector<std::string> template_literals(const std::string& tmpl) {
+  std::vector<std::string> out;
+  bool in_tag = false;
+  for (size_t i = 0; i < tmpl.size(); ++i) {
+    const char c = tmpl[i];
+    if (!in_tag) {
+      if (c == '{' && i + 1 < tmpl.size() && (tmpl[i + 1] == '{' || tmpl[i + 1] == '%')) {
+        in_tag = true;
+        ++i;
+      }
+      continue;
+    }
+    if ((c == '}' || c == '%') && i + 1 < tmpl.size() && tmpl[i + 1] == '}') {
+      in_tag = false;
+      ++i;
+    } else if (c == '\'' || c == '"') {
+      std::string text;
+      size_t j = i + 1;
+      for (; j < tmpl.size() && tmpl[j] != c; ++j) {
+        if (tmpl[j] == '\\' && j + 1 < tmpl.size()) {
+          const char e = tmpl[++j];
+          text.push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e);
+        } else {
+          text.push_back(tmpl[j]);
+        }
+      }
+      if (j == tmpl.size()) break;  // an unterminated literal: nothing after it is trusted
+      out.push_back(std::move(text));
+      i = j;
+    }
+  }
+  return out;
+}
+
+// The Hermes tool form of a ChatML template (Qwen2.5's): its literals before and after the tool
+// definitions (ending "<tools>", and from "\n</tools>" to "<|im_end|>\n"), provided it also writes
+// calls and results exactly as apply_chat_template does. {"", ""} otherwise.
+std::pair<std::string, std::string> extract_tool_form(const std::string& tmpl) {
+  const std::vector<std::string> lits = template_literals(tmpl);
+  auto has = [&](const std::string& s) {
+    return std::find(lits.begin(), lits.end(), s) != lits.end();
+  };
+  if (!has("\n<tool_call>\n{\"name\": \"") || !has("\", \"arguments\": ") ||
+      !has("}\n</tool_call>") || !has("\n<tool_response>\n") || !has("\n</tool_response>")) {
+    return {};
+  }
+  std::string head, tail;
+  for (const std::string& l : lits) {
+    auto ends_with = [&l](const std::string& e) {
+      return l.size() >= e.size() && l.compare(l.size() - e.size(), e.size(), e) == 0;
+    };
+    if (ends_with("<tools>")) head = l;
+    if (l.rfind("\n</tools>", 0) == 0 && ends_with("<|im_end|>\n")) tail = l;
+  }
+  if (head.empty() || tail.empty()) return {};
+  return {head, tail};
 }
 
 std::string trim(const std::string& s) {
@@ -454,6 +514,7 @@ Tokenizer Tokenizer::from_vocab(VocabSpec spec) {
   t.chat_format_ = classify_template(spec.chat_template);
   if (t.chat_format_ == ChatFormat::kChatMl) {
     t.default_system_ = extract_default_system(spec.chat_template);
+    std::tie(t.tool_head_, t.tool_tail_) = extract_tool_form(spec.chat_template);
   }
   t.chat_template_ = std::move(spec.chat_template);
   t.bos_ = spec.bos;
@@ -706,19 +767,56 @@ int32_t Tokenizer::find_token(const std::string& text) const {
 
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& msgs,
                                            bool add_generation_prompt) const {
+  return apply_chat_template(msgs, add_generation_prompt, {});
+}
+
+std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& msgs,
+                                           bool add_generation_prompt,
+                                           const std::vector<std::string>& tools) const {
+  const bool tool_turns = std::any_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) {
+    return m.role == "tool" || !m.tool_calls.empty();
+  });
+  CT_THROW_IF_NOT((tools.empty() && !tool_turns) || supports_tools(),
+                  "{}: the chat template has no tool-call form (tools, tool calls and tool results "
+                  "are rendered for ChatML templates with Qwen2.5's <tool_call> form): '{}'",
+                  source_.empty() ? "tokenizer" : source_, shorten(chat_template_));
   std::string out;
   switch (chat_format_) {
-    case ChatFormat::kChatMl:
+    case ChatFormat::kChatMl: {
       // The template adds its default system message only to a non-empty conversation that does
-      // not open with a system message of its own.
-      if (!msgs.empty() && msgs[0].role != "system" && !default_system_.empty()) {
+      // not open with a system message of its own; with tools the system turn always comes, the
+      // definitions after its text.
+      const bool own_system = !msgs.empty() && msgs[0].role == "system";
+      if (!tools.empty()) {
+        out +=
+            "<|im_start|>system\n" + (own_system ? msgs[0].content : default_system_) + tool_head_;
+        for (const std::string& t : tools) out += "\n" + t;
+        out += tool_tail_;
+      } else if (!msgs.empty() && !own_system && !default_system_.empty()) {
         out += "<|im_start|>system\n" + default_system_ + "<|im_end|>\n";
       }
-      for (const ChatMessage& m : msgs) {
-        out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+      for (size_t i = !tools.empty() && own_system ? 1 : 0; i < msgs.size(); ++i) {
+        const ChatMessage& m = msgs[i];
+        if (m.role == "tool") {
+          // Consecutive results share one user turn.
+          if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
+          out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+          if (i + 1 == msgs.size() || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+        } else if (!m.tool_calls.empty()) {
+          out += "<|im_start|>" + m.role;
+          if (!m.content.empty()) out += "\n" + m.content;
+          for (const ChatToolCall& c : m.tool_calls) {
+            out += "\n<tool_call>\n{\"name\": \"" + c.name + "\", \"arguments\": " + c.arguments +
+                   "}\n</tool_call>";
+          }
+          out += "<|im_end|>\n";
+        } else {
+          out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+        }
       }
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
+    }
     case ChatFormat::kLlama3:
       // As llama.cpp's built-in Llama-3 format: contents trimmed, no default system message.
       for (const ChatMessage& m : msgs) {

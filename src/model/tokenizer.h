@@ -15,9 +15,20 @@ namespace ct {
 
 class GgufFile;
 
+// A call an assistant message made (OpenAI's tool_calls): the function's name and its arguments
+// as the template shows them (JSON text).
+struct ChatToolCall {
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user", "assistant"
+  ChatMessage() = default;
+  ChatMessage(std::string r, std::string c, std::vector<ChatToolCall> calls = {})
+      : role(std::move(r)), content(std::move(c)), tool_calls(std::move(calls)) {}
+  std::string role;  // "system", "user", "assistant", "tool" (a tool's result)
   std::string content;
+  std::vector<ChatToolCall> tool_calls;  // an assistant message's calls
 };
 
 // What a GGUF file says about its tokenizer; Tokenizer::from_vocab builds from it, so tests can
@@ -96,6 +107,16 @@ class Tokenizer {
   // the file and the template's start when the template is none of these.
   std::string apply_chat_template(const std::vector<ChatMessage>& msgs,
                                   bool add_generation_prompt) const;
+  // The same with tool definitions (each one line of JSON text, as the template's `tojson` shows
+  // it), tool results (role "tool") and assistant tool calls, in the Hermes form of Qwen2.5's
+  // template: the definitions inside <tools></tools> in the system message under the template's
+  // own instructions, calls as <tool_call> blocks, results as a user turn of <tool_response>
+  // blocks. Throws ct::Error when the template has no such form (supports_tools()).
+  std::string apply_chat_template(const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
+                                  const std::vector<std::string>& tools) const;
+  // Whether the template renders tools (ChatML whose template carries the Hermes tool form; its
+  // instructions around the definitions are read from the template's text).
+  bool supports_tools() const { return !tool_head_.empty(); }
 
  private:
   enum class ChatFormat {
@@ -139,6 +160,9 @@ class Tokenizer {
   std::string chat_template_;
   ChatFormat chat_format_ = ChatFormat::kChatMl;
   std::string default_system_;  // system message the template adds, "" if none
+  // The template's text before and after the tool definitions (its string literals holding
+  // <tools> and </tools>); both "" when it renders no tools.
+  std::string tool_head_, tool_tail_;
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
   std::vector<int32_t> eog_ids_;

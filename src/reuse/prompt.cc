@@ -2,6 +2,8 @@
 // same text the template renders for the whole conversation.
 #include "reuse/prompt.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ct {
@@ -33,37 +35,64 @@ std::string content_marker(size_t i) {
 RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
                                  const std::string& question, const std::string& instruction,
                                  const std::vector<ChatMessage>& history) {
-  // Render the template once with a marker in place of every message's content, splice the
-  // contents back in, and split at the final user message's marker. Text that came from the user
-  // (message contents, instruction, question) is tokenised without control-token parsing, so it
-  // cannot forge <|im_start|> and the like; the template's own special tokens are parsed.
+  return build_rag_prompt(tok, chunks, question, instruction, history, ToolTurns{});
+}
+
+RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& question, const std::string& instruction,
+                                 const std::vector<ChatMessage>& history, const ToolTurns& tools) {
+  // Render the template once with a marker in place of every piece of user text (message
+  // contents, tool calls' names and arguments, tool definitions, the question), splice the pieces
+  // back in, and split at the question's marker. Text that came from the user (those pieces and
+  // the instruction) is tokenised without control-token parsing, so it cannot forge
+  // <|im_start|> and the like; the template's own special tokens are parsed.
+  std::vector<std::string> pieces;
+  auto mark = [&pieces](const std::string& text) {
+    if (text.empty()) return std::string();  // the template tests contents for emptiness
+    pieces.push_back(text);
+    return content_marker(pieces.size() - 1);
+  };
   std::vector<ChatMessage> msgs;
-  for (size_t i = 0; i < history.size(); ++i) msgs.push_back({history[i].role, content_marker(i)});
-  const std::string user_marker = content_marker(history.size());
-  msgs.push_back({"user", user_marker});
-  const std::string rendered = tok.apply_chat_template(msgs, true);
-  const size_t at = rendered.find(user_marker);
-  CT_ASSERT(at != std::string::npos, "chat template dropped the user message");
+  for (const ChatMessage& h : history) {
+    ChatMessage m(h.role, mark(h.content));
+    for (const ChatToolCall& c : h.tool_calls)
+      m.tool_calls.push_back({mark(c.name), mark(c.arguments)});
+    msgs.push_back(std::move(m));
+  }
+  std::vector<std::string> defs;
+  for (const std::string& t : tools.tools) defs.push_back(mark(t));
+  const size_t q = pieces.size();
+  pieces.push_back(question);
+  msgs.push_back({tools.question_role, content_marker(q)});
+  const std::string rendered = tok.apply_chat_template(msgs, true, defs);
   SplicedText head, tail;
+  SplicedText* cur = &head;
+  std::vector<bool> seen(pieces.size(), false);
+  const std::string open = std::string("\x01\x02") + "cachetune-", close = "\x02\x01";
   size_t pos = 0;
-  for (size_t i = 0; i < history.size(); ++i) {
-    const std::string m = content_marker(i);
-    const size_t where = rendered.find(m, pos);
-    CT_ASSERT(where != std::string::npos && where < at,
-              "chat template dropped or reordered message {}", i);
-    head.add(rendered.substr(pos, where - pos), false);
-    head.add(history[i].content, true);
-    pos = where + m.size();
+  for (size_t at = rendered.find(open); at != std::string::npos; at = rendered.find(open, pos)) {
+    const size_t end = rendered.find(close, at);
+    CT_ASSERT(end != std::string::npos, "chat template cut a content marker");
+    const size_t k = std::stoul(rendered.substr(at + open.size(), end - at - open.size()));
+    CT_ASSERT(k < pieces.size() && !seen[k], "chat template repeated content {}", k);
+    seen[k] = true;
+    cur->add(rendered.substr(pos, at - pos), false);
+    pos = end + close.size();
+    if (k != q) {
+      cur->add(pieces[k], true);
+      continue;
+    }
+    if (!instruction.empty()) {
+      head.add(instruction, true);
+      head.add("\n\n", false);
+      tail.add("Question: ", false);
+    }
+    cur = &tail;
+    tail.add(question, true);
   }
-  head.add(rendered.substr(pos, at - pos), false);
-  const bool plain = instruction.empty();
-  if (!plain) {
-    head.add(instruction, true);
-    head.add("\n\n", false);
-    tail.add("Question: ", false);
-  }
-  tail.add(question, true);
-  tail.add(rendered.substr(at + user_marker.size()), false);
+  cur->add(rendered.substr(pos), false);
+  CT_ASSERT(std::all_of(seen.begin(), seen.end(), [](bool b) { return b; }),
+            "chat template dropped a message");
   RagPromptTokens out;
   // The prompt opens with BOS where the model's tokenizer adds one (Llama 2/3, Mistral); the
   // rendered template does not contain it.

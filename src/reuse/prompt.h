@@ -39,6 +39,19 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
                                  const std::string& instruction = kQaInstruction,
                                  const std::vector<ChatMessage>& history = {});
 
+// What a conversation with tools adds (Tokenizer::apply_chat_template's tool form): the tool
+// definitions (each one JSON text) and the role of the message holding the question: "user", or
+// "tool" when the conversation ends with a tool's result (the answer then follows the results;
+// the documents, if any, come before that result's content). history may then hold tool results
+// and assistant tool calls.
+struct ToolTurns {
+  std::vector<std::string> tools;
+  std::string question_role = "user";
+};
+RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::string>& chunks,
+                                 const std::string& question, const std::string& instruction,
+                                 const std::vector<ChatMessage>& history, const ToolTurns& tools);
+
 // A raw prompt (the /v1/completions route): no chat template. prefix = BOS (where the model's
 // tokenizer adds one) + the instruction, then the documents (tokenize_chunk), then query = the
 // prompt. The instruction and the prompt text are tokenised with control tokens parsed, as

@@ -91,7 +91,11 @@ std::string message_content(const json& m, const std::string& where) {
 bool valid_utf8(const std::string& s) {
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = s[i];
-    const int n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    const int n = c < 0x80           ? 1
+                  : (c >> 5) == 0x6  ? 2
+                  : (c >> 4) == 0xe  ? 3
+                  : (c >> 3) == 0x1e ? 4
+                                     : 0;
     if (n == 0 || i + n > s.size()) return false;
     uint32_t cp = n == 1 ? c : c & (0x7f >> n);
     for (int j = 1; j < n; ++j) {
@@ -221,9 +225,11 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
         id = std::stoll(key, &used);
       } catch (const std::exception&) {
       }
-      if (key.empty() || used != key.size() || id < 0 || id > INT32_MAX || !std::isdigit((unsigned char)key[0])) {
+      if (key.empty() || used != key.size() || id < 0 || id > INT32_MAX ||
+          !std::isdigit((unsigned char)key[0])) {
         bad("logit_bias", fmt::format("logit_bias key \"{}\" is not a token id (a non-negative "
-                                      "integer)", key));
+                                      "integer)",
+                                      key));
       }
       if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 100) {
         bad("logit_bias", fmt::format("logit_bias[\"{}\"] = {}; expected a number in [-100, 100]",
@@ -243,8 +249,10 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
   r.n = int_field(body, "n", 1, limits.max_choices, 1);
   r.best_of = r.n;  // the completions route's best_of may ask for more
   if (const json* st = field(body, "stop")) r.gen.stop = parse_stop(*st);
-  if (field(body, "tools") || field(body, "functions"))
-    bad("tools", "tool calls are not supported");
+  if (field(body, "functions") || field(body, "function_call"))
+    bad("functions",
+        "'functions' and 'function_call' (deprecated by OpenAI) are not supported; "
+        "send 'tools' and 'tool_choice'");
   // JSON output: {"type": "json_object"} constrains the answer to one JSON object,
   // {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}} to one
   // JSON value the schema accepts (JsonSchema: a schema with a keyword it does not check is
@@ -257,14 +265,15 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
     } else if (type == "json_schema") {
       const json* js = field(*rf, "json_schema");
       if (!js || !js->is_object())
-        bad("response_format", "response_format json_schema needs a 'json_schema' object "
-                               "({\"name\": ..., \"schema\": {...}})");
+        bad("response_format",
+            "response_format json_schema needs a 'json_schema' object "
+            "({\"name\": ..., \"schema\": {...}})");
       if (const json* n = field(*js, "name"); n && !n->is_string())
-        bad("response_format", "response_format.json_schema.name is a " + type_name(*n) +
-                                   "; expected a string");
+        bad("response_format",
+            "response_format.json_schema.name is a " + type_name(*n) + "; expected a string");
       if (const json* st = field(*js, "strict"); st && !st->is_boolean())
-        bad("response_format", "response_format.json_schema.strict is a " + type_name(*st) +
-                                   "; expected a boolean");
+        bad("response_format",
+            "response_format.json_schema.strict is a " + type_name(*st) + "; expected a boolean");
       const json* schema = field(*js, "schema");
       if (!schema) bad("response_format", "response_format.json_schema.schema is missing");
       try {
@@ -273,9 +282,10 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
         bad("response_format", std::string("response_format.json_schema.schema: ") + e.what());
       }
     } else if (type != "text") {
-      bad("response_format", "'response_format' must be {\"type\": \"text\"}, "
-                             "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
-                             "\"json_schema\": {...}}");
+      bad("response_format",
+          "'response_format' must be {\"type\": \"text\"}, "
+          "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+          "\"json_schema\": {...}}");
     }
   }
   if (const json* s = field(body, "stream")) {
@@ -288,7 +298,8 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
     }
     if (!r.stream) bad("stream_options", "'stream_options' is only allowed with \"stream\": true");
     if (const json* iu = field(*so, "include_usage")) {
-      if (!iu->is_boolean()) bad("stream_options", "stream_options.include_usage must be a boolean");
+      if (!iu->is_boolean())
+        bad("stream_options", "stream_options.include_usage must be a boolean");
       r.include_usage = iu->get<bool>();
     }
   }
@@ -299,8 +310,157 @@ void parse_shared(const json& body, const ApiLimits& limits, ChatRequest& r) {
     r.gen.stop_at_eog = !s->get<bool>();
   }
   if ((r.gen.json_object || r.gen.json_schema) && !r.gen.stop_at_eog)
-    bad("ignore_eos", "'ignore_eos' with a JSON response_format: the answer ends with the "
-                      "JSON value");
+    bad("ignore_eos",
+        "'ignore_eos' with a JSON response_format: the answer ends with the "
+        "JSON value");
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments": JSON text of an object}}], the arguments shown as the template's tojson shows the
+// object.
+std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& where) {
+  if (!calls.is_array() || calls.empty())
+    bad("messages", where + ".tool_calls must be a non-empty array of calls");
+  std::vector<ChatToolCall> out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const std::string cw = fmt::format("{}.tool_calls[{}]", where, k);
+    const json& c = calls[k];
+    if (!c.is_object()) bad("messages", cw + " is a " + type_name(c) + "; expected an object");
+    if (const json* t = field(c, "type"); t && (!t->is_string() || *t != "function"))
+      bad("messages", cw + ".type must be \"function\"");
+    const json* f = field(c, "function");
+    if (!f || !f->is_object()) bad("messages", cw + " has no 'function' object");
+    ChatToolCall tc;
+    tc.name = string_field(*f, "name", cw + ".function");
+    if (tc.name.empty()) bad("messages", cw + ".function.name is empty");
+    const std::string args = string_field(*f, "arguments", cw + ".function");
+    nlohmann::ordered_json parsed;
+    try {
+      parsed = nlohmann::ordered_json::parse(args);
+    } catch (const nlohmann::ordered_json::exception& e) {
+      bad("messages", fmt::format("{}.function.arguments is not JSON text: {}", cw, e.what()));
+    }
+    if (!parsed.is_object())
+      bad("messages", cw + ".function.arguments must be the JSON text of an object");
+    tc.arguments = template_json(parsed);
+    out.push_back(std::move(tc));
+  }
+  return out;
+}
+
+// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
+bool tool_name_ok(const std::string& n) {
+  return !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum((unsigned char)c) || c == '_' || c == '-';
+  });
+}
+
+constexpr size_t kMaxTools = 128;
+
+// tools, tool_choice and parallel_tool_calls of a chat request; with tool_choice "required" or a
+// named function, the schema the call must satisfy (GenerateOptions::json_schema).
+void parse_tools(const json& body, ChatRequest& r) {
+  const json* tools = field(body, "tools");
+  if (tools) {
+    if (!tools->is_array())
+      bad("tools", "'tools' is a " + type_name(*tools) + "; expected an array of tools");
+    if (tools->size() > kMaxTools)
+      bad("tools", fmt::format("'tools' holds {} tools; at most {}", tools->size(), kMaxTools));
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string where = fmt::format("tools[{}]", i);
+      if (!t.is_object()) bad("tools", where + " is a " + type_name(t) + "; expected an object");
+      const json* type = field(t, "type");
+      if (!type || *type != "function")
+        bad("tools", where + ".type must be \"function\" (the only kind of tool)");
+      const json* f = field(t, "function");
+      if (!f || !f->is_object()) bad("tools", where + " has no 'function' object");
+      const json* name = field(*f, "name");
+      if (!name || !name->is_string() || !tool_name_ok(name->get<std::string>()))
+        bad("tools", where + ".function.name must be 1-64 letters, digits, '_' or '-'");
+      if (const json* d = field(*f, "description"); d && !d->is_string())
+        bad("tools", where + ".function.description is a " + type_name(*d) + "; expected a string");
+      if (const json* p = field(*f, "parameters"); p && !p->is_object())
+        bad("tools", where + ".function.parameters is a " + type_name(*p) +
+                         "; expected a JSON schema object");
+      if (const json* st = field(*f, "strict"); st && !st->is_boolean())
+        bad("tools", where + ".function.strict is a " + type_name(*st) + "; expected a boolean");
+      const std::string n = name->get<std::string>();
+      if (std::find(r.tool_names.begin(), r.tool_names.end(), n) != r.tool_names.end())
+        bad("tools", fmt::format("{}: a second tool named \"{}\"", where, n));
+      r.tool_names.push_back(n);
+      r.tools.push_back(template_json(nlohmann::ordered_json::parse(t.dump())));
+    }
+  }
+  if (const json* tc = field(body, "tool_choice")) {
+    const std::string s = tc->is_string() ? tc->get<std::string>() : "";
+    if (s == "none") {
+      r.tool_choice = ToolChoice::kNone;
+    } else if (s == "auto") {
+      r.tool_choice = ToolChoice::kAuto;
+    } else if (s == "required") {
+      r.tool_choice = ToolChoice::kRequired;
+    } else if (tc->is_object()) {
+      const json* f = field(*tc, "function");
+      const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
+      if (!n || !n->is_string() || field(*tc, "type") == nullptr ||
+          *field(*tc, "type") != "function")
+        bad("tool_choice",
+            "'tool_choice' as an object must be {\"type\": \"function\", "
+            "\"function\": {\"name\": ...}}");
+      r.tool_choice = ToolChoice::kNamed;
+      r.tool_name = n->get<std::string>();
+      if (std::find(r.tool_names.begin(), r.tool_names.end(), r.tool_name) == r.tool_names.end())
+        bad("tool_choice",
+            fmt::format("tool_choice names \"{}\", which is not one of 'tools'", r.tool_name));
+    } else {
+      bad("tool_choice",
+          "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+          "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (!tools && r.tool_choice != ToolChoice::kNone)
+      bad("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (const json* p = field(body, "parallel_tool_calls")) {
+    if (!p->is_boolean())
+      bad("parallel_tool_calls",
+          "'parallel_tool_calls' is a " + type_name(*p) + "; expected a boolean");
+    r.parallel_tool_calls = p->get<bool>();
+  }
+  if (!r.forces_tool_call()) return;
+  if (r.gen.json_object || r.gen.json_schema)
+    bad("tool_choice",
+        "tool_choice \"required\" or a named function with a JSON "
+        "response_format: the answer is the call");
+  // The call's object: the function's name, then its arguments under its parameters' schema;
+  // several allowed functions form a union told apart by the name.
+  json alts = json::array();
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const json& f = (*tools)[i]["function"];
+    const std::string n = f["name"].get<std::string>();
+    if (r.tool_choice == ToolChoice::kNamed && n != r.tool_name) continue;
+    const json* params = field(f, "parameters");
+    json one = {
+        {"type", "object"},
+        {"properties",
+         {{"name", {{"const", n}}}, {"arguments", params ? *params : json{{"type", "object"}}}}},
+        {"required", {"name", "arguments"}},
+        {"additionalProperties", false}};
+    try {
+      JsonSchema::compile(one);
+    } catch (const Error& e) {
+      bad("tools", fmt::format("tools[{}].function.parameters: {} (tool_choice \"required\" or "
+                               "named holds the call to its schema)",
+                               i, e.what()));
+    }
+    alts.push_back(std::move(one));
+  }
+  const json schema = alts.size() == 1 ? alts[0] : json{{"anyOf", alts}};
+  try {
+    r.gen.json_schema = JsonSchema::compile(schema);
+  } catch (const Error& e) {
+    bad("tools", std::string("the tools' call schema: ") + e.what());
+  }
 }
 
 }  // namespace
@@ -327,24 +487,33 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     const std::string where = fmt::format("messages[{}]", i);
     if (!m.is_object()) bad("messages", where + " is a " + type_name(m) + "; expected an object");
     const std::string role = string_field(m, "role", where);
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       bad("messages",
-          fmt::format("{}.role = \"{}\"; expected system, user or assistant", where, role));
+          fmt::format("{}.role = \"{}\"; expected system, user, assistant or tool", where, role));
     }
-    const std::string content = message_content(m, where);
+    // An assistant message that made tool calls may have no content.
+    const json* calls = role == "assistant" ? field(m, "tool_calls") : nullptr;
+    const std::string content = calls && !field(m, "content") ? "" : message_content(m, where);
+    if (role == "tool") {
+      if (const json* id = field(m, "tool_call_id"); id && !id->is_string())
+        bad("messages", where + ".tool_call_id is a " + type_name(*id) + "; expected a string");
+    }
     if (i + 1 == msgs->size()) {
-      if (role != "user") {
+      if (role != "user" && role != "tool") {
         bad("messages", fmt::format("the last message has role \"{}\"; expected \"user\" (the "
-                                    "question the answer is for)",
+                                    "question the answer is for) or \"tool\" (a tool's result)",
                                     role));
       }
       r.question = content;
+      r.question_role = role;
     } else {
-      r.answer.history.push_back({role, content});
+      r.answer.history.push_back(
+          {role, content, calls ? tool_calls_of(*calls, where) : std::vector<ChatToolCall>{}});
     }
   }
 
   parse_shared(body, limits, r);
+  parse_tools(body, r);
   if (const json* lp = field(body, "logprobs")) {
     if (!lp->is_boolean())
       bad("logprobs", "'logprobs' is a " + type_name(*lp) + "; expected a boolean");
@@ -367,10 +536,9 @@ std::vector<int32_t> token_ids(const json& a, const char* param, const std::stri
   std::vector<int32_t> ids;
   for (size_t i = 0; i < a.size(); ++i) {
     const json& v = a[i];
-    const bool in_range = v.is_number_unsigned()
-                              ? v.get<uint64_t>() < (uint64_t)limit
-                              : v.is_number_integer() && v.get<int64_t>() >= 0 &&
-                                    v.get<int64_t>() < limit;
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < (uint64_t)limit
+                                                 : v.is_number_integer() && v.get<int64_t>() >= 0 &&
+                                                       v.get<int64_t>() < limit;
     if (!in_range) {
       bad(param, fmt::format("{}[{}] = {}; expected a token id (a non-negative integer below {})",
                              where, i, v.dump(), limit));
@@ -388,6 +556,8 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   if (field(body, "messages")) {
     bad("messages", "/v1/completions takes a 'prompt'; send messages to /v1/chat/completions");
   }
+  if (field(body, "tools") || field(body, "tool_choice"))
+    bad("tools", "/v1/completions takes no tools; send them to /v1/chat/completions");
   const json* p = field(body, "prompt");
   if (!p) bad("prompt", "'prompt' is missing; expected a string or an array of token ids");
   CompletionPrompt cp;
@@ -427,18 +597,21 @@ ChatRequest parse_completion_request(const json& body, const ApiLimits& limits) 
   if (field(body, "logprobs")) r.gen.logprobs = int_field(body, "logprobs", 0, kMaxTopLogprobs, 0);
   r.best_of = int_field(body, "best_of", 1, limits.max_choices, r.n);
   if (r.best_of < r.n) {
-    bad("best_of", fmt::format("'best_of' = {} is less than 'n' = {}; expected best_of >= n",
-                               r.best_of, r.n));
+    bad("best_of",
+        fmt::format("'best_of' = {} is less than 'n' = {}; expected best_of >= n", r.best_of, r.n));
   }
   if (r.best_of > r.n && r.stream) {
-    bad("best_of", "'best_of' > 'n' with \"stream\": true is not supported (the best are known "
-                   "only at the end)");
+    bad("best_of",
+        "'best_of' > 'n' with \"stream\": true is not supported (the best are known "
+        "only at the end)");
   }
   if (r.echo) {
-    if (r.stream) bad("echo", "'echo' with \"stream\": true is not supported; ask for a whole response");
+    if (r.stream)
+      bad("echo", "'echo' with \"stream\": true is not supported; ask for a whole response");
     if (!r.chunks.empty()) {
-      bad("echo", "'echo' with 'chunks' is not supported: the documents' rows are reused, not "
-                  "computed, so the prompt cannot be scored; put the text in 'prompt'");
+      bad("echo",
+          "'echo' with 'chunks' is not supported: the documents' rows are reused, not "
+          "computed, so the prompt cannot be scored; put the text in 'prompt'");
     }
     r.gen.prompt_logprobs = r.gen.logprobs;  // the prompt scored when logprobs are asked for
   }
@@ -449,7 +622,20 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
   RagPromptTokens p;
   const char* param = r.completion ? "prompt" : "messages";
   if (!r.completion) {
-    p = build_rag_prompt(tok, r.chunks, r.question, r.answer.instruction, r.answer.history);
+    ToolTurns tt;
+    if (r.tool_choice != ToolChoice::kNone) tt.tools = r.tools;
+    tt.question_role = r.question_role;
+    try {
+      p = build_rag_prompt(tok, r.chunks, r.question, r.answer.instruction, r.answer.history, tt);
+    } catch (const Error& e) {
+      // A template without the tool form: the model cannot be shown tools or their turns.
+      if (tok.supports_tools()) throw;
+      bad(r.tools.empty() ? "messages" : "tools", e.what());
+    }
+    if (r.forces_tool_call()) {  // the answer starts inside the call's block
+      const std::vector<int32_t> open = tok.encode("<tool_call>\n", /*parse_special=*/true, false);
+      p.query.insert(p.query.end(), open.begin(), open.end());
+    }
   } else {
     const CompletionPrompt& c = *r.completion;
     for (size_t i = 0; i < c.ids.size(); ++i) {
@@ -461,8 +647,9 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
     p = c.text.empty() ? build_raw_prompt(tok, r.chunks, r.answer.instruction, c.ids)
                        : build_raw_prompt(tok, r.chunks, r.answer.instruction, c.text);
     if (p.query.empty()) {
-      bad("prompt", "the prompt has no tokens after tokenisation (only bytes the model's "
-                    "vocabulary lacks)");
+      bad("prompt",
+          "the prompt has no tokens after tokenisation (only bytes the model's "
+          "vocabulary lacks)");
     }
   }
   for (const auto& [id, bias] : r.gen.sampling.logit_bias) {
@@ -589,6 +776,102 @@ json error_body(int status, const std::string& message, const std::string& param
             {"code", code.empty() ? json(nullptr) : json(code)}}}};
 }
 
+std::string template_json(const nlohmann::ordered_json& v) {
+  switch (v.type()) {
+    case nlohmann::ordered_json::value_t::object: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, x] : v.items()) {
+        if (!first) out += ", ";
+        first = false;
+        out += nlohmann::ordered_json(k).dump() + ": " + template_json(x);
+      }
+      return out + "}";
+    }
+    case nlohmann::ordered_json::value_t::array: {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + template_json(v[i]);
+      return out + "]";
+    }
+    default:
+      // Scalars as nlohmann writes them: strings escaped as json.dumps with ensure_ascii=False
+      // escapes them (quote, backslash, control characters), numbers in their shortest form.
+      return v.dump();
+  }
+}
+
+void set_tool_order(ChatRequest& r, const std::string& body_text) {
+  if (r.tools.empty()) return;
+  const nlohmann::ordered_json body = nlohmann::ordered_json::parse(body_text);
+  const nlohmann::ordered_json& tools = body.at("tools");
+  CT_ASSERT(tools.size() == r.tools.size(), "tools re-read: {} of {}", tools.size(),
+            r.tools.size());
+  for (size_t i = 0; i < tools.size(); ++i) r.tools[i] = template_json(tools[i]);
+}
+
+namespace {
+
+// The call a block's JSON text holds: {"name": string, "arguments": object}, in either order.
+std::optional<ToolCall> call_of(const std::string& text) {
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::ordered_json::exception&) {
+    return std::nullopt;
+  }
+  if (!j.is_object() || j.size() != 2 || !j.contains("name") || !j.contains("arguments") ||
+      !j["name"].is_string() || !j["arguments"].is_object()) {
+    return std::nullopt;
+  }
+  return ToolCall{j["name"].get<std::string>(), j["arguments"].dump()};
+}
+
+bool blank(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return std::isspace((unsigned char)c); });
+}
+
+}  // namespace
+
+ToolCallsParsed parse_tool_calls(const std::string& text, bool forced) {
+  ToolCallsParsed none{text, {}};
+  if (forced) {
+    std::optional<ToolCall> c = call_of(text);
+    if (!c) return none;
+    return {std::nullopt, {std::move(*c)}};
+  }
+  const std::string open = "<tool_call>", close = "</tool_call>";
+  const size_t first = text.find(open);
+  if (first == std::string::npos) return none;
+  ToolCallsParsed out;
+  const std::string before = text.substr(0, first);
+  if (!blank(before)) out.content = before;
+  for (size_t at = first; at < text.size();) {
+    const size_t next = text.find(open, at);
+    if (!blank(text.substr(at, next == std::string::npos ? std::string::npos : next - at)))
+      return none;  // text between or after the blocks
+    if (next == std::string::npos) break;
+    const size_t end = text.find(close, next);
+    if (end == std::string::npos) return none;
+    std::optional<ToolCall> c = call_of(text.substr(next + open.size(), end - next - open.size()));
+    if (!c) return none;
+    out.calls.push_back(std::move(*c));
+    at = end + close.size();
+  }
+  return out;
+}
+
+size_t tool_stream_ready(const std::string& text, bool forced) {
+  if (forced) return 0;
+  const std::string open = "<tool_call>";
+  const size_t at = text.find(open);
+  if (at != std::string::npos) return at;
+  // Hold a tail that may be the start of "<tool_call>".
+  for (size_t k = std::min(open.size() - 1, text.size()); k > 0; --k) {
+    if (text.compare(text.size() - k, k, open, 0, k) == 0) return text.size() - k;
+  }
+  return text.size();
+}
+
 std::string finish_reason(const Answer& a, const ChatRequest& r) {
   if (a.stopped_at_sequence) return "stop";
   return static_cast<int>(a.tokens.size()) >= r.gen.max_tokens ? "length" : "stop";
@@ -632,7 +915,8 @@ std::vector<Answer> best_answers(std::vector<Answer> all, int n) {
   std::stable_sort(score.begin(), score.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<Answer> best;
-  for (size_t k = 0; k < score.size() && (int)k < n; ++k) best.push_back(std::move(all[score[k].second]));
+  for (size_t k = 0; k < score.size() && (int)k < n; ++k)
+    best.push_back(std::move(all[score[k].second]));
   return best;
 }
 
@@ -692,7 +976,8 @@ json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& 
     offset.push_back(text_offset);
     text_offset += tok.token_to_piece(t.id).size();
   }
-  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offset}};
+  return {
+      {"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", offset}};
 }
 
 // The completions route's logprobs of an echoed prompt (its tokens, `scores` holding the
@@ -718,14 +1003,26 @@ json echoed_logprobs(const std::vector<int32_t>& prompt, const std::vector<Token
 
 }  // namespace
 
-json logprobs_body(const ChatRequest& r, const std::vector<TokenLogprob>& lps,
-                   const Tokenizer& tok, size_t& text_offset) {
+json logprobs_body(const ChatRequest& r, const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
+                   size_t& text_offset) {
   return r.completion ? completion_logprobs(lps, tok, text_offset) : chat_logprobs(lps, tok);
 }
 
+json tool_calls_body(const std::vector<ToolCall>& calls, const ChatRequest& r,
+                     const std::string& id, int choice) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size() && (k == 0 || r.parallel_tool_calls); ++k) {
+    out.push_back({{"index", k},
+                   {"id", fmt::format("call_{}_{}_{}", id, choice, k)},
+                   {"type", "function"},
+                   {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}});
+  }
+  return out;
+}
+
 json response_body(const std::vector<Answer>& answers, const ChatRequest& r, const Tokenizer& tok,
-                   const RagPromptTokens& prompt,
-                   const std::string& id, const std::string& model_id, int64_t created) {
+                   const RagPromptTokens& prompt, const std::string& id,
+                   const std::string& model_id, int64_t created) {
   CT_ASSERT(!answers.empty(), "a response of no choices");
   std::vector<int32_t> echoed;  // the prompt's tokens (echo takes no chunks)
   std::string echo_text;        // the prompt as sent, or what its tokens spell
@@ -742,6 +1039,14 @@ json response_body(const std::vector<Answer>& answers, const ChatRequest& r, con
     json c = {{"index", i}, {"finish_reason", finish_reason(a, r)}};
     if (r.completion) {
       c["text"] = r.echo ? echo_text + a.text : a.text;
+    } else if (r.reads_tool_calls()) {
+      const ToolCallsParsed p = parse_tool_calls(a.text, r.forces_tool_call());
+      c["message"] = {{"role", "assistant"},
+                      {"content", p.content ? json(*p.content) : json(nullptr)}};
+      if (!p.calls.empty()) {
+        c["message"]["tool_calls"] = tool_calls_body(p.calls, r, id, (int)i);
+        c["finish_reason"] = "tool_calls";
+      }
     } else {
       c["message"] = {{"role", "assistant"}, {"content", a.text}};
     }
@@ -764,8 +1069,8 @@ json response_body(const std::vector<Answer>& answers, const ChatRequest& r, con
 
 json usage_event(const std::vector<Answer>& a, const ChatRequest& r, const std::string& id,
                  const std::string& model_id, int64_t created) {
-  json out = envelope(r.completion ? "text_completion" : "chat.completion.chunk", id, model_id,
-                      created);
+  json out =
+      envelope(r.completion ? "text_completion" : "chat.completion.chunk", id, model_id, created);
   out["choices"] = json::array();
   out["usage"] = usage(a);
   return out;
@@ -780,10 +1085,11 @@ json stream_event(const ChatRequest& r, const std::string& id, const std::string
     return out;
   }
   json out = envelope("text_completion", id, model_id, created);
-  out["choices"] = {{{"index", index},
-                     {"text", text.value_or("")},
-                     {"logprobs", logprobs},
-                     {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
+  out["choices"] = {
+      {{"index", index},
+       {"text", text.value_or("")},
+       {"logprobs", logprobs},
+       {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
   return out;
 }
 
@@ -794,10 +1100,11 @@ json chat_chunk(const std::string& id, const std::string& model_id, int64_t crea
   if (role) delta["role"] = *role;
   if (content) delta["content"] = *content;
   json out = envelope("chat.completion.chunk", id, model_id, created);
-  out["choices"] = {{{"index", index},
-                     {"delta", delta},
-                     {"logprobs", nullptr},
-                     {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
+  out["choices"] = {
+      {{"index", index},
+       {"delta", delta},
+       {"logprobs", nullptr},
+       {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}}};
   return out;
 }
 

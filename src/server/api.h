@@ -46,14 +46,18 @@ struct CompletionPrompt {
   std::vector<int32_t> ids;  // token ids as given, when the prompt was ids (text then empty)
 };
 
+// OpenAI's tool_choice: no call (the tools are not shown), the model's choice, at least one call,
+// or a call of the function ChatRequest::tool_name.
+enum class ToolChoice { kNone, kAuto, kRequired, kNamed };
+
 // A request of either route. A chat request has the question and history; a completion request
 // has `completion` instead (and answer.instruction is raw text before the documents).
 struct ChatRequest {
-  std::vector<std::string> chunks;  // documents, in prompt order
-  std::string question;             // content of the final user message
+  std::vector<std::string> chunks;             // documents, in prompt order
+  std::string question;                        // content of the final user message
   std::optional<CompletionPrompt> completion;  // set for /v1/completions only
-  AnswerOptions answer;             // instruction, history, auto ratio (no on_piece)
-  SelectiveOptions sel;             // policy and ratio
+  AnswerOptions answer;                        // instruction, history, auto ratio (no on_piece)
+  SelectiveOptions sel;                        // policy and ratio
   GenerateOptions gen;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last event with usage alone
@@ -65,7 +69,63 @@ struct ChatRequest {
   // highest log-probability per token are returned (best_answers).
   int best_of = 1;
   std::string model;  // as the client named it (echoed back); may be empty
+  // Tools (chat route): each definition as the chat template shows it (template_json of the
+  // client's object; set_tool_order restores the client's key order), their names, tool_choice
+  // and parallel_tool_calls (false: an answer's first call only). question_role: the last
+  // message's role, "user" or "tool" (a tool's result).
+  std::vector<std::string> tools;
+  std::vector<std::string> tool_names;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_name;
+  bool parallel_tool_calls = true;
+  std::string question_role = "user";
+  // Whether answers are read for tool calls (tools given, tool_choice not "none").
+  bool reads_tool_calls() const { return !tools.empty() && tool_choice != ToolChoice::kNone; }
+  // Whether the answer is forced to be one call (tool_choice "required" or named): it then
+  // starts after the template's "<tool_call>\n" and is one JSON object {"name", "arguments"}
+  // under a schema of the allowed tools' parameters.
+  bool forces_tool_call() const {
+    return reads_tool_calls() &&
+           (tool_choice == ToolChoice::kRequired || tool_choice == ToolChoice::kNamed);
+  }
 };
+
+// A tool call read from an answer.
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // compact JSON text of the arguments object
+};
+// An answer split into its content and its tool calls: the Hermes form's
+// <tool_call>{"name": ..., "arguments": {...}}</tool_call> blocks, in order; content is the text
+// before the first block (null when that is only whitespace). Anything the form does not account
+// for (a block that is unterminated or holds something else, text between or after blocks other
+// than whitespace) leaves the whole text as content and no calls, as vLLM's Hermes parser does.
+// forced: the answer is the JSON object of one call alone (ChatRequest::forces_tool_call).
+struct ToolCallsParsed {
+  std::optional<std::string> content;
+  std::vector<ToolCall> calls;
+};
+ToolCallsParsed parse_tool_calls(const std::string& text, bool forced);
+
+// OpenAI's tool_calls array of a choice: index, id (unique within the response `id`), type and
+// function {name, arguments}; the first call only when r.parallel_tool_calls is false.
+nlohmann::json tool_calls_body(const std::vector<ToolCall>& calls, const ChatRequest& r,
+                               const std::string& id, int choice);
+
+// While a streamed answer's tool calls are read: how many bytes of its text so far may go out as
+// content, the text before the first "<tool_call>" less a tail that may begin one (none when the
+// answer is a forced call). The rest waits for the answer's end, where parse_tool_calls decides
+// between calls and content.
+size_t tool_stream_ready(const std::string& text, bool forced);
+
+// The templates' `tojson` (Python's json.dumps as Hugging Face's chat templates call it): ", "
+// and ": " between items, keys in the object's order, non-ASCII characters as they are.
+std::string template_json(const nlohmann::ordered_json& v);
+
+// Re-reads the tools of a chat request's body text with the keys in the client's order (the
+// parsed body the other fields come from orders keys alphabetically), so that the prompt shows
+// the definitions as the client wrote them. No-op without tools.
+void set_tool_order(ChatRequest& r, const std::string& body_text);
 
 // The "chunks" array of a request: non-empty strings, at most limits.max_chunks of them, each at
 // most limits.max_chunk_bytes. Throws RequestError (400, param "chunks") otherwise.
@@ -147,8 +207,7 @@ nlohmann::json logprobs_body(const ChatRequest& r, const std::vector<TokenLogpro
 // The event OpenAI sends last when stream_options.include_usage is set: "choices" empty, "usage"
 // the whole response's.
 nlohmann::json usage_event(const std::vector<Answer>& a, const ChatRequest& r,
-                           const std::string& id,
-                           const std::string& model_id, int64_t created);
+                           const std::string& id, const std::string& model_id, int64_t created);
 
 // One event of a streamed response in the request's shape: chat.completion.chunk (a content
 // delta) or text_completion (a text delta), with the logprobs of the tokens it brings

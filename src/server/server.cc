@@ -1,7 +1,5 @@
 // HTTP transport of the OpenAI-compatible server (cpp-httplib); the format is in api.cc.
 #include "server/server.h"
-#include "server/http_server.h"
-#include "server/task_queue.h"
 
 #include <httplib.h>
 #include <poll.h>
@@ -20,6 +18,8 @@
 #include "core/error.h"
 #include "reuse/prompt.h"
 #include "server/auth.h"
+#include "server/http_server.h"
+#include "server/task_queue.h"
 
 namespace ct::server {
 namespace {
@@ -50,9 +50,7 @@ int64_t unix_now() {
 
 }  // namespace
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 bool peer_has_closed(int fd) {
   if (fd < 0) return false;
@@ -370,6 +368,7 @@ struct Server::Impl {
     const json body = parse_json_body(req.body);
     auto r = std::make_shared<ChatRequest>(raw ? parse_completion_request(body, opt.limits)
                                                : parse_chat_request(body, opt.limits));
+    set_tool_order(*r, req.body);
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     // Refused now (400 / 503) rather than as an event after a stream's headers.
     batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens, r->best_of);
@@ -417,10 +416,10 @@ struct Server::Impl {
     // UTF-8 characters only), a last event with finish_reason, usage and the cachetune figures,
     // then [DONE].
     // The provider runs on this connection's worker, so fd stays this connection's until it ends.
-    res.set_chunked_content_provider("text/event-stream", [this, r, prompt, id, created, fd](
-                                                              size_t, httplib::DataSink& sink) {
-      return stream(*r, *prompt, id, created, fd, sink);
-    });
+    res.set_chunked_content_provider(
+        "text/event-stream", [this, r, prompt, id, created, fd](size_t, httplib::DataSink& sink) {
+          return stream(*r, *prompt, id, created, fd, sink);
+        });
   }
 
   // The r.n choices of a request, each a generation of its own in the scheduler (so they decode
@@ -428,8 +427,8 @@ struct Server::Impl {
   // i with seed + i.
   // on_piece(i, piece), when given, gets choice i's text as it is produced, and on_logprob(i, e)
   // the logprobs entry of each of its tokens just before that token's piece (both on the
-  // scheduler's thread). Every choice ends at its next token once `stop` is set or the client has gone.
-  // Returns the answers in choice order, or rethrows the first failure of a choice's own (not
+  // scheduler's thread). Every choice ends at its next token once `stop` is set or the client has
+  // gone. Returns the answers in choice order, or rethrows the first failure of a choice's own (not
   // one that ended because the client went or `stop` was set) once all have ended.
   std::vector<Answer> run_choices(const ChatRequest& r, const RagPromptTokens& prompt, int fd,
                                   const std::function<void(int, const std::string&)>& on_piece,
@@ -483,13 +482,13 @@ struct Server::Impl {
   // choice's text cut at UTF-8 boundaries on its own. An event carries the logprobs of the tokens
   // that came since the choice's last event: those whose text it brings, and those of tokens whose
   // text is still held back (part of a UTF-8 character or of a possible stop sequence) wait for
-  // the next event that brings text, or the choice's end. A slow reader delays only its own stream, not the engine, and a
-  // closed connection cancels generation at the next token.
+  // the next event that brings text, or the choice's end. A slow reader delays only its own stream,
+  // not the engine, and a closed connection cancels generation at the next token.
   bool stream(const ChatRequest& r, const RagPromptTokens& prompt, const std::string& id,
               int64_t created, int fd, httplib::DataSink& sink) {
     struct Item {
       int choice;
-      std::string piece;                // empty for a logprobs entry
+      std::string piece;  // empty for a logprobs entry
       std::optional<TokenLogprob> entry;
     };
     struct Shared {
@@ -545,6 +544,10 @@ struct Server::Impl {
       std::vector<std::string> pending(r.n);
       std::vector<std::vector<TokenLogprob>> entries(r.n);  // not yet sent, per choice
       std::vector<size_t> offsets(r.n, 0);                  // completions' text_offset
+      // Reading tool calls: each choice's text so far and the bytes of it sent as content.
+      const bool tools = !r.completion && r.reads_tool_calls();
+      std::vector<std::string> whole(r.n);
+      std::vector<size_t> sent(r.n, 0);
       const Tokenizer& tok = engine.model().tokenizer();
       // The logprobs of choice i's entries not yet sent (null without logprobs), then none.
       auto take_logprobs = [&](int i) -> json {
@@ -568,7 +571,13 @@ struct Server::Impl {
             continue;
           }
           pending[i] += it.piece;
-          const std::string ready = take_complete_utf8(pending[i]);
+          std::string ready = take_complete_utf8(pending[i]);
+          if (tools) {  // content up to a possible tool call; the rest waits for the end
+            whole[i] += ready;
+            const size_t n = tool_stream_ready(whole[i], r.forces_tool_call());
+            ready = n > sent[i] ? whole[i].substr(sent[i], n - sent[i]) : std::string();
+            sent[i] = std::max(sent[i], n);
+          }
           if (!ready.empty()) {
             send(stream_event(r, id, opt.model_id, created, ready, "", i, take_logprobs(i)));
           }
@@ -577,11 +586,25 @@ struct Server::Impl {
       if (st->error) std::rethrow_exception(st->error);
       if ((int)st->answers.size() != r.n) throw ClientGone{};  // cancelled: nobody reads on
       for (int i = 0; i < r.n; ++i) {
+        std::string end_reason = finish_reason(st->answers[i], r);
+        if (tools) {
+          // The calls whole, in one event; or, where the text holds none, the rest as content.
+          const ToolCallsParsed p = parse_tool_calls(st->answers[i].text, r.forces_tool_call());
+          if (!p.calls.empty()) {
+            json ev =
+                stream_event(r, id, opt.model_id, created, std::nullopt, "", i, take_logprobs(i));
+            ev["choices"][0]["delta"]["tool_calls"] = tool_calls_body(p.calls, r, id, i);
+            send(ev);
+            end_reason = "tool_calls";
+            pending[i].clear();
+          } else {
+            pending[i] = (whole[i] + pending[i]).substr(std::min(sent[i], whole[i].size()));
+          }
+        }
         if (!pending[i].empty() || !entries[i].empty()) {
           send(stream_event(r, id, opt.model_id, created, pending[i], "", i, take_logprobs(i)));
         }
-        json last = stream_event(r, id, opt.model_id, created, std::nullopt,
-                                 finish_reason(st->answers[i], r), i);
+        json last = stream_event(r, id, opt.model_id, created, std::nullopt, end_reason, i);
         if (i + 1 == r.n) {  // the whole response's figures, with the last choice's end
           // With include_usage the usage comes once, in its own event, as OpenAI sends it.
           if (!r.include_usage) last["usage"] = usage(st->answers);

@@ -18,6 +18,8 @@
 #include "model/gguf.h"
 #include "model/json_constraint.h"
 #include "model/tokenizer.h"
+#include "reuse/prompt.h"
+#include "server/api.h"
 
 namespace ct {
 namespace {
@@ -123,19 +125,62 @@ TEST_P(TokenizerVsLlamaCpp, DecodeInvertsEncode) {
   EXPECT_EQ(n_bad, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TokenizerVsLlamaCpp,
-                         ::testing::Values(TokenizerCase{"smollm2-135m", "tokenizer_smollm2.json"},
-                                           TokenizerCase{"qwen2.5-coder-0.5b",
-                                                         "tokenizer_qwen2.5.json"},
-                                           TokenizerCase{"qwen2.5-coder-1.5b",
-                                                         "tokenizer_qwen2.5.json"}),
-                         [](const ::testing::TestParamInfo<TokenizerCase>& i) {
-                           std::string s = i.param.model;
-                           for (char& ch : s) {
-                             if (!isalnum((unsigned char)ch)) ch = '_';
-                           }
-                           return s;
-                         });
+// Conversations with tools, tool calls and tool results as Qwen2.5's own template renders them
+// (jinja2 over each GGUF's template, which differ: tools/make_chat_fixture.py), against
+// apply_chat_template and the prompt builder; and the template's tojson against
+// server::template_json.
+TEST_P(TokenizerVsLlamaCpp, ToolTurnsMatchTheModelsTemplate) {
+  if (std::string(GetParam().model).rfind("qwen2.5", 0) != 0) GTEST_SKIP() << "no tool form";
+  ASSERT_TRUE(tok_->supports_tools());
+  // Read with the keys in the file's order: that order is what the template shows.
+  std::ifstream in(std::string(CT_FIXTURE_DIR) + "/chat_tools_" + GetParam().model + ".json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::ordered_json fx = nlohmann::ordered_json::parse(in);
+  ASSERT_GE(fx.at("cases").size(), 5u);
+  for (const auto& c : fx.at("cases")) {
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : c.at("messages")) {
+      ChatMessage cm(m.at("role").get<std::string>(), m.at("content").get<std::string>());
+      if (m.contains("tool_calls")) {
+        for (const auto& t : m.at("tool_calls"))
+          cm.tool_calls.push_back(
+              {t.at("name").get<std::string>(), t.at("arguments").get<std::string>()});
+      }
+      msgs.push_back(std::move(cm));
+    }
+    const auto tools = c.at("tools").get<std::vector<std::string>>();
+    const std::string want = c.at("rendered").get<std::string>();
+    EXPECT_EQ(tok_->apply_chat_template(msgs, true, tools), want);
+    // The prompt builder splices the same text (the last message as the question).
+    ToolTurns tt{tools, msgs.back().role};
+    const std::string question = msgs.back().content;
+    msgs.pop_back();
+    const RagPromptTokens p = build_rag_prompt(*tok_, {}, question, "", msgs, tt);
+    std::vector<int32_t> ids = p.prefix;
+    ids.insert(ids.end(), p.query.begin(), p.query.end());
+    EXPECT_EQ(tok_->decode(ids, true), want);
+    // Tool definitions in the client's key order, as the template's tojson writes them.
+    for (size_t i = 0; i < tools.size(); ++i)
+      EXPECT_EQ(server::template_json(c.at("tool_objects")[i]), tools[i]);
+  }
+  ASSERT_GE(fx.at("json").size(), 3u);
+  for (const auto& v : fx.at("json")) {
+    EXPECT_EQ(server::template_json(v.at("value")), v.at("text").get<std::string>());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, TokenizerVsLlamaCpp,
+    ::testing::Values(TokenizerCase{"smollm2-135m", "tokenizer_smollm2.json"},
+                      TokenizerCase{"qwen2.5-coder-0.5b", "tokenizer_qwen2.5.json"},
+                      TokenizerCase{"qwen2.5-coder-1.5b", "tokenizer_qwen2.5.json"}),
+    [](const ::testing::TestParamInfo<TokenizerCase>& i) {
+      std::string s = i.param.model;
+      for (char& ch : s) {
+        if (!isalnum((unsigned char)ch)) ch = '_';
+      }
+      return s;
+    });
 
 class TokenizerRefTest : public ::testing::Test {
  protected:

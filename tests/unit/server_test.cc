@@ -134,7 +134,7 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
   expect_refused({{"messages", json::array()}}, "messages", "non-empty array");
   expect_refused({{"messages", {{{"role", "user"}}}}}, "messages", "no 'content'");
   expect_refused({{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, "messages",
-                 "expected system, user or assistant");
+                 "expected system, user, assistant or tool");
   expect_refused({{"messages", {user("q"), {{"role", "assistant"}, {"content", "a"}}}}}, "messages",
                  "expected \"user\"");
   expect_refused({{"messages", {user("q")}}, {"max_tokens", 0}}, "max_tokens", "[1, 1024]");
@@ -203,23 +203,25 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                   {"response_format",
                    {{"type", "json_schema"},
                     {"json_schema",
-                     {{"name", "n"},
-                      {"schema", {{"type", "string"}, {"format", "hostname"}}}}}}}},
+                     {{"name", "n"}, {"schema", {{"type", "string"}, {"format", "hostname"}}}}}}}},
                  "response_format", "json_schema at #/format: format 'hostname' is not supported");
   expect_refused({{"messages", {user("q")}},
                   {"response_format",
                    {{"type", "json_schema"},
                     {"json_schema", {{"name", 3}, {"schema", {{"type", "string"}}}}}}}},
                  "response_format", "name is a number; expected a string");
-  const json schema_rf = {{"type", "json_schema"},
-                          {"json_schema",
-                           {{"name", "cat"},
-                            {"strict", true},
-                            {"schema", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}}}}}};
+  const json schema_rf = {
+      {"type", "json_schema"},
+      {"json_schema",
+       {{"name", "cat"},
+        {"strict", true},
+        {"schema", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}}}}}};
   for (bool chat : {true, false}) {
     const GenerateOptions g =
-        chat ? parse_chat_request({{"messages", {user("q")}}, {"response_format", schema_rf}}, {}).gen
-             : parse_completion_request({{"prompt", "q"}, {"response_format", schema_rf}}, ApiLimits{})
+        chat ? parse_chat_request({{"messages", {user("q")}}, {"response_format", schema_rf}}, {})
+                   .gen
+             : parse_completion_request({{"prompt", "q"}, {"response_format", schema_rf}},
+                                        ApiLimits{})
                    .gen;
     ASSERT_TRUE(g.json_schema);
     EXPECT_FALSE(g.json_object);
@@ -239,12 +241,14 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                   {"ignore_eos", true}},
                  "ignore_eos", "ends with the JSON value");
   expect_refused({{"messages", {user("q")}}, {"top_k", -2}}, "top_k", "[-1, ");
-  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}},
-                               {})
-                .gen.sampling.top_k,
+  EXPECT_EQ(
+      parse_chat_request({{"messages", {user("q")}}, {"response_format", {{"type", "text"}}}}, {})
+          .gen.sampling.top_k,
+      0);
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", 40}}, {}).gen.sampling.top_k,
+            40);
+  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", -1}}, {}).gen.sampling.top_k,
             0);
-  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", 40}}, {}).gen.sampling.top_k, 40);
-  EXPECT_EQ(parse_chat_request({{"messages", {user("q")}}, {"top_k", -1}}, {}).gen.sampling.top_k, 0);
   expect_refused({{"messages", {user("q")}}, {"stream_options", {{"include_usage", true}}}},
                  "stream_options", "only allowed with");
   expect_refused({{"messages", {user("q")}}, {"stream", true}, {"stream_options", true}},
@@ -270,12 +274,11 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
           .gen.sampling.min_p,
       0.1f);
   const json q = {{"messages", {user("q")}}};
-  const ChatRequest adj = parse_chat_request(
-      {{"messages", {user("q")}},
-       {"frequency_penalty", 0.5},
-       {"presence_penalty", -1},
-       {"logit_bias", {{"5", -100}, {"17", 2.5}}}},
-      {});
+  const ChatRequest adj = parse_chat_request({{"messages", {user("q")}},
+                                              {"frequency_penalty", 0.5},
+                                              {"presence_penalty", -1},
+                                              {"logit_bias", {{"5", -100}, {"17", 2.5}}}},
+                                             {});
   EXPECT_FLOAT_EQ(adj.gen.sampling.frequency_penalty, 0.5f);
   EXPECT_FLOAT_EQ(adj.gen.sampling.presence_penalty, -1.0f);
   std::vector<std::pair<int32_t, float>> bias = adj.gen.sampling.logit_bias;
@@ -293,11 +296,164 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
 
 // /v1/completions: OpenAI's prompt forms that hold one prompt, the shared fields, and refusals of
 // what this server does not do, each naming the field.
-TEST(ServerApi, ParsesACompletionPromptInEachForm) {
-  const ChatRequest t = parse_completion_request(
-      {{"prompt", "Once upon"}, {"max_tokens", 5}, {"stop", "\n"}, {"stream", true},
-       {"echo", false}, {"suffix", ""}, {"best_of", 1}},
+json weather_tool() {
+  return {{"type", "function"},
+          {"function",
+           {{"name", "get_weather"},
+            {"parameters",
+             {{"type", "object"},
+              {"properties", {{"city", {{"type", "string"}}}}},
+              {"required", {"city"}}}}}}};
+}
+
+TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
+  const json call = {
+      {"id", "c1"},
+      {"type", "function"},
+      {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Oslo\"}"}}}};
+  const ChatRequest r =
+      parse_chat_request({{"messages",
+                           {user("Weather?"),
+                            {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}},
+                            {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "3 C"}}}},
+                          {"tools", {weather_tool()}},
+                          {"parallel_tool_calls", false}},
+                         {});
+  EXPECT_EQ(r.tool_names, std::vector<std::string>{"get_weather"});
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_NE(r.tools[0].find("\"name\": \"get_weather\""), std::string::npos) << r.tools[0];
+  EXPECT_EQ(r.question, "3 C");
+  EXPECT_EQ(r.question_role, "tool");
+  ASSERT_EQ(r.answer.history.size(), 2u);
+  ASSERT_EQ(r.answer.history[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.answer.history[1].tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
+  EXPECT_TRUE(r.reads_tool_calls());
+  EXPECT_FALSE(r.forces_tool_call());
+  EXPECT_FALSE(r.parallel_tool_calls);
+  EXPECT_FALSE(r.gen.json_schema);
+
+  // Required or named: the answer is held to the call's schema.
+  const ChatRequest req = parse_chat_request(
+      {{"messages", {user("q")}}, {"tools", {weather_tool()}}, {"tool_choice", "required"}}, {});
+  EXPECT_TRUE(req.forces_tool_call());
+  ASSERT_TRUE(req.gen.json_schema);
+  const ChatRequest named = parse_chat_request(
+      {{"messages", {user("q")}},
+       {"tools", {weather_tool()}},
+       {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
       {});
+  EXPECT_EQ(named.tool_choice, ToolChoice::kNamed);
+  const ChatRequest none = parse_chat_request(
+      {{"messages", {user("q")}}, {"tools", {weather_tool()}}, {"tool_choice", "none"}}, {});
+  EXPECT_FALSE(none.reads_tool_calls());
+
+  const json q = {user("q")};
+  expect_refused({{"messages", q}, {"tools", weather_tool()}}, "tools", "expected an array");
+  expect_refused({{"messages", q}, {"tools", {{{"type", "web"}}}}}, "tools", "\"function\"");
+  json bad_name = weather_tool();
+  bad_name["function"]["name"] = "get weather";
+  expect_refused({{"messages", q}, {"tools", {bad_name}}}, "tools", "1-64 letters");
+  expect_refused({{"messages", q}, {"tools", {weather_tool(), weather_tool()}}}, "tools",
+                 "a second tool named \"get_weather\"");
+  expect_refused({{"messages", q}, {"tool_choice", "auto"}}, "tool_choice", "needs 'tools'");
+  expect_refused({{"messages", q}, {"tools", {weather_tool()}}, {"tool_choice", "always"}},
+                 "tool_choice", "\"required\"");
+  expect_refused({{"messages", q},
+                  {"tools", {weather_tool()}},
+                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "other"}}}}}},
+                 "tool_choice", "not one of 'tools'");
+  json unchecked = weather_tool();
+  unchecked["function"]["parameters"]["properties"]["city"]["multipleOf"] = 2;
+  expect_refused({{"messages", q}, {"tools", {unchecked}}, {"tool_choice", "required"}}, "tools",
+                 "tools[0].function.parameters");
+  expect_refused({{"messages",
+                   {user("q"),
+                    {{"role", "assistant"},
+                     {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", "[1]"}}}}}}},
+                    user("q")}}},
+                 "messages", "JSON text of an object");
+  expect_refused({{"messages", q}, {"functions", json::array({1})}}, "functions", "send 'tools'");
+  expect_refused({{"prompt", "x"}, {"tools", {weather_tool()}}}, "tools", "/v1/chat/completions",
+                 {}, parse_completion_request);
+}
+
+TEST(ServerApi, ReadsHermesToolCallsFromAnswers) {
+  ToolCallsParsed p = parse_tool_calls(
+      "Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": "
+      "\"x\"}}\n</tool_call>\n"
+      "<tool_call>{\"arguments\": {}, \"name\": \"g\"}</tool_call>\n",
+      false);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content, std::optional<std::string>("Checking.\n"));
+  EXPECT_EQ(p.calls[0].name, "f");
+  EXPECT_EQ(p.calls[0].arguments, "{\"a\":1,\"b\":\"x\"}");  // compact, the model's key order
+  EXPECT_EQ(p.calls[1].name, "g");
+  p = parse_tool_calls("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", false);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_FALSE(p.content);
+  // What the form does not account for stays content, whole.
+  for (const std::string t :
+       {"no call here", "<tool_call>{\"name\": \"f\", \"arguments\": {}}",
+        "<tool_call>{\"name\": \"f\"}</tool_call>",
+        "<tool_call>{\"name\": 1, \"arguments\": {}}</tool_call>",
+        "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> and then text",
+        "<tool_call>not json</tool_call>"}) {
+    p = parse_tool_calls(t, false);
+    EXPECT_TRUE(p.calls.empty()) << t;
+    EXPECT_EQ(p.content, std::optional<std::string>(t));
+  }
+  // A forced call's answer is the object alone.
+  p = parse_tool_calls("{\"name\": \"f\", \"arguments\": {\"a\": [1]}}", true);
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments, "{\"a\":[1]}");
+
+  // Streaming holds back from the first "<tool_call>", and a tail that may begin one.
+  EXPECT_EQ(tool_stream_ready("Hello", false), 5u);
+  EXPECT_EQ(tool_stream_ready("Hello <tool", false), 6u);
+  EXPECT_EQ(tool_stream_ready("Hello <", false), 6u);
+  EXPECT_EQ(tool_stream_ready("a<b", false), 3u);
+  EXPECT_EQ(tool_stream_ready("ok <tool_call>{", false), 3u);
+  EXPECT_EQ(tool_stream_ready("anything", true), 0u);
+
+  ChatRequest r;
+  r.parallel_tool_calls = false;
+  const json calls = tool_calls_body({{"f", "{}"}, {"g", "{}"}}, r, "chatcmpl-1", 0);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["name"], "f");
+  EXPECT_EQ(calls[0]["type"], "function");
+}
+
+TEST(ServerApi, ToolsNeedATemplateWithTheToolForm) {
+  // The tiny model's ChatML template has no tool form: tools and tool turns are refused by name.
+  test::TempDir dir;
+  const auto model = Model::load(test::write_tiny_model(dir.path() + "/m.gguf", {}));
+  const Tokenizer& tok = model->tokenizer();
+  ASSERT_FALSE(tok.supports_tools());
+  const ChatRequest with_tools =
+      parse_chat_request({{"messages", {user("q")}}, {"tools", {weather_tool()}}}, {});
+  try {
+    prompt_tokens(with_tools, tok, 0);
+    ADD_FAILURE() << "tools accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param(), "tools");
+    EXPECT_NE(std::string(e.what()).find("no tool-call form"), std::string::npos) << e.what();
+  }
+  // tool_choice "none" shows no tools: the plain prompt.
+  ChatRequest none = with_tools;
+  none.tool_choice = ToolChoice::kNone;
+  EXPECT_EQ(prompt_tokens(none, tok, 0).query,
+            prompt_tokens(parse_chat_request({{"messages", {user("q")}}}, {}), tok, 0).query);
+}
+
+TEST(ServerApi, ParsesACompletionPromptInEachForm) {
+  const ChatRequest t = parse_completion_request({{"prompt", "Once upon"},
+                                                  {"max_tokens", 5},
+                                                  {"stop", "\n"},
+                                                  {"stream", true},
+                                                  {"echo", false},
+                                                  {"suffix", ""},
+                                                  {"best_of", 1}},
+                                                 {});
   ASSERT_TRUE(t.completion.has_value());
   EXPECT_EQ(t.completion->text, "Once upon");
   EXPECT_TRUE(t.completion->ids.empty());
@@ -318,11 +474,11 @@ TEST(ServerApi, ParsesACompletionPromptInEachForm) {
   EXPECT_EQ(d.chunks, std::vector<std::string>{"doc"});
   EXPECT_EQ(d.answer.instruction, "");
   EXPECT_EQ(d.sel.policy.kind, &find_policy("full"));
-  EXPECT_EQ(parse_completion_request(
-                {{"prompt", "Q:"}, {"chunks", {"doc"}}, {"cachetune", {{"instruction", "Read."}}}},
-                {})
-                .answer.instruction,
-            "Read.");
+  EXPECT_EQ(
+      parse_completion_request(
+          {{"prompt", "Q:"}, {"chunks", {"doc"}}, {"cachetune", {{"instruction", "Read."}}}}, {})
+          .answer.instruction,
+      "Read.");
 
   const auto refused = [](const json& body, const std::string& param, const std::string& needle) {
     expect_refused(body, param, needle, {}, parse_completion_request);
@@ -418,10 +574,11 @@ TEST(ServerApi, CompletionPromptTokensAreCheckedAgainstTheModel) {
     ADD_FAILURE() << "a bias for a token outside the vocabulary was accepted";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.param(), "logit_bias");
-    EXPECT_NE(std::string(e.what()).find(fmt::format("token {}", tok.n_vocab())), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find(fmt::format("token {}", tok.n_vocab())),
+              std::string::npos);
   }
-  const RagPromptTokens ok =
-      prompt_tokens(parse_completion_request({{"prompt", {1, 2, 3}}, {"max_tokens", 9}}, {}), tok, 12);
+  const RagPromptTokens ok = prompt_tokens(
+      parse_completion_request({{"prompt", {1, 2, 3}}, {"max_tokens", 9}}, {}), tok, 12);
   EXPECT_EQ(ok.query, (std::vector<int32_t>{1, 2, 3}));
   // A chat request's prompt is the template's, as build_rag_prompt makes it.
   const ChatRequest chat = parse_chat_request({{"messages", {user("hi")}}}, {});
@@ -657,7 +814,8 @@ TEST_F(LiveServerTest, ACompletionOfTheTemplatesTextEqualsTheChatAnswer) {
   EXPECT_EQ(w["choices"][0]["finish_reason"], c["choices"][0]["finish_reason"]);
   EXPECT_EQ(w["usage"], c["usage"]);
 
-  const RagPromptTokens p = build_rag_prompt(tok, {}, "Who kept it?", "", {{"system", "Be brief."}});
+  const RagPromptTokens p =
+      build_rag_prompt(tok, {}, "Who kept it?", "", {{"system", "Be brief."}});
   std::vector<int32_t> ids = p.prefix;
   ids.insert(ids.end(), p.query.begin(), p.query.end());
   auto by_ids = post("/v1/completions", json{{"prompt", ids}, {"max_tokens", 6}}.dump());
@@ -752,11 +910,13 @@ TEST_F(LiveServerTest, LogprobsAreTheEnginesInEachRoutesShape) {
   EXPECT_NE(bc[0]["token"], content[0]["token"]);
   EXPECT_EQ(bc[0]["token"], content[0]["top_logprobs"][1]["token"]);  // the runner-up
   // Without the field: null, as OpenAI sends.
-  auto plain = post("/v1/chat/completions", json{{"messages", {user("Who kept it?")}}, {"max_tokens", 2}}.dump());
+  auto plain = post("/v1/chat/completions",
+                    json{{"messages", {user("Who kept it?")}}, {"max_tokens", 2}}.dump());
   ASSERT_TRUE(plain);
   EXPECT_TRUE(json::parse(plain->body)["choices"][0]["logprobs"].is_null());
 
-  const json cmpl_req = {{"prompt", "Who kept"}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 2}};
+  const json cmpl_req = {
+      {"prompt", "Who kept"}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 2}};
   auto cr = post("/v1/completions", cmpl_req.dump());
   ASSERT_TRUE(cr);
   ASSERT_EQ(cr->status, 200) << cr->body;
@@ -797,10 +957,8 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
   for (const json& alt : c["logprobs"]["top_logprobs"]) EXPECT_TRUE(alt.contains("<|im_end|>"));
 
   // Byte 0xE4 alone (the first byte of a three-byte character): id 0xE4 of the tiny vocabulary.
-  const json partial = {{"prompt", "Who kept"},
-                        {"max_tokens", 1},
-                        {"logprobs", 2},
-                        {"logit_bias", {{"228", 100}}}};
+  const json partial = {
+      {"prompt", "Who kept"}, {"max_tokens", 1}, {"logprobs", 2}, {"logit_bias", {{"228", 100}}}};
   auto p = post("/v1/completions", partial.dump());
   ASSERT_TRUE(p);
   ASSERT_EQ(p->status, 200) << p->body;
@@ -824,80 +982,83 @@ TEST_F(LiveServerTest, LogprobsSpellSpecialAndPartialTokens) {
 TEST_F(LiveServerTest, JsonObjectAnswersAreJson) {
   // json_schema: every key forced and every value a short choice, so the tiny random model's
   // answers end within max_tokens.
-  const json schema = {{"type", "object"},
-                       {"properties", {{"ok", {{"type", "boolean"}}}, {"n", {{"enum", {1, 2, 3}}}}}},
-                       {"required", {"ok", "n"}},
-                       {"additionalProperties", false}};
-  const json formats[] = {{{"type", "json_object"}},
-                          {{"type", "json_schema"},
-                           {"json_schema", {{"name", "answer"}, {"schema", schema}}}}};
+  const json schema = {
+      {"type", "object"},
+      {"properties", {{"ok", {{"type", "boolean"}}}, {"n", {{"enum", {1, 2, 3}}}}}},
+      {"required", {"ok", "n"}},
+      {"additionalProperties", false}};
+  const json formats[] = {
+      {{"type", "json_object"}},
+      {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"schema", schema}}}}};
   for (const json& format : formats)
-  for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
-    for (bool stream : {false, true}) {
-      SCOPED_TRACE(std::string(route) + (stream ? ", streamed" : "") + ", " + format.dump());
-      json req = {{"max_tokens", 200}, {"n", 3}, {"temperature", 1.2}, {"seed", 5},
-                  {"response_format", format}, {"stream", stream}};
-      if (std::string(route) == "/v1/completions") {
-        req["prompt"] = "A JSON object:";
-      } else {
-        req["messages"] = {{{"role", "user"}, {"content", "Answer in JSON."}}};
-      }
-      std::vector<std::string> text(3);
-      std::vector<std::string> finish(3);
-      const bool chat = std::string(route) != "/v1/completions";
-      if (!stream) {
-        const json body = post_ok(route, req.dump());
-        ASSERT_EQ(body["choices"].size(), 3u);
-        for (const json& c : body["choices"]) {
-          const int i = c["index"];
-          text[i] = chat ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
-          finish[i] = c["finish_reason"];
+    for (const char* route : {"/v1/chat/completions", "/v1/completions"}) {
+      for (bool stream : {false, true}) {
+        SCOPED_TRACE(std::string(route) + (stream ? ", streamed" : "") + ", " + format.dump());
+        json req = {{"max_tokens", 200},         {"n", 3},
+                    {"temperature", 1.2},        {"seed", 5},
+                    {"response_format", format}, {"stream", stream}};
+        if (std::string(route) == "/v1/completions") {
+          req["prompt"] = "A JSON object:";
+        } else {
+          req["messages"] = {{{"role", "user"}, {"content", "Answer in JSON."}}};
         }
-      } else {
-        auto res = post(route, req.dump());
-        ASSERT_TRUE(res);
-        ASSERT_EQ(res->status, 200) << res->body;
-        bool done = false;
-        for (const json& ev : sse_events(res->body, &done)) {
-          for (const json& c : ev["choices"]) {
+        std::vector<std::string> text(3);
+        std::vector<std::string> finish(3);
+        const bool chat = std::string(route) != "/v1/completions";
+        if (!stream) {
+          const json body = post_ok(route, req.dump());
+          ASSERT_EQ(body["choices"].size(), 3u);
+          for (const json& c : body["choices"]) {
             const int i = c["index"];
-            // (A chat event's delta may hold no content: the role, or nothing at the end.)
-            const json& holder = chat ? c["delta"] : c;
-            const char* key = chat ? "content" : "text";
-            if (holder.contains(key) && holder[key].is_string())
-              text[i] += holder[key].get<std::string>();
-            if (c.contains("finish_reason") && c["finish_reason"].is_string())
-              finish[i] = c["finish_reason"];
+            text[i] =
+                chat ? c["message"]["content"].get<std::string>() : c["text"].get<std::string>();
+            finish[i] = c["finish_reason"];
+          }
+        } else {
+          auto res = post(route, req.dump());
+          ASSERT_TRUE(res);
+          ASSERT_EQ(res->status, 200) << res->body;
+          bool done = false;
+          for (const json& ev : sse_events(res->body, &done)) {
+            for (const json& c : ev["choices"]) {
+              const int i = c["index"];
+              // (A chat event's delta may hold no content: the role, or nothing at the end.)
+              const json& holder = chat ? c["delta"] : c;
+              const char* key = chat ? "content" : "text";
+              if (holder.contains(key) && holder[key].is_string())
+                text[i] += holder[key].get<std::string>();
+              if (c.contains("finish_reason") && c["finish_reason"].is_string())
+                finish[i] = c["finish_reason"];
+            }
+          }
+          EXPECT_TRUE(done);
+        }
+        const bool schema_mode = format["type"] == "json_schema";
+        const auto compiled = JsonSchema::compile(schema);
+        int stopped = 0;
+        for (int i = 0; i < 3; ++i) {
+          JsonRecognizer r;
+          EXPECT_TRUE(r.feed(text[i])) << text[i];
+          JsonSchemaRecognizer rs(false, JsonSchemaEvents(compiled.get()));
+          if (schema_mode) {
+            EXPECT_TRUE(rs.feed(text[i])) << text[i];
+          }
+          if (finish[i] == "stop") {
+            ++stopped;
+            const json doc = json::parse(text[i]);
+            EXPECT_TRUE(doc.is_object()) << text[i];
+            if (schema_mode) {  // the schema's meaning, checked on the parsed answer
+              EXPECT_EQ(doc.size(), 2u) << text[i];
+              EXPECT_TRUE(doc["ok"].is_boolean()) << text[i];
+              EXPECT_TRUE(doc["n"] == 1 || doc["n"] == 2 || doc["n"] == 3) << text[i];
+            }
           }
         }
-        EXPECT_TRUE(done);
-      }
-      const bool schema_mode = format["type"] == "json_schema";
-      const auto compiled = JsonSchema::compile(schema);
-      int stopped = 0;
-      for (int i = 0; i < 3; ++i) {
-        JsonRecognizer r;
-        EXPECT_TRUE(r.feed(text[i])) << text[i];
-        JsonSchemaRecognizer rs(false, JsonSchemaEvents(compiled.get()));
         if (schema_mode) {
-          EXPECT_TRUE(rs.feed(text[i])) << text[i];
+          EXPECT_GT(stopped, 0) << text[0];
         }
-        if (finish[i] == "stop") {
-          ++stopped;
-          const json doc = json::parse(text[i]);
-          EXPECT_TRUE(doc.is_object()) << text[i];
-          if (schema_mode) {  // the schema's meaning, checked on the parsed answer
-            EXPECT_EQ(doc.size(), 2u) << text[i];
-            EXPECT_TRUE(doc["ok"].is_boolean()) << text[i];
-            EXPECT_TRUE(doc["n"] == 1 || doc["n"] == 2 || doc["n"] == 3) << text[i];
-          }
-        }
-      }
-      if (schema_mode) {
-        EXPECT_GT(stopped, 0) << text[0];
       }
     }
-  }
 }
 
 // echo (lm-evaluation-harness's scoring request: token ids, echo, logprobs, max_tokens 0 or 1):
@@ -922,9 +1083,7 @@ TEST_F(LiveServerTest, EchoScoresThePromptsTokens) {
   EXPECT_TRUE(l["top_logprobs"][0].is_null());
   ChatRequest r = parse_completion_request(score, ApiLimits{});
   Answer a;
-  server_->scheduler().run([&] {
-    a = engine_->answer(prompt_tokens(r, tok, 512), r.sel, r.gen);
-  });
+  server_->scheduler().run([&] { a = engine_->answer(prompt_tokens(r, tok, 512), r.sel, r.gen); });
   ASSERT_EQ(a.prompt_logprobs.size() + 1, ids.size());
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -1009,7 +1168,7 @@ TEST_F(LiveServerTest, BestOfReturnsTheChoicesMostLikelyPerToken) {
   EXPECT_EQ(bj["choices"][1]["text"], scored[1].second);
   EXPECT_EQ(bj["choices"][1]["index"], 1);
   EXPECT_TRUE(bj["choices"][0]["logprobs"].is_null());  // not asked for
-  EXPECT_EQ(bj["usage"]["completion_tokens"], 15);        // all three choices' tokens
+  EXPECT_EQ(bj["usage"]["completion_tokens"], 15);      // all three choices' tokens
   EXPECT_EQ(bj["usage"]["prompt_tokens"], aj["usage"]["prompt_tokens"]);
 }
 
@@ -1108,7 +1267,7 @@ TEST_F(LiveServerTest, NChoicesAreTheSeededAnswersAlone) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 18);
 
   json streamed = {{"prompt", "Who kept"}, {"max_tokens", 5}, {"ignore_eos", true},
-                   {"temperature", 1.5}, {"seed", 2}, {"n", 2}};
+                   {"temperature", 1.5},   {"seed", 2},       {"n", 2}};
   const json w = post_ok("/v1/completions", streamed.dump());
   ASSERT_FALSE(w.is_null());
   streamed["stream"] = true;
@@ -1315,7 +1474,8 @@ TEST_F(LiveServerTest, AbandonedRequestsAreCancelled) {
 // thread of its own until it is destroyed.
 class OwnServer {
  public:
-  explicit OwnServer(ServerOptions so) : engine_(make_engine(dir_)), server_(*engine_, any_port(so)) {
+  explicit OwnServer(ServerOptions so)
+      : engine_(make_engine(dir_)), server_(*engine_, any_port(so)) {
     port_ = server_.bind();
     thread_ = std::thread([this] { server_.serve(); });
   }
@@ -1475,9 +1635,10 @@ TEST_F(LiveServerTest, PipelinedRequestsOnOneConnectionAreAllAnswered) {
   ASSERT_GE(fd, 0);
   const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   const std::string body = json{{"chunks", {"Pipelined text."}}}.dump();
-  const std::string post = "POST /v1/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                           "\r\nContent-Length: " +
-                           std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string post =
+      "POST /v1/chunks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+      "\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   const std::string last = "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   const std::string all = get + post + last;
   ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), (ssize_t)all.size());
@@ -1526,10 +1687,10 @@ TEST_F(LiveServerTest, ARefusalBeforeTheBodyIsReadEndsTheConnection) {
   const int fd = connect_loopback(port_);
   ASSERT_GE(fd, 0);
   const std::string body = json{{"messages", {user("hi")}}, {"max_tokens", 2}}.dump();
-  const std::string all = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://evil"
-                          "\r\nContent-Type: application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body +
-                          "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string all =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://evil"
+      "\r\nContent-Type: application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   ASSERT_EQ(::send(fd, all.data(), all.size(), MSG_NOSIGNAL), (ssize_t)all.size());
   const std::string got = read_until_closed(fd);
   ::close(fd);
