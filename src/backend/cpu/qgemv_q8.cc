@@ -267,8 +267,7 @@ CT_Q8_INLINE void blocks32_row(const uint8_t* row, const Act* a, int cols, float
     K::template group<kVnni, N, true>(row + (size_t)b * K::kBytes, a, b, 4, 0, acc);
   }
   if (b < nb && nb >= 4) {
-    K::template group<kVnni, N, true>(row + (size_t)(nb - 4) * K::kBytes, a, nb - 4, 4,
-                                      4 - (nb - b), acc);
+    K::template group<kVnni, N, true>(row + (size_t)(nb - 4) * K::kBytes, a, nb - 4, 4, 4 - (nb - b), acc);
   } else if (b < nb) {
     K::template group<kVnni, N, false>(row + (size_t)b * K::kBytes, a, b, nb - b, 0, acc);
   }
@@ -333,13 +332,11 @@ struct KBlocks32 {
           continue;
         }
         const __m256i x = load256(a[r].q32 + 32 * (b + j));
-        m[j] =
-            dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], kSigned ? _mm256_sign_epi8(x, w[j]) : x);
+        m[j] = dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], kSigned ? _mm256_sign_epi8(x, w[j]) : x);
       }
       __m256i s = sums4(m);
       if constexpr (kOffsetShift > 0) {
-        s = _mm256_sub_epi32(s,
-                             _mm256_slli_epi32(halves4<kFull>(a[r].h16 + 2 * b, nv), kOffsetShift));
+        s = _mm256_sub_epi32(s, _mm256_slli_epi32(halves4<kFull>(a[r].h16 + 2 * b, nv), kOffsetShift));
       }
       const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[r]);
@@ -359,25 +356,14 @@ struct KBlocks32 {
   struct LaneSums {
     __m256 lo[4], hi[4];
   };
-  // With VNNI (exact int32 products, no int16 pair sums to overflow) the nibble types take the
-  // high nibbles in place, masked but not shifted: each product is 16 times the nibble's, and the
-  // block's sum over elements 16..31 is shifted down once (exactly: every term is a multiple of
-  // 16; at most 16 * 15 * 127 * 16 in magnitude), instead of a shift per group.
-  template <bool kVnni>
-  static constexpr bool kHigh16 = kVnni&& CT_Q8_VNNI &&
-                                  (kT == Type32::kQ4_0 || kT == Type32::kQ4_1);
   // Group g (elements 4g..4g+3) of a block's weight quants, broadcast to every lane, as the
   // unsigned operand of dot_u8s8: nibbles masked from the block (group g < 4: the low halves of
   // bytes 4g..4g+3, 4 + g their high halves), Q8_0's bytes plus 128, Q5_0's from the buffer wq.
-  template <bool kVnni>
   CT_Q8_INLINE static __m256i lane_group(const uint8_t* blk, const uint8_t* wq, int g) {
     int32_t w4;
     if constexpr (kT == Type32::kQ4_0 || kT == Type32::kQ4_1) {
       std::memcpy(&w4, blk + (kT == Type32::kQ4_0 ? 2 : 4) + 4 * (g & 3), 4);
       const __m256i raw = _mm256_set1_epi32(w4);
-      if constexpr (kHigh16<kVnni>) {
-        if (g >= 4) return _mm256_and_si256(raw, _mm256_set1_epi8((char)0xf0));
-      }
       return _mm256_and_si256(g < 4 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
     } else if constexpr (kT == Type32::kQ8_0) {
       std::memcpy(&w4, blk + 2 + 4 * g, 4);
@@ -408,11 +394,10 @@ struct KBlocks32 {
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g) {
       const int k = g >> 1;
-      c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group<kVnni>(blk, wq, g),
+      c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group(blk, wq, g),
                              load256(xq + 32 * g));
     }
     __m256i lo = _mm256_add_epi32(c[0], c[1]), hi = _mm256_add_epi32(c[2], c[3]);
-    if constexpr (kHigh16<kVnni>) hi = _mm256_srai_epi32(hi, 4);  // exact: a multiple of 16
     constexpr int kShift = kSigned ? 7 : kOffsetShift;
     if constexpr (kShift > 0) {
       const int32_t* h = t.h16 + (size_t)b * 2 * kLanes;
@@ -442,8 +427,7 @@ struct KBlocks32 {
       for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, t, b + j, j, p);
     }
     const int shift = nb >= 4 ? nb - 4 : 0;  // lane of a last-group block: b - shift
-    for (int b = full; b < nb; ++b)
-      lanes_block<kVnni>(row + (size_t)b * kBytes, t, b, b - shift, p);
+    for (int b = full; b < nb; ++b) lanes_block<kVnni>(row + (size_t)b * kBytes, t, b, b - shift, p);
     // hsum256_ps's order: ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
     __m256 f[4];
     for (int j = 0; j < 4; ++j) f[j] = _mm256_add_ps(p.lo[j], p.hi[j]);
@@ -541,7 +525,8 @@ struct KQ45K {
         q = _mm512_or_si512(
             q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh2, bit), one), 4));
       }
-      const __m512i scv = _mm512_shuffle_epi8(sc, zjoin(pair_index(2 * c), pair_index(2 * c + 1)));
+      const __m512i scv = _mm512_shuffle_epi8(
+          sc, zjoin(pair_index(2 * c), pair_index(2 * c + 1)));
       for (int r = 0; r < N; ++r) {
         const __m512i p = _mm512_maddubs_epi16(q, zload(a[r].qk + at + 64 * c));
         z[r] = _mm512_dpwssd_epi32(z[r], p, scv);
@@ -639,10 +624,11 @@ struct KQ6K {
             zjoin(_mm256_set1_epi16((short)(4 * j)), _mm256_set1_epi16((short)(4 * j + 2)));
         const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), mask2);
         const __m512i q = _mm512_or_si512(lo[j], _mm512_slli_epi16(hb, 4));
-        const __m512i scv =
-            _mm512_shuffle_epi8(pairs, zjoin(pair_index(4 * j), pair_index(4 * j + 2)));
+        const __m512i scv = _mm512_shuffle_epi8(
+            pairs, zjoin(pair_index(4 * j), pair_index(4 * j + 2)));
         for (int r = 0; r < N; ++r) {
-          const __m512i p = _mm512_maddubs_epi16(q, zload(a[r].qk + at + 128 * h + 64 * j));
+          const __m512i p =
+              _mm512_maddubs_epi16(q, zload(a[r].qk + at + 128 * h + 64 * j));
           z[r] = _mm512_dpwssd_epi32(z[r], p, scv);
         }
       }
