@@ -14,6 +14,21 @@ namespace {
 
 using nlohmann::json;
 
+// Tool definitions and arguments are walked recursively (dumped, shown as the template shows
+// them): deeper values are refused, not walked (an 8 MiB body nests millions of levels).
+constexpr int kMaxToolDepth = 64;
+
+// Whether v nests no deeper than `cap` levels (checked without going deeper).
+template <class J>
+bool depth_within(const J& v, int cap) {
+  if (!v.is_structured()) return true;
+  if (cap <= 0) return false;
+  for (const auto& x : v) {
+    if (!depth_within(x, cap - 1)) return false;
+  }
+  return true;
+}
+
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
   throw RequestError(400, param, message);
 }
@@ -342,6 +357,9 @@ std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& wh
     }
     if (!parsed.is_object())
       bad("messages", cw + ".function.arguments must be the JSON text of an object");
+    if (!depth_within(parsed, kMaxToolDepth))
+      bad("messages",
+          fmt::format("{}.function.arguments nests deeper than {} levels", cw, kMaxToolDepth));
     tc.arguments = template_json(parsed);
     out.push_back(std::move(tc));
   }
@@ -385,6 +403,8 @@ void parse_tools(const json& body, ChatRequest& r) {
                          "; expected a JSON schema object");
       if (const json* st = field(*f, "strict"); st && !st->is_boolean())
         bad("tools", where + ".function.strict is a " + type_name(*st) + "; expected a boolean");
+      if (!depth_within(t, kMaxToolDepth))
+        bad("tools", fmt::format("{} nests deeper than {} levels", where, kMaxToolDepth));
       const std::string n = name->get<std::string>();
       if (std::find(r.tool_names.begin(), r.tool_names.end(), n) != r.tool_names.end())
         bad("tools", fmt::format("{}: a second tool named \"{}\"", where, n));
@@ -667,7 +687,8 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
   return p;
 }
 
-json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& tok, int n_ctx) {
+json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& tok, int n_ctx,
+                   const std::string& body_text) {
   expect_object(body);
   const bool messages = field(body, "messages"), prompt = field(body, "prompt"),
              content = field(body, "content");
@@ -678,6 +699,7 @@ json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& t
   ChatRequest r;
   if (messages) {
     r = parse_chat_request(body, limits);
+    if (!body_text.empty()) set_tool_order(r, body_text);
   } else if (prompt) {
     r = parse_completion_request(body, limits);
   } else {  // llama-server's name for the prompt
@@ -803,9 +825,9 @@ std::string template_json(const nlohmann::ordered_json& v) {
 void set_tool_order(ChatRequest& r, const std::string& body_text) {
   if (r.tools.empty()) return;
   const nlohmann::ordered_json body = nlohmann::ordered_json::parse(body_text);
-  const nlohmann::ordered_json& tools = body.at("tools");
-  CT_ASSERT(tools.size() == r.tools.size(), "tools re-read: {} of {}", tools.size(),
-            r.tools.size());
+  const auto it = body.find("tools");
+  if (it == body.end() || !it->is_array() || it->size() != r.tools.size()) return;  // as parsed
+  const nlohmann::ordered_json& tools = *it;
   for (size_t i = 0; i < tools.size(); ++i) r.tools[i] = template_json(tools[i]);
 }
 
@@ -820,7 +842,8 @@ std::optional<ToolCall> call_of(const std::string& text) {
     return std::nullopt;
   }
   if (!j.is_object() || j.size() != 2 || !j.contains("name") || !j.contains("arguments") ||
-      !j["name"].is_string() || !j["arguments"].is_object()) {
+      !j["name"].is_string() || !j["arguments"].is_object() ||
+      !depth_within(j["arguments"], kMaxToolDepth)) {
     return std::nullopt;
   }
   return ToolCall{j["name"].get<std::string>(), j["arguments"].dump()};

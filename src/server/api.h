@@ -156,8 +156,10 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
 // {"messages": [...], "chunks": [...]} as /v1/chat/completions lays it out (exactly one of
 // them). Returns {"tokens", "count", "max_model_len"}; with "with_pieces": true, llama-server's
 // form of "tokens": [{"id", "piece"}], a piece that is not UTF-8 as its bytes.
+// body_text: the body as sent, from which a chat request's tools are re-read in the client's
+// key order (set_tool_order); "" leaves them in the parsed body's order.
 nlohmann::json tokenize_body(const nlohmann::json& body, const ApiLimits& limits,
-                             const Tokenizer& tok, int n_ctx);
+                             const Tokenizer& tok, int n_ctx, const std::string& body_text = "");
 // POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (and llama-server's "content"); an id
 // outside the vocabulary is a RequestError (400, param "tokens").
 nlohmann::json detokenize_body(const nlohmann::json& body, const Tokenizer& tok);

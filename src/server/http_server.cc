@@ -1,7 +1,5 @@
 #include "server/http_server.h"
 
-#include "server/task_queue.h"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,6 +11,8 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+
+#include "server/task_queue.h"
 
 namespace ct::server {
 namespace {
@@ -55,7 +55,9 @@ void ip_and_port(int fd, int (*name)(int, sockaddr*, socklen_t*), std::string& i
   ip = buf;
 }
 
-int to_ms(time_t sec, time_t usec) { return (int)std::min<int64_t>(sec * 1000 + usec / 1000, 1 << 30); }
+int to_ms(time_t sec, time_t usec) {
+  return (int)std::min<int64_t>(sec * 1000 + usec / 1000, 1 << 30);
+}
 
 // One connection's byte stream. Reads go through a buffer that lives as long as the connection
 // (httplib reads request lines one byte at a time); each read waits at most the read timeout and
@@ -129,7 +131,8 @@ class ConnectionStream final : public httplib::Stream {
   // Input already there is taken even at the deadline.
   bool wait_readable() const {
     if (poll_one(fd_, POLLIN, 0) > 0) return true;
-    const auto end = std::min(deadline_, Clock::now() + std::chrono::milliseconds(read_timeout_ms_));
+    const auto end =
+        std::min(deadline_, Clock::now() + std::chrono::milliseconds(read_timeout_ms_));
     for (;;) {
       if (listening_ == INVALID_SOCKET) return false;  // the server is stopping
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now()).count();
@@ -166,7 +169,8 @@ void HttpServer::close_after_response() { t_close_after = true; }
 
 void HttpServer::set_request_timeout(double seconds) {
   // Past a day it is no bound (and the deadline arithmetic stays in range); at least 1 ms.
-  request_timeout_ms_ = seconds > 0 && seconds <= 86400 ? std::max<int64_t>(1, std::llround(seconds * 1000)) : 0;
+  request_timeout_ms_ =
+      seconds > 0 && seconds <= 86400 ? std::max<int64_t>(1, std::llround(seconds * 1000)) : 0;
 }
 
 // Serves requests on one connection until the client closes it, the keep-alive count or idle
@@ -208,8 +212,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                : request_timeout_ms_;
   const int idle_ms = std::max(10, to_ms(keep_alive_timeout_sec_, 0));
   bool ret = false;
-  for (size_t left = overflow ? 1 : keep_alive_max_count_;
-       left > 0 && svr_sock_ != INVALID_SOCKET; --left) {
+  for (size_t left = overflow ? 1 : keep_alive_max_count_; left > 0 && svr_sock_ != INVALID_SOCKET;
+       --left) {
     // Wait for the next request in short slices, so that stop() is seen.
     bool readable = strm.has_buffered();
     for (const auto idle_end = Clock::now() + std::chrono::milliseconds(idle_ms);

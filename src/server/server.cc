@@ -50,8 +50,6 @@ int64_t unix_now() {
 
 }  // namespace
 
-namespace {}  // namespace
-
 bool peer_has_closed(int fd) {
   if (fd < 0) return false;
   pollfd p{fd, POLLIN | POLLRDHUP, 0};
@@ -280,7 +278,7 @@ struct Server::Impl {
         const Model& m = engine.model();
         send_json(res, 200,
                   tokenize_body(parse_json_body(req.body), opt.limits, m.tokenizer(),
-                                m.config().n_ctx_train));
+                                m.config().n_ctx_train, req.body));
       });
     });
     http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {

@@ -38,7 +38,7 @@ struct ServerOptions {
   // One stderr line per engine step that did work: its decode, prefill and encoding rows and
   // its wall time (`serve --log-steps`; for finding what holds up the running requests).
   bool log_steps = false;
-  int listen_backlog = 512;       // pending connections the kernel queues
+  int listen_backlog = 512;  // pending connections the kernel queues
   // Continuous batching: the K/V budget (bytes), the most requests decoding at once, and the
   // longest admission queue (beyond it: 503 with Retry-After).
   SchedulerOptions batching;

@@ -64,15 +64,16 @@ ServerMetrics::ServerMetrics()
       http_rejected(registry.counter("cachetune_http_overload_rejected_total",
                                      "Requests answered 503 because every connection worker was "
                                      "busy and the connection queue (--http-queue) full")),
-      queue_length(
-          registry.gauge("cachetune_queue_length", "Requests waiting for admission into the running batch")),
+      queue_length(registry.gauge("cachetune_queue_length",
+                                  "Requests waiting for admission into the running batch")),
       running_sequences(
           registry.gauge("cachetune_running_sequences", "Sequences in the engine's running batch")),
       kv_budget_bytes_in_use(registry.gauge("cachetune_kv_budget_bytes_in_use",
                                             "Bytes of the KV memory budget held by sequences")),
-      batch_rows(registry.histogram("cachetune_batch_rows",
-                                    "Rows in one engine step: a decode row per generating sequence and prefill rows",
-                                    kBatchRowBuckets)),
+      batch_rows(registry.histogram(
+          "cachetune_batch_rows",
+          "Rows in one engine step: a decode row per generating sequence and prefill rows",
+          kBatchRowBuckets)),
       step_seconds(registry.histogram("cachetune_step_seconds",
                                       "Wall time of one engine step that did work (decode rows, "
                                       "prefill slices, chunk encoding)",
@@ -90,8 +91,8 @@ void ServerMetrics::record_step(const StepRows& rows, double seconds) {
 
 std::string ServerMetrics::route_label(const std::string& path) {
   static const char* const kRoutes[] = {
-      "/health",          "/metrics",   "/v1/models", "/v1/chat/completions",
-      "/v1/completions",  "/v1/chunks", "/tokenize",  "/detokenize"};
+      "/health",         "/metrics",   "/v1/models", "/v1/chat/completions",
+      "/v1/completions", "/v1/chunks", "/tokenize",  "/detokenize"};
   for (const char* r : kRoutes)
     if (path == r) return r;
   return "other";

@@ -373,6 +373,23 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
                     user("q")}}},
                  "messages", "JSON text of an object");
   expect_refused({{"messages", q}, {"functions", json::array({1})}}, "functions", "send 'tools'");
+  // Nesting is bounded before anything walks it.
+  json deep = weather_tool();
+  json nest = json::array();
+  for (int i = 0; i < 100; ++i) nest = json::array({nest});
+  deep["function"]["parameters"]["x-deep"] = nest;
+  expect_refused({{"messages", q}, {"tools", {deep}}}, "tools", "deeper than 64");
+  std::string args = "{\"a\": " + std::string(100, '[') + std::string(100, ']') + "}";
+  expect_refused({{"messages",
+                   {user("q"),
+                    {{"role", "assistant"},
+                     {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", args}}}}}}},
+                    user("q")}}},
+                 "messages", "deeper than 64");
+  EXPECT_TRUE(parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": " +
+                                   args.substr(0, args.size()) + "}</tool_call>",
+                               false)
+                  .calls.empty());
   expect_refused({{"prompt", "x"}, {"tools", {weather_tool()}}}, "tools", "/v1/chat/completions",
                  {}, parse_completion_request);
 }
