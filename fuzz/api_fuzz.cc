@@ -39,6 +39,12 @@ const ct::Tokenizer& byte_vocab() {
     s.token_types.push_back(3);
     s.token_types.push_back(3);
     s.eos = 257;
+    // ChatML with the Hermes tool form, so that tools and tool turns are rendered too.
+    s.chat_template =
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- \"\\n<tools>\" }}{%- for t in tools %}"
+        "{{- \"\\n\" }}{{- t | tojson }}{%- endfor %}{{- \"\\n</tools><|im_end|>\\n\" }}{%- endif %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- '\", \"arguments\": ' }}{{- '}\\n</tool_call>' }}"
+        "{{- '\\n<tool_response>\\n' }}{{- '\\n</tool_response>' }}<|im_start|>";
     return ct::Tokenizer::from_vocab(s);
   }();
   return tok;
@@ -78,8 +84,26 @@ void check_request(const ct::server::ChatRequest& r, const ct::server::ApiLimits
 
 }  // namespace
 
+// The tool-call reader on arbitrary answer text: calls hold a name and an object's JSON text,
+// and content is held back from the first "<tool_call>" on.
+void check_tool_reader(const std::string& text) {
+  for (bool forced : {false, true}) {
+    const ct::server::ToolCallsParsed p = ct::server::parse_tool_calls(text, forced);
+    for (const ct::server::ToolCall& c : p.calls) {
+      const nlohmann::json a = nlohmann::json::parse(c.arguments, nullptr, false);
+      if (a.is_discarded() || !a.is_object()) ct::fuzz::finding("tool call arguments");
+    }
+    if (p.calls.empty() && p.content != text) ct::fuzz::finding("text lost without calls");
+    const size_t n = ct::server::tool_stream_ready(text, 0, forced);
+    if (n > text.size() || (forced && n != 0)) ct::fuzz::finding("tool_stream_ready");
+    const size_t at = text.find("<tool_call>");
+    if (at != std::string::npos && n > at) ct::fuzz::finding("a call streamed as content");
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  check_tool_reader(text);
   ct::server::ApiLimits limits;
   limits.max_chunks = 8;
   limits.max_chunk_bytes = 64;  // small, so the fuzzer reaches the size checks
@@ -91,7 +115,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   try {
-    check_request(ct::server::parse_chat_request(body, limits), limits);
+    ct::server::ChatRequest r = ct::server::parse_chat_request(body, limits);
+    ct::server::set_tool_order(r, text);
+    check_request(r, limits);
   } catch (const ct::server::RequestError&) {
   }
   try {

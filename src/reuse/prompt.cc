@@ -82,7 +82,7 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
       cur->add(pieces[k], true);
       continue;
     }
-    if (!instruction.empty()) {
+    if (!instruction.empty() && tools.question_role != "tool") {  // a result is no question
       head.add(instruction, true);
       head.add("\n\n", false);
       tail.add("Question: ", false);

@@ -42,8 +42,8 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
 // What a conversation with tools adds (Tokenizer::apply_chat_template's tool form): the tool
 // definitions (each one JSON text) and the role of the message holding the question: "user", or
 // "tool" when the conversation ends with a tool's result (the answer then follows the results;
-// the documents, if any, come before that result's content). history may then hold tool results
-// and assistant tool calls.
+// the documents, if any, come before that result's content, with no instruction and no
+// "Question: " label). history may then hold tool results and assistant tool calls.
 struct ToolTurns {
   std::vector<std::string> tools;
   std::string question_role = "user";

@@ -15,18 +15,29 @@ namespace {
 using nlohmann::json;
 
 // Tool definitions and arguments are walked recursively (dumped, shown as the template shows
-// them): deeper values are refused, not walked (an 8 MiB body nests millions of levels).
+// them) and read again with their keys in order (nlohmann's ordered_json compares each new key
+// with every earlier one): values nesting deeper, or with objects of more keys, are refused
+// before either happens (an 8 MiB body nests millions of levels or holds a million keys).
 constexpr int kMaxToolDepth = 64;
+constexpr size_t kMaxToolKeys = 1024;
 
-// Whether v nests no deeper than `cap` levels (checked without going deeper).
-template <class J>
-bool depth_within(const J& v, int cap) {
+// Whether v nests no deeper than `depth` levels and no object of it has more than kMaxToolKeys
+// keys (checked without going deeper).
+bool shape_within(const json& v, int depth) {
   if (!v.is_structured()) return true;
-  if (cap <= 0) return false;
+  if (depth <= 0 || (v.is_object() && v.size() > kMaxToolKeys)) return false;
   for (const auto& x : v) {
-    if (!depth_within(x, cap - 1)) return false;
+    if (!shape_within(x, depth - 1)) return false;
   }
   return true;
+}
+
+// JSON text read with its keys in order, once its shape passes shape_within (read first
+// without the order); nullopt for text that is not JSON or does not pass.
+std::optional<nlohmann::ordered_json> parse_in_order(const std::string& text) {
+  const json plain = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (plain.is_discarded() || !shape_within(plain, kMaxToolDepth)) return std::nullopt;
+  return nlohmann::ordered_json::parse(text);
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
@@ -348,22 +359,36 @@ std::vector<ChatToolCall> tool_calls_of(const json& calls, const std::string& wh
     ChatToolCall tc;
     tc.name = string_field(*f, "name", cw + ".function");
     if (tc.name.empty()) bad("messages", cw + ".function.name is empty");
-    const std::string args = string_field(*f, "arguments", cw + ".function");
-    nlohmann::ordered_json parsed;
-    try {
-      parsed = nlohmann::ordered_json::parse(args);
-    } catch (const nlohmann::ordered_json::exception& e) {
-      bad("messages", fmt::format("{}.function.arguments is not JSON text: {}", cw, e.what()));
+    const std::optional<nlohmann::ordered_json> parsed =
+        parse_in_order(string_field(*f, "arguments", cw + ".function"));
+    if (!parsed || !parsed->is_object()) {
+      bad("messages", fmt::format("{}.function.arguments must be the JSON text of an object "
+                                  "(nesting at most {} levels, at most {} keys an object)",
+                                  cw, kMaxToolDepth, kMaxToolKeys));
     }
-    if (!parsed.is_object())
-      bad("messages", cw + ".function.arguments must be the JSON text of an object");
-    if (!depth_within(parsed, kMaxToolDepth))
-      bad("messages",
-          fmt::format("{}.function.arguments nests deeper than {} levels", cw, kMaxToolDepth));
-    tc.arguments = template_json(parsed);
+    tc.arguments = template_json(*parsed);
     out.push_back(std::move(tc));
   }
   return out;
+}
+
+// The references of a tool's parameters schema, which point into that schema ("#..."), made to
+// point where the call's schema keeps it (base, "#/$defs/toolI"). Values that are data, not
+// schemas (const, enum, default, examples), are left as they are.
+void rebase_refs(json& s, const std::string& base) {
+  if (s.is_array()) {
+    for (json& x : s) rebase_refs(x, base);
+    return;
+  }
+  if (!s.is_object()) return;
+  for (auto& [k, v] : s.items()) {
+    if (k == "$ref" && v.is_string()) {
+      const std::string t = v.get<std::string>();
+      if (!t.empty() && t[0] == '#') v = base + t.substr(1);
+    } else if (k != "const" && k != "enum" && k != "default" && k != "examples") {
+      rebase_refs(v, base);
+    }
+  }
 }
 
 // A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
@@ -403,8 +428,10 @@ void parse_tools(const json& body, ChatRequest& r) {
                          "; expected a JSON schema object");
       if (const json* st = field(*f, "strict"); st && !st->is_boolean())
         bad("tools", where + ".function.strict is a " + type_name(*st) + "; expected a boolean");
-      if (!depth_within(t, kMaxToolDepth))
-        bad("tools", fmt::format("{} nests deeper than {} levels", where, kMaxToolDepth));
+      if (!shape_within(t, kMaxToolDepth))
+        bad("tools", fmt::format("{} nests deeper than {} levels or has an object of more than {} "
+                                 "keys",
+                                 where, kMaxToolDepth, kMaxToolKeys));
       const std::string n = name->get<std::string>();
       if (std::find(r.tool_names.begin(), r.tool_names.end(), n) != r.tool_names.end())
         bad("tools", fmt::format("{}: a second tool named \"{}\"", where, n));
@@ -438,8 +465,8 @@ void parse_tools(const json& body, ChatRequest& r) {
           "'tool_choice' must be \"none\", \"auto\", \"required\" or "
           "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
-    if (!tools && r.tool_choice != ToolChoice::kNone)
-      bad("tool_choice", "'tool_choice' needs 'tools'");
+    if (r.tools.empty() && r.tool_choice != ToolChoice::kNone)
+      bad("tool_choice", "'tool_choice' needs 'tools' (a non-empty array)");
   }
   if (const json* p = field(body, "parallel_tool_calls")) {
     if (!p->is_boolean())
@@ -452,30 +479,41 @@ void parse_tools(const json& body, ChatRequest& r) {
     bad("tool_choice",
         "tool_choice \"required\" or a named function with a JSON "
         "response_format: the answer is the call");
-  // The call's object: the function's name, then its arguments under its parameters' schema;
-  // several allowed functions form a union told apart by the name.
-  json alts = json::array();
+  if (!r.gen.stop_at_eog)
+    bad("ignore_eos",
+        "'ignore_eos' with tool_choice \"required\" or a named function: the "
+        "answer ends with the call");
+  // The call's object: the function's name, then its arguments under its parameters' schema,
+  // kept under the root's $defs (its own references rebased there); several allowed functions
+  // form a union told apart by the name.
+  json alts = json::array(), defs = json::object();
   for (size_t i = 0; i < tools->size(); ++i) {
     const json& f = (*tools)[i]["function"];
     const std::string n = f["name"].get<std::string>();
     if (r.tool_choice == ToolChoice::kNamed && n != r.tool_name) continue;
+    const std::string key = fmt::format("tool{}", i);
     const json* params = field(f, "parameters");
+    json p = params ? *params : json{{"type", "object"}};
+    rebase_refs(p, "#/$defs/" + key);
     json one = {
         {"type", "object"},
-        {"properties",
-         {{"name", {{"const", n}}}, {"arguments", params ? *params : json{{"type", "object"}}}}},
+        {"properties", {{"name", {{"const", n}}}, {"arguments", {{"$ref", "#/$defs/" + key}}}}},
         {"required", {"name", "arguments"}},
         {"additionalProperties", false}};
     try {
-      JsonSchema::compile(one);
+      json alone = one;
+      alone["$defs"] = {{key, p}};
+      JsonSchema::compile(alone);
     } catch (const Error& e) {
       bad("tools", fmt::format("tools[{}].function.parameters: {} (tool_choice \"required\" or "
                                "named holds the call to its schema)",
                                i, e.what()));
     }
+    defs[key] = std::move(p);
     alts.push_back(std::move(one));
   }
-  const json schema = alts.size() == 1 ? alts[0] : json{{"anyOf", alts}};
+  json schema = alts.size() == 1 ? alts[0] : json{{"anyOf", alts}};
+  schema["$defs"] = std::move(defs);
   try {
     r.gen.json_schema = JsonSchema::compile(schema);
   } catch (const Error& e) {
@@ -650,7 +688,7 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
     } catch (const Error& e) {
       // A template without the tool form: the model cannot be shown tools or their turns.
       if (tok.supports_tools()) throw;
-      bad(r.tools.empty() ? "messages" : "tools", e.what());
+      bad(tt.tools.empty() ? "messages" : "tools", e.what());
     }
     if (r.forces_tool_call()) {  // the answer starts inside the call's block
       const std::vector<int32_t> open = tok.encode("<tool_call>\n", /*parse_special=*/true, false);
@@ -824,7 +862,11 @@ std::string template_json(const nlohmann::ordered_json& v) {
 
 void set_tool_order(ChatRequest& r, const std::string& body_text) {
   if (r.tools.empty()) return;
-  const nlohmann::ordered_json body = nlohmann::ordered_json::parse(body_text);
+  // Only the top level's "tools" is kept (and so ordered): the body's other members are skipped.
+  const nlohmann::ordered_json body = nlohmann::ordered_json::parse(
+      body_text, [](int depth, nlohmann::ordered_json::parse_event_t e, nlohmann::ordered_json& v) {
+        return !(depth == 1 && e == nlohmann::ordered_json::parse_event_t::key && v != "tools");
+      });
   const auto it = body.find("tools");
   if (it == body.end() || !it->is_array() || it->size() != r.tools.size()) return;  // as parsed
   const nlohmann::ordered_json& tools = *it;
@@ -835,15 +877,11 @@ namespace {
 
 // The call a block's JSON text holds: {"name": string, "arguments": object}, in either order.
 std::optional<ToolCall> call_of(const std::string& text) {
-  nlohmann::ordered_json j;
-  try {
-    j = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::ordered_json::exception&) {
-    return std::nullopt;
-  }
+  const std::optional<nlohmann::ordered_json> parsed = parse_in_order(text);
+  if (!parsed) return std::nullopt;
+  const nlohmann::ordered_json& j = *parsed;
   if (!j.is_object() || j.size() != 2 || !j.contains("name") || !j.contains("arguments") ||
-      !j["name"].is_string() || !j["arguments"].is_object() ||
-      !depth_within(j["arguments"], kMaxToolDepth)) {
+      !j["name"].is_string() || !j["arguments"].is_object()) {
     return std::nullopt;
   }
   return ToolCall{j["name"].get<std::string>(), j["arguments"].dump()};
@@ -883,16 +921,23 @@ ToolCallsParsed parse_tool_calls(const std::string& text, bool forced) {
   return out;
 }
 
-size_t tool_stream_ready(const std::string& text, bool forced) {
+size_t tool_stream_ready(const std::string& text, size_t from, bool forced) {
   if (forced) return 0;
   const std::string open = "<tool_call>";
-  const size_t at = text.find(open);
-  if (at != std::string::npos) return at;
-  // Hold a tail that may be the start of "<tool_call>".
-  for (size_t k = std::min(open.size() - 1, text.size()); k > 0; --k) {
-    if (text.compare(text.size() - k, k, open, 0, k) == 0) return text.size() - k;
+  size_t ready = text.size();
+  if (const size_t at = text.find(open, from); at != std::string::npos) {
+    ready = at;
+  } else {
+    // Hold a tail that may be the start of "<tool_call>".
+    for (size_t k = std::min(open.size() - 1, text.size()); k > 0; --k) {
+      if (text.compare(text.size() - k, k, open, 0, k) == 0) {
+        ready = text.size() - k;
+        break;
+      }
+    }
   }
-  return text.size();
+  // Blank text before a call is no content (parse_tool_calls makes it null): wait for more.
+  return from == 0 && blank(text.substr(0, ready)) ? 0 : ready;
 }
 
 std::string finish_reason(const Answer& a, const ChatRequest& r) {

@@ -113,10 +113,11 @@ nlohmann::json tool_calls_body(const std::vector<ToolCall>& calls, const ChatReq
                                const std::string& id, int choice);
 
 // While a streamed answer's tool calls are read: how many bytes of its text so far may go out as
-// content, the text before the first "<tool_call>" less a tail that may begin one (none when the
-// answer is a forced call). The rest waits for the answer's end, where parse_tool_calls decides
-// between calls and content.
-size_t tool_stream_ready(const std::string& text, bool forced);
+// content, the text before the first "<tool_call>" less a tail that may begin one, and nothing
+// while that text is blank (none when the answer is a forced call). The rest waits for the
+// answer's end, where parse_tool_calls decides between calls and content. from: the bytes
+// already sent (text before them is not searched again).
+size_t tool_stream_ready(const std::string& text, size_t from, bool forced);
 
 // The templates' `tojson` (Python's json.dumps as Hugging Face's chat templates call it): ", "
 // and ": " between items, keys in the object's order, non-ASCII characters as they are.

@@ -572,7 +572,7 @@ struct Server::Impl {
           std::string ready = take_complete_utf8(pending[i]);
           if (tools) {  // content up to a possible tool call; the rest waits for the end
             whole[i] += ready;
-            const size_t n = tool_stream_ready(whole[i], r.forces_tool_call());
+            const size_t n = tool_stream_ready(whole[i], sent[i], r.forces_tool_call());
             ready = n > sent[i] ? whole[i].substr(sent[i], n - sent[i]) : std::string();
             sent[i] = std::max(sent[i], n);
           }

@@ -74,6 +74,25 @@ const char* const kTinyChatTemplate =
     "'<|im_start|>assistant\\n' "
     "}}{% endif %}";
 
+const char* const kTinyToolTemplate =
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] }}{%- endif %}{{- \"\\n<tools>\" }}"
+    "{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}{%- endfor %}"
+    "{{- \"\\n</tools><|im_end|>\\n\" }}{%- endif %}"
+    "{%- for message in messages %}{%- if message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}"
+    "{%- endif %}{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}{%- elif message.tool_calls %}{{- '<|im_start|>' + message.role }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{{- '\\n<tool_call>\\n{\"name\": \"' }}"
+    "{{- tool_call.function.name }}{{- '\", \"arguments\": ' }}"
+    "{{- tool_call.function.arguments | tojson }}{{- '}\\n</tool_call>' }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- elif not (tools and loop.first and message.role == 'system') %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}";
+
 TinyVocab tiny_vocab() {
   TinyVocab v;
   for (int b = 0; b < 256; ++b) v.tokens.push_back(byte_to_unicode(b));
@@ -144,7 +163,8 @@ std::string write_tiny_model(const std::string& path, const TinyModelOptions& o)
   w.set_u32("tokenizer.ggml.bos_token_id", (uint32_t)vocab.im_start);
   w.set_u32("tokenizer.ggml.eos_token_id", (uint32_t)vocab.im_end);
   w.set_bool("tokenizer.ggml.add_bos_token", false);
-  w.set_str("tokenizer.chat_template", kTinyChatTemplate);
+  w.set_str("tokenizer.chat_template",
+            o.chat_template.empty() ? kTinyChatTemplate : o.chat_template);
 
   // Scales: embeddings ~0.1 so that RMS-normalised inputs are O(1); projections 0.05 (about
   // 0.4/sqrt(fan_in)) so that each residual update stays small; norm gains near 1.

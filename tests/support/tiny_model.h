@@ -46,6 +46,8 @@ struct TinyModelOptions {
   // F32 biases blk.N.attn_{q,k,v}.bias; unset: exactly when arch is "qwen2" (as Qwen2 files).
   // Last, so that positional initialisers of the fields above keep their meaning.
   std::optional<bool> qkv_bias;
+  // tokenizer.chat_template; empty: kTinyChatTemplate (kTinyToolTemplate adds the tool form).
+  std::string chat_template;
 };
 
 // The tokenizer written into every tiny model, for tests that check token ids.
@@ -61,6 +63,10 @@ TinyVocab tiny_vocab();
 
 // The ChatML template stored as tokenizer.chat_template.
 extern const char* const kTinyChatTemplate;
+// A ChatML template with the Hermes tool form (Qwen2.5's structure; no instructions around the
+// definitions): tools inside <tools></tools> in the system turn, calls as <tool_call> blocks,
+// results as <tool_response> blocks. Without tools it renders as kTinyChatTemplate.
+extern const char* const kTinyToolTemplate;
 
 // n seeded random token ids in [0, 255]: the byte tokens of the tiny vocabulary (std::mt19937).
 std::vector<int32_t> random_byte_tokens(int n, uint32_t seed);

@@ -302,7 +302,7 @@ json weather_tool() {
            {{"name", "get_weather"},
             {"parameters",
              {{"type", "object"},
-              {"properties", {{"city", {{"type", "string"}}}}},
+              {"properties", {{"city", {{"type", "string"}, {"maxLength", 8}}}}},
               {"required", {"city"}}}}}}};
 }
 
@@ -343,6 +343,20 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
        {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}},
       {});
   EXPECT_EQ(named.tool_choice, ToolChoice::kNamed);
+  // Parameters with their own $defs (pydantic's nested models): the references still resolve.
+  json nested = weather_tool();
+  nested["function"]["name"] = "find_place";
+  nested["function"]["parameters"] = {
+      {"$defs",
+       {{"Place", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}},
+      {"type", "object"},
+      {"properties", {{"where", {{"$ref", "#/$defs/Place"}}}}},
+      {"required", {"where"}}};
+  EXPECT_TRUE(parse_chat_request({{"messages", {user("q")}},
+                                  {"tools", {nested, weather_tool()}},
+                                  {"tool_choice", "required"}},
+                                 {})
+                  .gen.json_schema);
   const ChatRequest none = parse_chat_request(
       {{"messages", {user("q")}}, {"tools", {weather_tool()}}, {"tool_choice", "none"}}, {});
   EXPECT_FALSE(none.reads_tool_calls());
@@ -356,6 +370,13 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
   expect_refused({{"messages", q}, {"tools", {weather_tool(), weather_tool()}}}, "tools",
                  "a second tool named \"get_weather\"");
   expect_refused({{"messages", q}, {"tool_choice", "auto"}}, "tool_choice", "needs 'tools'");
+  expect_refused({{"messages", q}, {"tools", json::array()}, {"tool_choice", "required"}},
+                 "tool_choice", "needs 'tools'");
+  expect_refused({{"messages", q},
+                  {"tools", {weather_tool()}},
+                  {"tool_choice", "required"},
+                  {"ignore_eos", true}},
+                 "ignore_eos", "ends with the call");
   expect_refused({{"messages", q}, {"tools", {weather_tool()}}, {"tool_choice", "always"}},
                  "tool_choice", "\"required\"");
   expect_refused({{"messages", q},
@@ -385,7 +406,7 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
                     {{"role", "assistant"},
                      {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", args}}}}}}},
                     user("q")}}},
-                 "messages", "deeper than 64");
+                 "messages", "nesting at most 64 levels");
   EXPECT_TRUE(parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": " +
                                    args.substr(0, args.size()) + "}</tool_call>",
                                false)
@@ -425,12 +446,16 @@ TEST(ServerApi, ReadsHermesToolCallsFromAnswers) {
   EXPECT_EQ(p.calls[0].arguments, "{\"a\":[1]}");
 
   // Streaming holds back from the first "<tool_call>", and a tail that may begin one.
-  EXPECT_EQ(tool_stream_ready("Hello", false), 5u);
-  EXPECT_EQ(tool_stream_ready("Hello <tool", false), 6u);
-  EXPECT_EQ(tool_stream_ready("Hello <", false), 6u);
-  EXPECT_EQ(tool_stream_ready("a<b", false), 3u);
-  EXPECT_EQ(tool_stream_ready("ok <tool_call>{", false), 3u);
-  EXPECT_EQ(tool_stream_ready("anything", true), 0u);
+  EXPECT_EQ(tool_stream_ready("Hello", 0, false), 5u);
+  EXPECT_EQ(tool_stream_ready("Hello <tool", 0, false), 6u);
+  EXPECT_EQ(tool_stream_ready("Hello <", 0, false), 6u);
+  EXPECT_EQ(tool_stream_ready("a<b", 0, false), 3u);
+  EXPECT_EQ(tool_stream_ready("ok <tool_call>{", 0, false), 3u);
+  EXPECT_EQ(tool_stream_ready("ok <tool_call>{", 3, false), 3u);
+  EXPECT_EQ(tool_stream_ready("anything", 0, true), 0u);
+  EXPECT_EQ(tool_stream_ready(" \n", 0, false), 0u);  // blank: not content yet
+  EXPECT_EQ(tool_stream_ready(" \n<tool_call>", 0, false), 0u);
+  EXPECT_EQ(tool_stream_ready(" \nHi", 0, false), 4u);
 
   ChatRequest r;
   r.parallel_tool_calls = false;
@@ -656,6 +681,7 @@ class LiveServerTest : public ::testing::Test {
     test::TinyModelOptions o;
     o.n_layer = 2;
     o.context_length = 512;
+    o.chat_template = test::kTinyToolTemplate;  // renders as kTinyChatTemplate without tools
     EngineOptions eo;
     eo.model_path = test::write_tiny_model(dir_->path() + "/tiny.gguf", o);
     eo.tiers = {parse_tier_spec("host:64M")};
@@ -806,6 +832,112 @@ std::vector<json> sse_events(const std::string& body, bool* done) {
     out.push_back(json::parse(payload));
   }
   return out;
+}
+
+// tool_choice "required" on the tiny model (whose template has the tool form): the answer is held
+// to a call of a listed tool with arguments its schema accepts, returned as tool_calls with
+// finish_reason "tool_calls", whole and streamed alike; under "auto" a text without a
+// <tool_call> block stays content, streamed as the whole answer's content.
+TEST_F(LiveServerTest, ToolCallsWholeAndStreamed) {
+  // Short definitions: the tiny model's byte-level prompt must leave room in its 512 positions.
+  auto tool = [](const std::string& name, const std::string& arg) {
+    return json{{"type", "function"},
+                {"function",
+                 {{"name", name},
+                  {"parameters",
+                   {{"type", "object"},
+                    {"properties", {{arg, {{"type", "string"}, {"maxLength", 4}}}}},
+                    {"required", {arg}},
+                    {"additionalProperties", false}}}}}};
+  };
+  const json tools = {tool("weather", "city"), tool("time", "tz")};
+  // A random model pads JSON with whitespace wherever it may (up to 32 bytes in a row): biased
+  // away here, the call fits max_tokens on any CPU's greedy path.
+  json bias = json::object();
+  for (const char* ws : {" ", "\n", "\t", "\r", "\n\n"}) {
+    for (int32_t id : engine_->model().tokenizer().encode(ws, false))
+      bias[std::to_string(id)] = -100;
+  }
+  json body = {{"messages", {user("Weather in Oslo?")}},
+               {"tools", tools},
+               {"tool_choice", "required"},
+               {"logit_bias", bias},
+               {"max_tokens", 80}};
+  const json whole = post_ok("/v1/chat/completions", body.dump());
+  ASSERT_FALSE(whole.is_null());
+  const json& choice = whole["choices"][0];
+  ASSERT_EQ(choice["finish_reason"], "tool_calls") << whole.dump();
+  const json& msg = choice["message"];
+  EXPECT_TRUE(msg["content"].is_null());
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  const json& call = msg["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  const std::string name = call["function"]["name"];
+  const json args = json::parse(call["function"]["arguments"].get<std::string>());
+  if (name == "weather") {
+    EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << args.dump();
+  } else {
+    ASSERT_EQ(name, "time");
+    EXPECT_TRUE(args.contains("tz") && args["tz"].get<std::string>().size() <= 4) << args.dump();
+  }
+  body["stream"] = true;
+  auto res = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res);
+  bool done = false;
+  std::string content, finish;
+  json calls = json::array();
+  for (const json& e : sse_events(res->body, &done)) {
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      for (const json& c : d["tool_calls"]) calls.push_back(c);
+    }
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(content, "");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"], call["function"]);
+
+  // A named function: that one.
+  body["stream"] = false;
+  body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "time"}}}};
+  const json named = post_ok("/v1/chat/completions", body.dump());
+  ASSERT_FALSE(named.is_null());
+  EXPECT_EQ(named["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "time");
+
+  // auto: the random model writes no block; its text is the content, whole and streamed.
+  body["tool_choice"] = "auto";
+  body["max_tokens"] = 24;
+  const json text = post_ok("/v1/chat/completions", body.dump());
+  ASSERT_FALSE(text.is_null());
+  ASSERT_FALSE(text["choices"][0]["message"].contains("tool_calls")) << text.dump();
+  body["stream"] = true;
+  res = post("/v1/chat/completions", body.dump());
+  ASSERT_TRUE(res);
+  content.clear();
+  for (const json& e : sse_events(res->body, &done)) {
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(content, text["choices"][0]["message"]["content"].get<std::string>());
+
+  // A conversation ending with a tool's result is answered (its turns need no definitions).
+  const json turn = {
+      {"messages",
+       {user("Weather?"),
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"tool_calls",
+          {{{"id", "c"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Oslo\"}"}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "c"}, {"content", "3 C"}}}},
+      {"max_tokens", 8}};
+  const json after = post_ok("/v1/chat/completions", turn.dump());
+  ASSERT_FALSE(after.is_null());
+  EXPECT_EQ(after["choices"][0]["message"]["role"], "assistant");
 }
 
 // /v1/completions runs a raw prompt: the chat template's text written out as the prompt (control
