@@ -5,11 +5,24 @@
     python3 bench/results/xeon-2t/tools-s38/tool_example.py --base-url http://127.0.0.1:8391/v1
 
 Asks one question with two tools under tool_choice "auto", "required" and a named function,
-each whole and streamed (greedy), then answers the tool's result. Prints what came back.
+each whole and streamed (greedy), then answers the tool's result; then a tool made by
+openai.pydantic_function_tool from a model with a nested model (its schema has $defs and
+$ref) under "required". Prints what came back.
 """
 import argparse
 
 import openai
+import pydantic
+
+
+class Place(pydantic.BaseModel):
+    city: str
+    country: str
+
+
+class Booking(pydantic.BaseModel):
+    place: Place
+    nights: int
 
 TOOLS = [
     {"type": "function", "function": {
@@ -56,6 +69,13 @@ def main():
                                   temperature=0)
     print(f"after the result: finish_reason={r.choices[0].finish_reason} "
           f"content={r.choices[0].message.content!r}")
+    book = [{"role": "user", "content": "Book two nights in Lyon, France."}]
+    r = c.chat.completions.create(model="m", messages=book,
+                                  tools=[openai.pydantic_function_tool(Booking)],
+                                  tool_choice="required", max_tokens=80, temperature=0)
+    m = r.choices[0]
+    calls = [(t.function.name, t.function.arguments) for t in (m.message.tool_calls or [])]
+    print(f"pydantic tool with $defs, required: finish_reason={m.finish_reason} tool_calls={calls}")
 
 
 if __name__ == "__main__":
