@@ -361,7 +361,7 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
       {{"messages", {user("q")}}, {"tools", {weather_tool()}}, {"tool_choice", "none"}}, {});
   EXPECT_FALSE(none.reads_tool_calls());
 
-  const json q = {user("q")};
+  const json q = json::array({user("q")});  // (clang reads {user("q")} as the object itself)
   expect_refused({{"messages", q}, {"tools", weather_tool()}}, "tools", "expected an array");
   expect_refused({{"messages", q}, {"tools", {{{"type", "web"}}}}}, "tools", "\"function\"");
   json bad_name = weather_tool();
