@@ -42,8 +42,10 @@ const ct::Tokenizer& byte_vocab() {
     // ChatML with the Hermes tool form, so that tools and tool turns are rendered too.
     s.chat_template =
         "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- \"\\n<tools>\" }}{%- for t in tools %}"
-        "{{- \"\\n\" }}{{- t | tojson }}{%- endfor %}{{- \"\\n</tools><|im_end|>\\n\" }}{%- endif %}"
-        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- '\", \"arguments\": ' }}{{- '}\\n</tool_call>' }}"
+        "{{- \"\\n\" }}{{- t | tojson }}{%- endfor %}"
+        "{{- \"\\n</tools><|im_end|>\\n\" }}{%- endif %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{{- '\", \"arguments\": ' }}"
+        "{{- '}\\n</tool_call>' }}"
         "{{- '\\n<tool_response>\\n' }}{{- '\\n</tool_response>' }}<|im_start|>";
     return ct::Tokenizer::from_vocab(s);
   }();
@@ -115,9 +117,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   try {
-    ct::server::ChatRequest r = ct::server::parse_chat_request(body, limits);
-    ct::server::set_tool_order(r, text);
-    check_request(r, limits);
+    check_request(ct::server::parse_chat_request(body, limits, text), limits);
   } catch (const ct::server::RequestError&) {
   }
   try {

@@ -26,9 +26,10 @@ struct SplicedText {
   }
 };
 
-std::string content_marker(size_t i) {
-  return std::string("\x01\x02") + "cachetune-" + std::to_string(i) + "\x02\x01";
-}
+// A piece of user text's stand-in while the template renders: kMarkerOpen, its index, kMarkerClose.
+const std::string kMarkerOpen = std::string("\x01\x02") + "cachetune-", kMarkerClose = "\x02\x01";
+
+std::string content_marker(size_t i) { return kMarkerOpen + std::to_string(i) + kMarkerClose; }
 
 }  // namespace
 
@@ -68,16 +69,17 @@ RagPromptTokens build_rag_prompt(const Tokenizer& tok, const std::vector<std::st
   SplicedText head, tail;
   SplicedText* cur = &head;
   std::vector<bool> seen(pieces.size(), false);
-  const std::string open = std::string("\x01\x02") + "cachetune-", close = "\x02\x01";
   size_t pos = 0;
-  for (size_t at = rendered.find(open); at != std::string::npos; at = rendered.find(open, pos)) {
-    const size_t end = rendered.find(close, at);
+  for (size_t at = rendered.find(kMarkerOpen); at != std::string::npos;
+       at = rendered.find(kMarkerOpen, pos)) {
+    const size_t end = rendered.find(kMarkerClose, at);
     CT_ASSERT(end != std::string::npos, "chat template cut a content marker");
-    const size_t k = std::stoul(rendered.substr(at + open.size(), end - at - open.size()));
+    const size_t k =
+        std::stoul(rendered.substr(at + kMarkerOpen.size(), end - at - kMarkerOpen.size()));
     CT_ASSERT(k < pieces.size() && !seen[k], "chat template repeated content {}", k);
     seen[k] = true;
     cur->add(rendered.substr(pos, at - pos), false);
-    pos = end + close.size();
+    pos = end + kMarkerClose.size();
     if (k != q) {
       cur->add(pieces[k], true);
       continue;

@@ -19,6 +19,8 @@ using nlohmann::json;
 // with every earlier one): values nesting deeper, or with objects of more keys, are refused
 // before either happens (an 8 MiB body nests millions of levels or holds a million keys).
 constexpr int kMaxToolDepth = 64;
+// The Hermes form's call block (Tokenizer::apply_chat_template writes the same).
+const std::string kCallOpen = "<tool_call>", kCallClose = "</tool_call>";
 constexpr size_t kMaxToolKeys = 1024;
 
 // Whether v nests no deeper than `depth` levels and no object of it has more than kMaxToolKeys
@@ -400,9 +402,23 @@ bool tool_name_ok(const std::string& n) {
 
 constexpr size_t kMaxTools = 128;
 
+// The body's "tools" read again from its text with the keys in the client's order (the other
+// members skipped); null when there is no text or it does not match the parsed tools.
+std::optional<nlohmann::ordered_json> tools_in_order(const std::string& body_text, size_t n) {
+  if (body_text.empty()) return std::nullopt;
+  nlohmann::ordered_json body = nlohmann::ordered_json::parse(
+      body_text, [](int depth, nlohmann::ordered_json::parse_event_t e, nlohmann::ordered_json& v) {
+        return !(depth == 1 && e == nlohmann::ordered_json::parse_event_t::key && v != "tools");
+      });
+  const auto it = body.find("tools");
+  if (it == body.end() || !it->is_array() || it->size() != n) return std::nullopt;
+  return std::move(*it);
+}
+
 // tools, tool_choice and parallel_tool_calls of a chat request; with tool_choice "required" or a
-// named function, the schema the call must satisfy (GenerateOptions::json_schema).
-void parse_tools(const json& body, ChatRequest& r) {
+// named function, the schema the call must satisfy (GenerateOptions::json_schema). The
+// definitions are shown in the key order of body_text where given (parse_chat_request).
+void parse_tools(const json& body, const std::string& body_text, ChatRequest& r) {
   const json* tools = field(body, "tools");
   if (tools) {
     if (!tools->is_array())
@@ -436,7 +452,12 @@ void parse_tools(const json& body, ChatRequest& r) {
       if (std::find(r.tool_names.begin(), r.tool_names.end(), n) != r.tool_names.end())
         bad("tools", fmt::format("{}: a second tool named \"{}\"", where, n));
       r.tool_names.push_back(n);
-      r.tools.push_back(template_json(nlohmann::ordered_json::parse(t.dump())));
+    }
+    // Validated: each definition shown once, in the client's order where the text is at hand.
+    const std::optional<nlohmann::ordered_json> ordered = tools_in_order(body_text, tools->size());
+    for (size_t i = 0; i < tools->size(); ++i) {
+      r.tools.push_back(template_json(ordered ? (*ordered)[i]
+                                              : nlohmann::ordered_json::parse((*tools)[i].dump())));
     }
   }
   if (const json* tc = field(body, "tool_choice")) {
@@ -531,7 +552,8 @@ json parse_json_body(const std::string& text) {
   }
 }
 
-ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
+ChatRequest parse_chat_request(const json& body, const ApiLimits& limits,
+                               const std::string& body_text) {
   expect_object(body);
   ChatRequest r;
 
@@ -571,7 +593,7 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
   }
 
   parse_shared(body, limits, r);
-  parse_tools(body, r);
+  parse_tools(body, body_text, r);
   if (const json* lp = field(body, "logprobs")) {
     if (!lp->is_boolean())
       bad("logprobs", "'logprobs' is a " + type_name(*lp) + "; expected a boolean");
@@ -583,6 +605,10 @@ ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
     r.gen.logprobs = k;
   }
   return r;
+}
+
+ChatRequest parse_chat_request(const json& body, const ApiLimits& limits) {
+  return parse_chat_request(body, limits, "");
 }
 
 namespace {
@@ -691,7 +717,7 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
       bad(tt.tools.empty() ? "messages" : "tools", e.what());
     }
     if (r.forces_tool_call()) {  // the answer starts inside the call's block
-      const std::vector<int32_t> open = tok.encode("<tool_call>\n", /*parse_special=*/true, false);
+      const std::vector<int32_t> open = tok.encode(kCallOpen + "\n", /*parse_special=*/true, false);
       p.query.insert(p.query.end(), open.begin(), open.end());
     }
   } else {
@@ -736,8 +762,7 @@ json tokenize_body(const json& body, const ApiLimits& limits, const Tokenizer& t
   }
   ChatRequest r;
   if (messages) {
-    r = parse_chat_request(body, limits);
-    if (!body_text.empty()) set_tool_order(r, body_text);
+    r = parse_chat_request(body, limits, body_text);
   } else if (prompt) {
     r = parse_completion_request(body, limits);
   } else {  // llama-server's name for the prompt
@@ -860,19 +885,6 @@ std::string template_json(const nlohmann::ordered_json& v) {
   }
 }
 
-void set_tool_order(ChatRequest& r, const std::string& body_text) {
-  if (r.tools.empty()) return;
-  // Only the top level's "tools" is kept (and so ordered): the body's other members are skipped.
-  const nlohmann::ordered_json body = nlohmann::ordered_json::parse(
-      body_text, [](int depth, nlohmann::ordered_json::parse_event_t e, nlohmann::ordered_json& v) {
-        return !(depth == 1 && e == nlohmann::ordered_json::parse_event_t::key && v != "tools");
-      });
-  const auto it = body.find("tools");
-  if (it == body.end() || !it->is_array() || it->size() != r.tools.size()) return;  // as parsed
-  const nlohmann::ordered_json& tools = *it;
-  for (size_t i = 0; i < tools.size(); ++i) r.tools[i] = template_json(tools[i]);
-}
-
 namespace {
 
 // The call a block's JSON text holds: {"name": string, "arguments": object}, in either order.
@@ -900,7 +912,7 @@ ToolCallsParsed parse_tool_calls(const std::string& text, bool forced) {
     if (!c) return none;
     return {std::nullopt, {std::move(*c)}};
   }
-  const std::string open = "<tool_call>", close = "</tool_call>";
+  const std::string &open = kCallOpen, &close = kCallClose;
   const size_t first = text.find(open);
   if (first == std::string::npos) return none;
   ToolCallsParsed out;
@@ -923,7 +935,7 @@ ToolCallsParsed parse_tool_calls(const std::string& text, bool forced) {
 
 size_t tool_stream_ready(const std::string& text, size_t from, bool forced) {
   if (forced) return 0;
-  const std::string open = "<tool_call>";
+  const std::string& open = kCallOpen;
   size_t ready = text.size();
   if (const size_t at = text.find(open, from); at != std::string::npos) {
     ready = at;

@@ -70,9 +70,9 @@ struct ChatRequest {
   int best_of = 1;
   std::string model;  // as the client named it (echoed back); may be empty
   // Tools (chat route): each definition as the chat template shows it (template_json of the
-  // client's object; set_tool_order restores the client's key order), their names, tool_choice
-  // and parallel_tool_calls (false: an answer's first call only). question_role: the last
-  // message's role, "user" or "tool" (a tool's result).
+  // client's object, in its key order where parse_chat_request has the body text), their names,
+  // tool_choice and parallel_tool_calls (false: an answer's first call only). question_role: the
+  // last message's role, "user" or "tool" (a tool's result).
   std::vector<std::string> tools;
   std::vector<std::string> tool_names;
   ToolChoice tool_choice = ToolChoice::kAuto;
@@ -123,17 +123,16 @@ size_t tool_stream_ready(const std::string& text, size_t from, bool forced);
 // and ": " between items, keys in the object's order, non-ASCII characters as they are.
 std::string template_json(const nlohmann::ordered_json& v);
 
-// Re-reads the tools of a chat request's body text with the keys in the client's order (the
-// parsed body the other fields come from orders keys alphabetically), so that the prompt shows
-// the definitions as the client wrote them. No-op without tools.
-void set_tool_order(ChatRequest& r, const std::string& body_text);
-
 // The "chunks" array of a request: non-empty strings, at most limits.max_chunks of them, each at
 // most limits.max_chunk_bytes. Throws RequestError (400, param "chunks") otherwise.
 std::vector<std::string> parse_chunks(const nlohmann::json& chunks, const ApiLimits& limits);
 
 // Parses and validates a /v1/chat/completions body. Throws RequestError (400) naming the field,
-// the value and what was expected.
+// the value and what was expected. body_text, the body as sent (the server has it), is read
+// again for the tools alone, so that the prompt shows them with the client's key order (the
+// parsed body orders keys alphabetically); without it they keep that order.
+ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits,
+                               const std::string& body_text);
 ChatRequest parse_chat_request(const nlohmann::json& body, const ApiLimits& limits);
 
 // Parses and validates a /v1/completions body: "prompt" (a string, one token-id array, or an
@@ -158,7 +157,7 @@ RagPromptTokens prompt_tokens(const ChatRequest& r, const Tokenizer& tok, int n_
 // them). Returns {"tokens", "count", "max_model_len"}; with "with_pieces": true, llama-server's
 // form of "tokens": [{"id", "piece"}], a piece that is not UTF-8 as its bytes.
 // body_text: the body as sent, from which a chat request's tools are re-read in the client's
-// key order (set_tool_order); "" leaves them in the parsed body's order.
+// key order (as parse_chat_request); "" leaves them in the parsed body's order.
 nlohmann::json tokenize_body(const nlohmann::json& body, const ApiLimits& limits,
                              const Tokenizer& tok, int n_ctx, const std::string& body_text = "");
 // POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (and llama-server's "content"); an id

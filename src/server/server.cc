@@ -365,8 +365,7 @@ struct Server::Impl {
   void complete(const httplib::Request& req, httplib::Response& res, bool raw) {
     const json body = parse_json_body(req.body);
     auto r = std::make_shared<ChatRequest>(raw ? parse_completion_request(body, opt.limits)
-                                               : parse_chat_request(body, opt.limits));
-    set_tool_order(*r, req.body);
+                                               : parse_chat_request(body, opt.limits, req.body));
     auto prompt = std::make_shared<const RagPromptTokens>(prompt_of(*r));
     // Refused now (400 / 503) rather than as an event after a stream's headers.
     batcher.check_admission(prompt->n_tokens(), r->gen.max_tokens, r->best_of);

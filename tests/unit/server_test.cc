@@ -332,6 +332,19 @@ TEST(ServerApi, ParsesToolsToolChoiceAndToolTurns) {
   EXPECT_FALSE(r.parallel_tool_calls);
   EXPECT_FALSE(r.gen.json_schema);
 
+  // With the body's text the definitions keep the client's key order; without it, the parsed
+  // body's alphabetical one.
+  const std::string text =
+      R"({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function", )"
+      R"("function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]})";
+  EXPECT_EQ(parse_chat_request(json::parse(text), {}, text).tools,
+            std::vector<std::string>{R"({"type": "function", "function": {"name": "f", )"
+                                     R"("parameters": {"type": "object", "properties": {}}}})"});
+  EXPECT_EQ(
+      parse_chat_request(json::parse(text), {}).tools,
+      std::vector<std::string>{R"({"function": {"name": "f", "parameters": )"
+                               R"({"properties": {}, "type": "object"}}, "type": "function"})"});
+
   // Required or named: the answer is held to the call's schema.
   const ChatRequest req = parse_chat_request(
       {{"messages", {user("q")}}, {"tools", {weather_tool()}}, {"tool_choice", "required"}}, {});
