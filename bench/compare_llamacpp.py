@@ -4,11 +4,14 @@
 Runs `cachetune bench --json` (prefill at 512/2,048/4,096 tokens, decode, and the machine's
 OpenBLAS SGEMM rate) and then llama.cpp through llama-cpp-python (built from its sdist) on the same
 prompt lengths with the same thread count, and prints/writes the ratios. Both use random token ids
-from the same range; both keep the best of two prefill repeats.
+from the same range; both keep the best of --repeats (default 2) prefill repeats.
 
 Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model NAME|PATH]
-                                        [--threads N] [--out FILE]
+                                        [--threads N] [--rounds R] [--repeats N] [--out FILE]
 --threads (default: all cores) is both engines' thread count (cachetune's OMP_NUM_THREADS).
+--rounds R (default 1) runs both engines R times, llama.cpp first in every second round, and
+reports each ratio as the median of the rounds' ratios with their range: on a shared machine whose
+speed drifts during a run, paired rounds compare the engines under the same conditions.
 
 --model takes a name from tools/models.tsv (`cachetune models`; installed by `cachetune pull NAME`)
 or a GGUF path; the default is the registry's default model. The result goes to
@@ -60,12 +63,17 @@ def cpu_model():
     return platform.processor()
 
 
-def bench_llamacpp(model, threads, decode_tokens=64, repeats=2):
+def load_llamacpp(model, threads):
     import llama_cpp
     llm = llama_cpp.Llama(model_path=model, n_ctx=max(LENGTHS) + 256, n_batch=512, n_ubatch=512,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
+    return llm, f"llama.cpp via llama-cpp-python {llama_cpp.__version__}"
+
+
+def bench_llamacpp(llm, repeats, decode_tokens=64):
+    """One round of llama.cpp: prefill at LENGTHS (best of `repeats`), decode after 128 tokens."""
     rng = random.Random(7)
-    out = {"engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}", "prefill": []}
+    out = {"prefill": []}
     for n in LENGTHS:
         toks = [rng.randrange(100, llm.n_vocab()) for _ in range(n)]
         best = 1e30
@@ -85,60 +93,109 @@ def bench_llamacpp(model, threads, decode_tokens=64, repeats=2):
     return out
 
 
+def bench_cachetune(binary, model, threads, repeats):
+    """One round of `cachetune bench`: prefill at LENGTHS (best of `repeats`), decode, SGEMM."""
+    # The same thread count for both: cachetune's OpenMP team, llama.cpp's n_threads.
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        subprocess.run([binary, "bench", "--model", model, "--json", tmp.name, "--repeats",
+                        str(repeats), "--prompt-lengths"] + [str(n) for n in LENGTHS],
+                       check=True, env=env)
+        return json.load(open(tmp.name))
+
+
+def median(xs):
+    xs = sorted(xs)
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cachetune", default=os.path.join(ROOT, "build", "cachetune"))
     ap.add_argument("--model", default=None,
                     help="registry name (cachetune models) or GGUF path; default: the default model")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of both engines, llama.cpp first in every second one; the table "
+                         "gives the median of the rounds' ratios and their range")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="prefill repeats per length in each round, the best kept")
     ap.add_argument("--out", default=None,
                     help="default: bench/results/compare_llamacpp[_NAME].json")
     args = ap.parse_args()
+    if args.rounds < 1 or args.repeats < 1:
+        sys.exit(f"compare_llamacpp: --rounds {args.rounds} and --repeats {args.repeats}: "
+                 "each must be at least 1")
     name, args.model = resolve_model(args.model)
     if args.out is None:
         default_name = parse_registry(REGISTRY)[0]["name"]
         suffix = "" if name == default_name else f"_{name}"
         args.out = os.path.join(ROOT, "bench", "results", f"compare_llamacpp{suffix}.json")
     loadavg = open("/proc/loadavg").read().split()[:3]
-    with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-        # The same thread count for both: cachetune's OpenMP team, llama.cpp's n_threads.
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
-        subprocess.run([args.cachetune, "bench", "--model", args.model, "--json", tmp.name,
-                        "--prompt-lengths"] + [str(n) for n in LENGTHS], check=True, env=env)
-        ours = json.load(open(tmp.name))
-    theirs = bench_llamacpp(args.model, args.threads)
+    llm, engine = load_llamacpp(args.model, args.threads)
+    rounds = []
+    for i in range(args.rounds):
+        # Every second round runs llama.cpp first, so that a drift of the machine's speed during
+        # the run falls on both engines alike.
+        if i % 2 == 0:
+            ours = bench_cachetune(args.cachetune, args.model, args.threads, args.repeats)
+            theirs = bench_llamacpp(llm, args.repeats)
+        else:
+            theirs = bench_llamacpp(llm, args.repeats)
+            ours = bench_cachetune(args.cachetune, args.model, args.threads, args.repeats)
+        rounds.append((ours, theirs))
+        print(f"round {i + 1}/{args.rounds}: prefill ratios "
+              + ", ".join(f"{a['n_prompt']}: {a['tok_per_s'] / b['tok_per_s']:.2f}"
+                          for a, b in zip(ours["prefill"], theirs["prefill"]))
+              + f"; decode {ours['decode']['tok_per_s'] / theirs['decode']['tok_per_s']:.2f}",
+              file=sys.stderr)
+    sgemm = median([o["sgemm_gflops"] for o, _ in rounds])
     rows = []
-    for a, b in zip(ours["prefill"], theirs["prefill"]):
-        rows.append({"n_prompt": a["n_prompt"], "cachetune_tok_s": a["tok_per_s"],
-                     "llamacpp_tok_s": b["tok_per_s"], "ratio": a["tok_per_s"] / b["tok_per_s"],
-                     "cachetune_gflops": a["gflops"],
-                     "fraction_of_sgemm": a["gflops"] / ours["sgemm_gflops"]})
+    for k, n in enumerate(LENGTHS):
+        ratios = [o["prefill"][k]["tok_per_s"] / t["prefill"][k]["tok_per_s"] for o, t in rounds]
+        gflops = median([o["prefill"][k]["gflops"] for o, _ in rounds])
+        rows.append({"n_prompt": n,
+                     "cachetune_tok_s": median([o["prefill"][k]["tok_per_s"] for o, _ in rounds]),
+                     "llamacpp_tok_s": median([t["prefill"][k]["tok_per_s"] for _, t in rounds]),
+                     "ratio": median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "ratios": ratios, "cachetune_gflops": gflops,
+                     "fraction_of_sgemm": gflops / sgemm})
+    d_ratios = [o["decode"]["tok_per_s"] / t["decode"]["tok_per_s"] for o, t in rounds]
     result = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
                     "loadavg_at_start": loadavg},
-        "command": f"python3 bench/compare_llamacpp.py --model {name} --threads {args.threads}",
+        "command": f"python3 bench/compare_llamacpp.py --model {name} --threads {args.threads} "
+                   f"--rounds {args.rounds} --repeats {args.repeats}",
         "model": {"name": name, "path": args.model},
-        "sgemm_gflops": ours["sgemm_gflops"],
+        "rounds": args.rounds,
+        "sgemm_gflops": sgemm,
         "prefill": rows,
-        "decode": {"cachetune_tok_s": ours["decode"]["tok_per_s"],
-                   "llamacpp_tok_s": theirs["decode"]["tok_per_s"],
-                   "ratio": ours["decode"]["tok_per_s"] / theirs["decode"]["tok_per_s"]},
-        "llamacpp": theirs["engine"],
+        "decode": {"cachetune_tok_s": median([o["decode"]["tok_per_s"] for o, _ in rounds]),
+                   "llamacpp_tok_s": median([t["decode"]["tok_per_s"] for _, t in rounds]),
+                   "ratio": median(d_ratios), "ratio_min": min(d_ratios),
+                   "ratio_max": max(d_ratios), "ratios": d_ratios},
+        "llamacpp": engine,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nmachine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
-          f"{args.threads} threads; "
-          f"OpenBLAS SGEMM {result['sgemm_gflops']:.1f} GFLOP/s")
+          f"{args.threads} threads; OpenBLAS SGEMM {sgemm:.1f} GFLOP/s; {args.rounds} round(s), "
+          f"best of {args.repeats} prefill repeats in each"
+          + (" (medians of the rounds, ratio ranges in brackets)" if args.rounds > 1 else ""))
     print("| prompt tokens | cachetune tok/s | llama.cpp tok/s | ratio | cachetune GFLOP/s | of SGEMM |")
     print("|---|---|---|---|---|---|")
+
+    def span(r):
+        return f" [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}]" if args.rounds > 1 else ""
     for r in rows:
         print(f"| {r['n_prompt']} | {r['cachetune_tok_s']:.1f} | {r['llamacpp_tok_s']:.1f} | "
-              f"{r['ratio']:.2f} | {r['cachetune_gflops']:.1f} | {100 * r['fraction_of_sgemm']:.0f}% |")
+              f"{r['ratio']:.2f}{span(r)} | {r['cachetune_gflops']:.1f} | "
+              f"{100 * r['fraction_of_sgemm']:.0f}% |")
     d = result["decode"]
     print(f"| decode (128 ctx) | {d['cachetune_tok_s']:.1f} | {d['llamacpp_tok_s']:.1f} | "
-          f"{d['ratio']:.2f} | | |")
+          f"{d['ratio']:.2f}{span(d)} | | |")
     print(f"wrote {args.out}", file=sys.stderr)
 
 
