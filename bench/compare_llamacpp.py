@@ -4,14 +4,16 @@
 Runs `cachetune bench --json` (prefill at 512/2,048/4,096 tokens, decode, and the machine's
 OpenBLAS SGEMM rate) and then llama.cpp through llama-cpp-python (built from its sdist) on the same
 prompt lengths with the same thread count, and prints/writes the ratios. Both use random token ids
-from the same range; both keep the best of --repeats (default 2) prefill repeats.
+from the same range; both keep the best of --repeats (default 2) prefill repeats, each after one
+untimed 64-token prefill.
 
 Usage: python3 bench/compare_llamacpp.py [--cachetune build/cachetune] [--model NAME|PATH]
                                         [--threads N] [--rounds R] [--repeats N] [--out FILE]
 --threads (default: all cores) is both engines' thread count (cachetune's OMP_NUM_THREADS).
---rounds R (default 1) runs both engines R times, llama.cpp first in every second round, and
-reports each ratio as the median of the rounds' ratios with their range: on a shared machine whose
-speed drifts during a run, paired rounds compare the engines under the same conditions.
+Each prompt length and the decode are measured as a pair of runs back to back, one engine's and
+then the other's, the order flipping from pair to pair: on a shared machine whose speed drifts
+during a run, each ratio compares the engines under the same conditions. --rounds R (default 1)
+repeats the whole and reports each ratio as the median of the rounds' with their range.
 
 --model takes a name from tools/models.tsv (`cachetune models`; installed by `cachetune pull NAME`)
 or a GGUF path; the default is the registry's default model. The result goes to
@@ -67,41 +69,75 @@ def load_llamacpp(model, threads):
     import llama_cpp
     llm = llama_cpp.Llama(model_path=model, n_ctx=max(LENGTHS) + 256, n_batch=512, n_ubatch=512,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
+    # One untimed evaluation, as `cachetune bench` does: the first pass faults in the mapped
+    # file's pages.
+    llm.eval([random.Random(3).randrange(100, llm.n_vocab()) for _ in range(64)])
+    llm.reset()
     return llm, f"llama.cpp via llama-cpp-python {llama_cpp.__version__}"
 
 
-def bench_llamacpp(llm, repeats, decode_tokens=64):
-    """One round of llama.cpp: prefill at LENGTHS (best of `repeats`), decode after 128 tokens."""
-    rng = random.Random(7)
-    out = {"prefill": []}
-    for n in LENGTHS:
-        toks = [rng.randrange(100, llm.n_vocab()) for _ in range(n)]
-        best = 1e30
-        for _ in range(repeats):
-            llm.reset()
-            t = time.perf_counter()
-            llm.eval(toks)
-            best = min(best, time.perf_counter() - t)
-        out["prefill"].append({"n_prompt": n, "seconds": best, "tok_per_s": n / best})
+def llamacpp_prefill(llm, n, repeats, seed):
+    """llama.cpp's prefill of n random tokens in tok/s, the best of `repeats`."""
+    rng = random.Random(seed)
+    toks = [rng.randrange(100, llm.n_vocab()) for _ in range(n)]
+    best = 1e30
+    for _ in range(repeats):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(toks)
+        best = min(best, time.perf_counter() - t)
+    return n / best
+
+
+def llamacpp_decode(llm, seed, context=128, tokens=64):
+    """llama.cpp's decode in tok/s: `tokens` single-token steps after `context` tokens."""
+    rng = random.Random(seed)
     llm.reset()
-    llm.eval([rng.randrange(100, llm.n_vocab()) for _ in range(128)])
+    llm.eval([rng.randrange(100, llm.n_vocab()) for _ in range(context)])
     t = time.perf_counter()
-    for _ in range(decode_tokens):
+    for _ in range(tokens):
         llm.eval([rng.randrange(100, llm.n_vocab())])
-    out["decode"] = {"n_context": 128, "n_tokens": decode_tokens,
-                     "tok_per_s": decode_tokens / (time.perf_counter() - t)}
-    return out
+    return tokens / (time.perf_counter() - t)
 
 
-def bench_cachetune(binary, model, threads, repeats):
-    """One round of `cachetune bench`: prefill at LENGTHS (best of `repeats`), decode, SGEMM."""
+def cachetune_bench(binary, model, threads, repeats, lengths, decode_tokens):
+    """One `cachetune bench` run (its JSON): prefill at `lengths`, decode, the SGEMM rate."""
     # The same thread count for both: cachetune's OpenMP team, llama.cpp's n_threads.
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
         subprocess.run([binary, "bench", "--model", model, "--json", tmp.name, "--repeats",
-                        str(repeats), "--prompt-lengths"] + [str(n) for n in LENGTHS],
-                       check=True, env=env)
+                        str(repeats), "--decode-tokens", str(decode_tokens), "--prompt-lengths"]
+                       + [str(n) for n in lengths], check=True, env=env, stdout=subprocess.DEVNULL)
         return json.load(open(tmp.name))
+
+
+def bench_round(args, llm, first):
+    """One round: each prompt length, then decode, as a pair of runs back to back (cachetune's
+    and llama.cpp's), `first` naming which engine opens the first pair; the order flips from
+    one pair to the next. Returns (cachetune, llama.cpp) results with per-length tok/s."""
+    ours = {"prefill": [], "sgemm": []}
+    theirs = {"prefill": []}
+    engine = first
+    for k, n in enumerate(LENGTHS + ["decode"]):
+        for e in (engine, "llamacpp" if engine == "cachetune" else "cachetune"):
+            if e == "cachetune":
+                lengths, dt = ([128], 64) if n == "decode" else ([n], 1)
+                r = cachetune_bench(args.cachetune, args.model, args.threads, args.repeats,
+                                    lengths, dt)
+                ours["sgemm"].append(r["sgemm_gflops"])
+                if n == "decode":
+                    ours["decode"] = r["decode"]["tok_per_s"]
+                else:
+                    ours["prefill"].append({"n_prompt": n, "tok_per_s": r["prefill"][0]["tok_per_s"],
+                                            "gflops": r["prefill"][0]["gflops"]})
+            elif n == "decode":
+                theirs["decode"] = llamacpp_decode(llm, seed=7)
+            else:
+                theirs["prefill"].append({"n_prompt": n, "tok_per_s":
+                                          llamacpp_prefill(llm, n, args.repeats, seed=7 + k)})
+        engine = "llamacpp" if engine == "cachetune" else "cachetune"
+    ours["sgemm_gflops"] = median(ours["sgemm"])
+    return ours, theirs
 
 
 def median(xs):
@@ -117,8 +153,8 @@ def main():
                     help="registry name (cachetune models) or GGUF path; default: the default model")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=1,
-                    help="rounds of both engines, llama.cpp first in every second one; the table "
-                         "gives the median of the rounds' ratios and their range")
+                    help="rounds of the paired runs; the table gives the median of the rounds' "
+                         "ratios and their range")
     ap.add_argument("--repeats", type=int, default=2,
                     help="prefill repeats per length in each round, the best kept")
     ap.add_argument("--out", default=None,
@@ -136,20 +172,14 @@ def main():
     llm, engine = load_llamacpp(args.model, args.threads)
     rounds = []
     for i in range(args.rounds):
-        # Every second round runs llama.cpp first, so that a drift of the machine's speed during
-        # the run falls on both engines alike.
-        if i % 2 == 0:
-            ours = bench_cachetune(args.cachetune, args.model, args.threads, args.repeats)
-            theirs = bench_llamacpp(llm, args.repeats)
-        else:
-            theirs = bench_llamacpp(llm, args.repeats)
-            ours = bench_cachetune(args.cachetune, args.model, args.threads, args.repeats)
+        # Pairs back to back, the order flipping from pair to pair and round to round, so that
+        # a drift of the machine's speed during the run falls on both engines alike.
+        ours, theirs = bench_round(args, llm, "cachetune" if i % 2 == 0 else "llamacpp")
         rounds.append((ours, theirs))
         print(f"round {i + 1}/{args.rounds}: prefill ratios "
               + ", ".join(f"{a['n_prompt']}: {a['tok_per_s'] / b['tok_per_s']:.2f}"
                           for a, b in zip(ours["prefill"], theirs["prefill"]))
-              + f"; decode {ours['decode']['tok_per_s'] / theirs['decode']['tok_per_s']:.2f}",
-              file=sys.stderr)
+              + f"; decode {ours['decode'] / theirs['decode']:.2f}", file=sys.stderr)
     sgemm = median([o["sgemm_gflops"] for o, _ in rounds])
     rows = []
     for k, n in enumerate(LENGTHS):
@@ -161,7 +191,7 @@ def main():
                      "ratio": median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "ratios": ratios, "cachetune_gflops": gflops,
                      "fraction_of_sgemm": gflops / sgemm})
-    d_ratios = [o["decode"]["tok_per_s"] / t["decode"]["tok_per_s"] for o, t in rounds]
+    d_ratios = [o["decode"] / t["decode"] for o, t in rounds]
     result = {
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": args.threads,
                     "loadavg_at_start": loadavg},
@@ -171,8 +201,9 @@ def main():
         "rounds": args.rounds,
         "sgemm_gflops": sgemm,
         "prefill": rows,
-        "decode": {"cachetune_tok_s": median([o["decode"]["tok_per_s"] for o, _ in rounds]),
-                   "llamacpp_tok_s": median([t["decode"]["tok_per_s"] for _, t in rounds]),
+        "decode": {"n_context": 128, "n_tokens": 64,
+                   "cachetune_tok_s": median([o["decode"] for o, _ in rounds]),
+                   "llamacpp_tok_s": median([t["decode"] for _, t in rounds]),
                    "ratio": median(d_ratios), "ratio_min": min(d_ratios),
                    "ratio_max": max(d_ratios), "ratios": d_ratios},
         "llamacpp": engine,
