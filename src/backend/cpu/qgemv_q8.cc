@@ -295,10 +295,10 @@ struct KBlocks32 {
   static constexpr bool kSigned = kT == Type32::kQ8_0;  // int8 quants: the sign trick
   static constexpr bool kMin = kT == Type32::kQ4_1;     // the d q + m form
   static constexpr bool kWideTile = false;
-  // The lane form multiplies a broadcast weight group with eight rows' bytes: with AVX2's maddubs
-  // its pair sums must fit int16, which Q8_0's w + 128 (up to 255) would not.
+  // Every type has the lane form (Q8_0's differs by kernel: see lanes_block).
   template <bool kVnni>
-  static constexpr bool kHasLanes = !kSigned || (kVnni && CT_Q8_VNNI);
+  static constexpr bool kHasLanes = true;
+  static constexpr int kQ5Span = 32;  // blocks unpacked ahead (a multiple of 4)
   static __m256i quants(const uint8_t* blk) {
     if constexpr (kT == Type32::kQ4_0) {
       return nibbles32(blk + 2);
@@ -379,26 +379,51 @@ struct KBlocks32 {
   // or bias it, which measured 11-25% faster at 8 rows than the stack buffer Q5_0 still goes
   // through (its fifth bits would cost more than the buffer's store and reloads).
   template <bool kVnni>
-  CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const Lanes32& t, int b, int j,
-                                       LaneSums& p) {
+  CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const uint8_t* wq, const Lanes32& t,
+                                       int b, int j, LaneSums& p) {
     const int8_t* xq = t.q + (size_t)b * 32 * kLanes;
-    // Q5_0's quants go through a stack buffer (the asm makes the compiler store and reload them
-    // instead of broadcasting with shuffles); the others are read from the block.
-    alignas(32) uint8_t wq[32];
-    if constexpr (kT == Type32::kQ5_0) {
-      _mm256_store_si256(reinterpret_cast<__m256i*>(wq), quants(blk));
-      asm("" : "+m"(wq));
-    }
-    // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
-    __m256i c[4];
+    __m256i lo, hi;
+    if constexpr (kVnni && CT_Q8_VNNI) {
+      // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
+      __m256i c[4];
 #pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g) {
-      const int k = g >> 1;
-      c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group(blk, wq, g),
-                             load256(xq + 32 * g));
+      for (int g = 0; g < 8; ++g) {
+        const int k = g >> 1;
+        c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group(blk, wq, g),
+                               load256(xq + 32 * g));
+      }
+      lo = _mm256_add_epi32(c[0], c[1]);
+      hi = _mm256_add_epi32(c[2], c[3]);
+    } else if constexpr (kSigned) {
+      // AVX2 Q8_0: maddubs's pair sums of w + 128 (up to 255) would overflow int16, so the
+      // one-row form's trick: |w| times sign(w) x (pair sums up to 2 * 128 * 127 = 32,512),
+      // widened by a madd per group. The broadcast is the block's own bytes, not lane_group's.
+      const __m256i ones = _mm256_set1_epi16(1);
+      __m256i c[4];
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) {
+        int32_t w4;
+        std::memcpy(&w4, blk + 2 + 4 * g, 4);
+        const __m256i w = _mm256_set1_epi32(w4);
+        const __m256i m = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(load256(xq + 32 * g), w)),
+            ones);
+        c[g >> 1] = g & 1 ? _mm256_add_epi32(c[g >> 1], m) : m;
+      }
+      lo = _mm256_add_epi32(c[0], c[1]);
+      hi = _mm256_add_epi32(c[2], c[3]);
+    } else {
+      // AVX2: the int16 pair sums of four groups add up in int16 before one madd widens them
+      // (one widening per 16 elements, not per 4). Exact: the unsigned weights are at most 31,
+      // so four pair sums stay within 4 * 2 * 31 * 127 = 31,496.
+      __m256i p[8];
+#pragma GCC unroll 8
+      for (int g = 0; g < 8; ++g) p[g] = _mm256_maddubs_epi16(lane_group(blk, wq, g), load256(xq + 32 * g));
+      const __m256i ones = _mm256_set1_epi16(1);
+      lo = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
+      hi = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])), ones);
     }
-    __m256i lo = _mm256_add_epi32(c[0], c[1]), hi = _mm256_add_epi32(c[2], c[3]);
-    constexpr int kShift = kSigned ? 7 : kOffsetShift;
+    constexpr int kShift = kSigned ? (kVnni && CT_Q8_VNNI ? 7 : 0) : kOffsetShift;
     if constexpr (kShift > 0) {
       const int32_t* h = t.h16 + (size_t)b * 2 * kLanes;
       lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(load256(h), kShift));
@@ -420,14 +445,31 @@ struct KBlocks32 {
     LaneSums p;
     for (int j = 0; j < 4; ++j) p.lo[j] = p.hi[j] = _mm256_setzero_ps();
     const int nb = cols / 32, full = nb / 4 * 4;
+    // Q5_0's quants (nibbles and fifth bits) are unpacked into a buffer for a span of blocks
+    // first, so that the lane loop broadcasts them from L1 like the other types' bytes: unpacked
+    // block by block, each broadcast waited on the store just before it.
+    alignas(32) uint8_t wq[kQ5Span * 32];
+    auto unpack = [&](int b0, int b1) {
+      if constexpr (kT == Type32::kQ5_0) {
+        for (int b = b0; b < b1; ++b) {
+          _mm256_store_si256(reinterpret_cast<__m256i*>(wq + (b % kQ5Span) * 32),
+                             quants(row + (size_t)b * kBytes));
+        }
+      }
+    };
+    auto wq_of = [&](int b) { return wq + (b % kQ5Span) * 32; };
     for (int b = 0; b < full; b += 4) {
+      if (b % kQ5Span == 0) unpack(b, std::min(full, b + kQ5Span));
       const uint8_t* blk = row + (size_t)b * kBytes;
       // Unrolled, so that the sums stay in registers (a rolled loop indexes them in memory).
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, t, b + j, j, p);
+      for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, wq_of(b + j), t, b + j, j, p);
     }
+    unpack(full, nb);
     const int shift = nb >= 4 ? nb - 4 : 0;  // lane of a last-group block: b - shift
-    for (int b = full; b < nb; ++b) lanes_block<kVnni>(row + (size_t)b * kBytes, t, b, b - shift, p);
+    for (int b = full; b < nb; ++b) {
+      lanes_block<kVnni>(row + (size_t)b * kBytes, wq_of(b), t, b, b - shift, p);
+    }
     // hsum256_ps's order: ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
     __m256 f[4];
     for (int j = 0; j < 4; ++j) f[j] = _mm256_add_ps(p.lo[j], p.hi[j]);
