@@ -358,7 +358,8 @@ struct KBlocks32 {
   };
   // Group g (elements 4g..4g+3) of a block's weight quants, broadcast to every lane, as the
   // unsigned operand of dot_u8s8: nibbles masked from the block (group g < 4: the low halves of
-  // bytes 4g..4g+3, 4 + g their high halves), Q8_0's bytes plus 128, Q5_0's from the buffer wq.
+  // bytes 4g..4g+3, 4 + g their high halves), Q8_0's bytes plus 128 (VNNI only: the AVX2 form
+  // reads them signed), Q5_0's from the block's unpacked quants wq (run_lanes's buffer).
   CT_Q8_INLINE static __m256i lane_group(const uint8_t* blk, const uint8_t* wq, int g) {
     int32_t w4;
     if constexpr (kT == Type32::kQ4_0 || kT == Type32::kQ4_1) {
@@ -376,8 +377,8 @@ struct KBlocks32 {
   // One block's terms in the lane form (eight rows, one per lane) into lane j of the sums. Each
   // 4-byte group of weight quants is broadcast by a load (broadcasts from a register are
   // shuffles, which all queue on one port): Q4_0, Q4_1 and Q8_0 load it from the block and mask
-  // or bias it, which measured 11-25% faster at 8 rows than the stack buffer Q5_0 still goes
-  // through (its fifth bits would cost more than the buffer's store and reloads).
+  // or bias it, which measured 11-25% faster at 8 rows than a buffer; Q5_0's fifth bits would
+  // cost more than that, so it reads the span that run_lanes unpacked (wq: this block's 32 bytes).
   template <bool kVnni>
   CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const uint8_t* wq, const Lanes32& t,
                                        int b, int j, LaneSums& p) {
