@@ -419,10 +419,14 @@ struct KBlocks32 {
       // so four pair sums stay within 4 * 2 * 31 * 127 = 31,496.
       __m256i p[8];
 #pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) p[g] = _mm256_maddubs_epi16(lane_group(blk, wq, g), load256(xq + 32 * g));
+      for (int g = 0; g < 8; ++g) {
+        p[g] = _mm256_maddubs_epi16(lane_group(blk, wq, g), load256(xq + 32 * g));
+      }
       const __m256i ones = _mm256_set1_epi16(1);
-      lo = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
-      hi = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])), ones);
+      lo = _mm256_madd_epi16(
+          _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
+      hi = _mm256_madd_epi16(
+          _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])), ones);
     }
     constexpr int kShift = kSigned ? (kVnni && CT_Q8_VNNI ? 7 : 0) : kOffsetShift;
     if constexpr (kShift > 0) {
@@ -447,8 +451,8 @@ struct KBlocks32 {
     for (int j = 0; j < 4; ++j) p.lo[j] = p.hi[j] = _mm256_setzero_ps();
     const int nb = cols / 32, full = nb / 4 * 4;
     // Q5_0's quants (nibbles and fifth bits) are unpacked into a buffer for a span of blocks
-    // first, so that the lane loop broadcasts them from L1 like the other types' bytes: unpacked
-    // block by block, each broadcast waited on the store just before it.
+    // first, and the lane loop broadcasts them from L1 like the other types' bytes (unpacked
+    // block by block, each block's broadcasts waited on the store just before them).
     alignas(32) uint8_t wq[kQ5Span * 32];
     auto unpack = [&](int b0, int b1) {
       if constexpr (kT == Type32::kQ5_0) {
@@ -464,7 +468,9 @@ struct KBlocks32 {
       const uint8_t* blk = row + (size_t)b * kBytes;
       // Unrolled, so that the sums stay in registers (a rolled loop indexes them in memory).
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) lanes_block<kVnni>(blk + j * kBytes, wq_of(b + j), t, b + j, j, p);
+      for (int j = 0; j < 4; ++j) {
+        lanes_block<kVnni>(blk + j * kBytes, wq_of(b + j), t, b + j, j, p);
+      }
     }
     unpack(full, nb);
     const int shift = nb >= 4 ? nb - 4 : 0;  // lane of a last-group block: b - shift
