@@ -120,13 +120,13 @@ int compare(const JsonDecimal& a, const JsonDecimal& b);  // < 0, 0 or > 0
 // (docs/SERVER.md): type (one or a list), properties, required, additionalProperties (a bool or a
 // schema; absent: any other key allowed, as JSON Schema says), items, prefixItems (tuples),
 // minItems, maxItems, minLength, maxLength (in characters: Unicode code points), pattern (an
-// ECMA-262 regular expression, a subset: json_pattern.h), format (date, time, date-time,
-// duration, uuid, ipv4, email, as patterns; binary and password: any string), minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal; a number so bounded is written
-// without exponent), enum, const, anyOf, oneOf, allOf of one schema, $ref to "#" or into "#/$defs"
-// / "#/definitions" (recursion allowed), and the annotations (title, description, default,
-// examples, OpenAPI's discriminator, ...). Any other keyword is refused by name: a schema the text
-// would not be checked against must not pass silently. The recognizer decides which anyOf
+// ECMA-262 regular expression, a subset: json_pattern.h), format (date, time, date-time, duration,
+// uuid, ipv4, ipv6, hostname, email, as patterns; binary and password: any string), minimum,
+// maximum, exclusiveMinimum, exclusiveMaximum (compared exactly, in decimal; a number so bounded is
+// written without exponent), enum, const, anyOf, oneOf, allOf of one schema, $ref to "#" or into
+// "#/$defs" / "#/definitions" (recursion allowed), and the annotations (title, description,
+// default, examples, OpenAPI's discriminator, ...). Any other keyword is refused by name: a schema
+// the text would not be checked against must not pass silently. The recognizer decides which anyOf
 // alternative a value follows by the value's first byte, so alternatives must differ in type (e.g.
 // a string or null), except objects told apart by a tag (a required property with a const or enum
 // whose values differ between them), which must then come first; oneOf is taken where its

@@ -657,6 +657,16 @@ std::string JsonPattern::format_pattern(std::string_view format) {
     return "^P((" + n + "D|" + n + "M(" + n + "D)?|" + n + "Y(" + n + "M(" + n + "D)?)?)(" + time +
            ")?|" + time + "|" + n + "W)$";
   }
+  // RFC 1123 host names: one to six labels (a subset: RFC 1035 allows up to 127 labels of up
+  // to 63 characters; these are 22 at most, as the email domain's), no trailing dot.
+  if (format == "hostname") return "^" + kLabel + "(\\." + kLabel + "){0,5}$";
+  // RFC 4291 text forms (a subset): all eight groups, or "::" with at most three groups on each
+  // side of it (the one or more zero groups it stands for then always exist); no IPv4 tail.
+  if (format == "ipv6") {
+    const std::string h = "[0-9a-fA-F]{1,4}";
+    const std::string side = "(" + h + "(:" + h + "){0,2})?";
+    return "^(" + h + "(:" + h + "){7}|" + side + "::" + side + ")$";
+  }
   // A dot-atom local part at a domain of two to four labels (a subset of RFC 5321's addresses).
   if (format == "email")
     return "^[A-Za-z0-9_%+-]+(\\.[A-Za-z0-9_%+-]+){0,3}@" + kLabel + "(\\." + kLabel + "){1,3}$";

@@ -35,7 +35,7 @@ class JsonPattern {
   static std::shared_ptr<const JsonPattern> compile(std::string_view pattern,
                                                     bool allow_empty = false);
   // The pattern of a JSON Schema `format` this supports (date, time, date-time, duration, uuid,
-  // ipv4, email); empty for any other.
+  // ipv4, ipv6, hostname, email); empty for any other.
   static std::string format_pattern(std::string_view format);
 
   State start() const { return start_; }

@@ -561,7 +561,8 @@ class JsonSchemaCompiler {
       if (re.empty())
         fail(at, "format '" + shorten(s[k].get<std::string>()) +
                      "' is not supported (supported: date, time, date-time, duration, uuid, "
-                     "ipv4, email, and binary and password, which admit any string)");
+                     "ipv4, ipv6, hostname, email, and binary and password, which admit any "
+                     "string)");
     }
     // Each pattern's tables are a few dozen times its length: bounded per schema.
     pattern_bytes_ += re.size();

@@ -5,6 +5,7 @@
 // fuzz/json_schema_fuzz.cc.
 #pragma once
 
+#include <arpa/inet.h>
 #include <nlohmann/json.hpp>
 #include <cctype>
 #include <cmath>
@@ -57,7 +58,9 @@ inline bool pattern_matches(const std::string& pattern, const std::string& value
 
 // The formats the recognizer supports, checked by their RFCs' grammars (not by a pattern):
 // RFC 3339 full-date, full-time, date-time; RFC 4122 uuid; dotted-quad ipv4 without leading
-// zeros; an RFC 5321 mailbox with a dot-atom local part and a domain of LDH labels.
+// zeros; an RFC 5321 mailbox with a dot-atom local part and a domain of LDH labels; an RFC 1123
+// host name (LDH labels of 1-63 characters, at most 253 in all); an RFC 4291 ipv6 address as
+// the C library's inet_pton reads it.
 inline bool format_valid(const std::string& f, const std::string& v) {
   auto digits = [&](size_t at, size_t n, int& out) {
     if (at + n > v.size()) return false;
@@ -160,6 +163,22 @@ inline bool format_valid(const std::string& f, const std::string& v) {
     }
     return true;
   }
+  auto ldh_label = [](const std::string& l) {
+    if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
+    for (char c : l)
+      if (!std::isalnum((unsigned char)c) && c != '-') return false;
+    return true;
+  };
+  if (f == "hostname") {
+    if (v.empty() || v.size() > 253) return false;
+    for (const std::string& l : split(v, '.'))
+      if (!ldh_label(l)) return false;
+    return true;
+  }
+  if (f == "ipv6") {
+    unsigned char addr[16];
+    return v.find('\0') == std::string::npos && inet_pton(AF_INET6, v.c_str(), addr) == 1;
+  }
   if (f == "email") {
     const size_t at = v.rfind('@');
     if (at == std::string::npos) return false;
@@ -169,11 +188,8 @@ inline bool format_valid(const std::string& f, const std::string& v) {
       for (char c : a)
         if (!std::isalnum((unsigned char)c) && atext.find(c) == std::string::npos) return false;
     }
-    for (const std::string& l : split(v.substr(at + 1), '.')) {
-      if (l.empty() || l.size() > 63 || l.front() == '-' || l.back() == '-') return false;
-      for (char c : l)
-        if (!std::isalnum((unsigned char)c) && c != '-') return false;
-    }
+    for (const std::string& l : split(v.substr(at + 1), '.'))
+      if (!ldh_label(l)) return false;
     return true;
   }
   throw CannotJudge{};

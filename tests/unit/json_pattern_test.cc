@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <regex>
 #include <string>
@@ -142,6 +143,10 @@ TEST(JsonPattern, FormatsAgreeWithTheirGrammars) {
       {"ipv4", {"192.168.0.1", "0.0.0.0", "255.255.255.255", "10.1.20.200"}},
       {"email", {"a.b+c@example.com", "x_y%z@mail.sub.example.org", "q@a-b.cd"}},
       {"duration", {"P1Y2M3DT4H5M6S", "PT5S", "P3W", "P1M", "PT1H30M", "P12D", "P1YT2S"}},
+      {"hostname", {"example.com", "localhost", "a-b.c-d.e1", "api.eu-west-1.amazonaws.com"}},
+      {"ipv6",
+       {"2001:db8::1", "::1", "::", "fe80::1:2", "2001:0db8:85a3:0000:0000:8a2e:0370:7334",
+        "1:2:3:4:5:6:7:8", "a::b:c:d", "ABCD:ef01::9"}},
   };
   // Mutations of valid values: digits, separators and letters swapped in, characters dropped or
   // doubled, so that both verdicts are common.
@@ -165,14 +170,20 @@ TEST(JsonPattern, FormatsAgreeWithTheirGrammars) {
       }
       const bool got = p->matches(v);
       // The pattern may be stricter than the grammar (no leap second, at most four domain
-      // labels of 22 characters, a duration's numbers of at most 6 digits): it must never
-      // accept what the grammar refuses.
+      // labels of 22 characters, a host name's six, a duration's numbers of at most 6 digits,
+      // at most three groups on either side of an ipv6 address's "::"): it must never accept
+      // what the grammar refuses.
       if (got) {
         ASSERT_TRUE(test::format_valid(f, v)) << v;
       }
       size_t run = 0, longest = 0;  // the longest run of digits
       for (char c : v) longest = std::max(longest, run = c >= '0' && c <= '9' ? run + 1 : 0);
-      if (f != "time" && f != "date-time" && f != "email" && (f != "duration" || longest <= 6)) {
+      size_t label = 0, longest_label = 0;  // a host name's longest label
+      for (char c : v) longest_label = std::max(longest_label, label = c != '.' ? label + 1 : 0);
+      const size_t dots = std::count(v.begin(), v.end(), '.');
+      if (f != "time" && f != "date-time" && f != "email" && f != "ipv6" &&
+          (f != "duration" || longest <= 6) &&
+          (f != "hostname" || (dots <= 5 && longest_label <= 22))) {
         ASSERT_EQ(got, test::format_valid(f, v)) << v;
       }
       (got ? yes : no) += 1;
@@ -188,7 +199,21 @@ TEST(JsonPattern, FormatsAgreeWithTheirGrammars) {
   EXPECT_TRUE(test::format_valid("duration", "P1000000D"));
   for (const char* no : {"P", "PT", "P1Y2D", "PT1H2S", "P1DT", "P1W2D", "P1.5S", "PT1D", "1D"})
     EXPECT_FALSE(duration->matches(no) || test::format_valid("duration", no)) << no;
-  EXPECT_TRUE(JsonPattern::format_pattern("hostname").empty());
+  // The subsets' edges: a host name of six labels, not seven; ipv6 with three groups on each
+  // side of "::", not four (which RFC 4291 allows), and no IPv4 tail.
+  const auto host = JsonPattern::compile(JsonPattern::format_pattern("hostname"));
+  EXPECT_TRUE(host->matches("a.b.c.d.e.f"));
+  EXPECT_FALSE(host->matches("a.b.c.d.e.f.g"));
+  for (const char* no : {"-a.com", "a-.com", "a..com", "a.com.", "", "a_b.com"})
+    EXPECT_FALSE(host->matches(no) || test::format_valid("hostname", no)) << no;
+  const auto ip6 = JsonPattern::compile(JsonPattern::format_pattern("ipv6"));
+  EXPECT_TRUE(ip6->matches("1:2:3::4:5:6"));
+  EXPECT_FALSE(ip6->matches("1:2:3:4::5"));
+  EXPECT_TRUE(test::format_valid("ipv6", "1:2:3:4::5"));
+  EXPECT_FALSE(ip6->matches("::ffff:1.2.3.4"));
+  for (const char* no : {"1:2:3:4:5:6:7", "1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", ":1", "g::"})
+    EXPECT_FALSE(ip6->matches(no) || test::format_valid("ipv6", no)) << no;
+  EXPECT_TRUE(JsonPattern::format_pattern("uri").empty());
 }
 
 TEST(JsonPattern, RefusesWhatItDoesNotSupportByName) {

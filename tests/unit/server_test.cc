@@ -203,8 +203,8 @@ TEST(ServerApi, RefusesBadRequestsNamingTheField) {
                   {"response_format",
                    {{"type", "json_schema"},
                     {"json_schema",
-                     {{"name", "n"}, {"schema", {{"type", "string"}, {"format", "hostname"}}}}}}}},
-                 "response_format", "json_schema at #/format: format 'hostname' is not supported");
+                     {{"name", "n"}, {"schema", {{"type", "string"}, {"format", "uri"}}}}}}}},
+                 "response_format", "json_schema at #/format: format 'uri' is not supported");
   expect_refused({{"messages", {user("q")}},
                   {"response_format",
                    {{"type", "json_schema"},
