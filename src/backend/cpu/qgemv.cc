@@ -448,7 +448,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     if (path != QgemvPath::kF32) dot8[m] = q8::find(w.type, path == QgemvPath::kNative);
     if (dot8[m] != nullptr) {
       formats |= q8::format_of(w.type);
-      any_lanes = any_lanes || q8::wants_lanes(w.type, path == QgemvPath::kNative, n_rows);
+      any_lanes = any_lanes || q8::wants_lanes(w.type, n_rows);
     } else {
       dot[m] = k->dot;
       any_s32 = any_s32 || k->needs_s32;

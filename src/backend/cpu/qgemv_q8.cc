@@ -155,7 +155,7 @@ template <class K, bool kVnni>
 void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n, int cols, float* y,
                 size_t ys) {
   int i = 0;
-  if constexpr (K::template kHasLanes<kVnni>) {
+  if constexpr (K::kHasLanes) {
     if (lanes != nullptr) {
       for (; n - i >= kMinLaneRows; i += kLanes) {
         K::template run_lanes<kVnni>(row, lanes[i / kLanes], std::min(kLanes, n - i), cols,
@@ -295,8 +295,7 @@ struct KBlocks32 {
   static constexpr bool kSigned = kT == Type32::kQ8_0;  // int8 quants: the sign trick
   static constexpr bool kMin = kT == Type32::kQ4_1;     // the d q + m form
   static constexpr bool kWideTile = false;
-  // Every type has the lane form (Q8_0's differs by kernel: see lanes_block).
-  template <bool kVnni>
+  // Every type has the lane form, in both kernels (Q8_0's differs between them: lanes_block).
   static constexpr bool kHasLanes = true;
   static constexpr int kQ5Span = 32;  // blocks unpacked ahead (a multiple of 4)
   static __m256i quants(const uint8_t* blk) {
@@ -491,7 +490,6 @@ struct KBlocks32 {
 // sum_s sc_s * sum(q_w q) and of sum_s m_s * sum(q), then two float multiply-adds.
 template <bool kFive>
 struct KQ45K {
-  template <bool kVnni>
   static constexpr bool kHasLanes = false;
   static constexpr bool kWideTile = CT_Q8_ZMM;
   template <bool kVnni, int N>
@@ -593,7 +591,6 @@ struct KQ45K {
 // bit 2k make q in [0, 64); the element is d * scales[8h + 2k + l / 16] * (q - 32). The offset is
 // subtracted in integers as 32 * sum_g scales[g] * s16[g].
 struct KQ6K {
-  template <bool kVnni>
   static constexpr bool kHasLanes = false;
   static constexpr bool kWideTile = CT_Q8_ZMM;
   template <bool kVnni, int N>
@@ -693,7 +690,7 @@ struct Entry {
   GgmlType type;
   Format format;
   RowsDot avx2, vnni;
-  bool lanes_avx2, lanes_vnni;  // whether each kernel has the lane form
+  bool lanes;  // whether K has the lane form (then in both kernels)
 };
 
 template <class K>
@@ -703,8 +700,7 @@ constexpr Entry entry(GgmlType t, Format f) {
           f,
           rows_tiled<K, false>,
           rows_tiled<K, kV>,
-          K::template kHasLanes<false>,
-          K::template kHasLanes<kV>};
+          K::kHasLanes};
 }
 
 const Entry kEntries[] = {
@@ -733,9 +729,9 @@ Format format_of(GgmlType t) {
 
 bool have_vnni() { return CT_Q8_VNNI != 0; }
 
-bool wants_lanes(GgmlType t, bool vnni, int n) {
+bool wants_lanes(GgmlType t, int n) {
   const Entry* e = find_entry(t);
-  return e != nullptr && n >= kMinLaneRows && (vnni && CT_Q8_VNNI ? e->lanes_vnni : e->lanes_avx2);
+  return e != nullptr && n >= kMinLaneRows && e->lanes;
 }
 
 RowsDot find(GgmlType t, bool vnni) {

@@ -70,8 +70,9 @@ void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float
 // them in the same order.
 using RowsDot = void (*)(const uint8_t* row, const Act* act, const Lanes32* lanes, int n, int cols,
                          float* y, size_t y_stride);
-// Whether qgemv should build Lanes32 tiles for n rows of a product over type t (kernel `vnni`).
-bool wants_lanes(GgmlType t, bool vnni, int n);
+// Whether qgemv should build Lanes32 tiles for n rows of a product over type t (the same for
+// both kernels: every 32-element type has the lane form in each).
+bool wants_lanes(GgmlType t, int n);
 
 // True where the compiler targets VNNI (__AVX512VNNI__ with __AVX512VL__, or __AVXVNNI__).
 bool have_vnni();
