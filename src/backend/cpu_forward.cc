@@ -54,8 +54,10 @@ bool quantised_prefill(std::initializer_list<const cpu::QMatrix*> mats, const Wo
 // SGEMM.
 // decode_rows: every row is one decoding sequence's token; they all take the dot-product kernels
 // (qgemv_batch, kMaxBatchRows rows at a time), so each row's result is the same as alone.
+// side: memory the decode-row products prefetch while they run (cpu::SidePrefetch).
 void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, int n, float* y,
-             const float* bias, Workspace& ws, bool decode_rows = false) {
+             const float* bias, Workspace& ws, bool decode_rows = false,
+             const cpu::SidePrefetch* side = nullptr) {
   const int K = (*mats.begin())->cols;
   const cpu::QMatrix* ms[cpu::kMaxMany];
   float* ys[cpu::kMaxMany];
@@ -75,13 +77,14 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
   if (decode_rows && n > 1 && !ws.use_reference) {
     for (int r0 = 0; r0 < n; r0 += cpu::kMaxBatchRows) {
       const int nr = std::min(cpu::kMaxBatchRows, n - r0);
-      cpu::qgemv_batch(ms, n_mats, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path);
+      cpu::qgemv_batch(ms, n_mats, x + (size_t)r0 * K, nr, y + (size_t)r0 * R, R, ws.decode_path,
+                       r0 == 0 ? side : nullptr);
     }
     add_bias();
     return;
   }
   if (n == 1 && !ws.use_reference) {
-    cpu::qgemv_many(ms, ys, n_mats, x, ws.decode_path);
+    cpu::qgemv_many(ms, ys, n_mats, x, ws.decode_path, decode_rows ? side : nullptr);
     add_bias();
     return;
   }
@@ -110,7 +113,8 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
 // sequences together, each prefill sequence alone, so that every row is multiplied exactly as
 // with its sequence alone.
 void project_seqs(std::initializer_list<const cpu::QMatrix*> mats, const float* x, float* y,
-                  const float* bias, Workspace& ws, const BatchSeq* seqs, int n_seqs) {
+                  const float* bias, Workspace& ws, const BatchSeq* seqs, int n_seqs,
+                  const cpu::SidePrefetch* side = nullptr) {
   const int K = (*mats.begin())->cols;
   int R = 0;
   for (const cpu::QMatrix* m : mats) R += m->rows;
@@ -119,7 +123,8 @@ void project_seqs(std::initializer_list<const cpu::QMatrix*> mats, const float* 
     if (seqs[s].decode) {
       while (e < n_seqs && seqs[e].decode) n += seqs[e++].n;
     }
-    project(mats, x + (size_t)row * K, n, y + (size_t)row * R, bias, ws, seqs[s].decode);
+    project(mats, x + (size_t)row * K, n, y + (size_t)row * R, bias, ws, seqs[s].decode,
+            seqs[s].decode ? side : nullptr);
     row += n;
     s = e;
   }
@@ -243,7 +248,21 @@ void forward_batch(const Model& m, int l, float* x, const int32_t* pos, int n, c
   } else {
     cpu::silu_mul_rows(ws.gu.data(), n, F, ws.h.data());
   }
-  project_seqs({&w.w_down}, ws.h.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs);
+  // The decode rows' down projection prefetches their sequences' next-layer keys and values
+  // (every cached row, which attention reads next): at several rows the product is compute-bound,
+  // and attention, which streams each sequence's cache from memory, finds them in cache.
+  ws.next_kv.clear();
+  if (!ref && l + 1 < c.n_layer) {
+    for (int s = 0, row0 = 0; s < n_seqs; row0 += seqs[s].n, ++s) {
+      const KVCache& kv = *seqs[s].kv;
+      if (!seqs[s].decode || l + 1 >= kv.n_layer()) continue;
+      const size_t bytes = kv.row_bytes() * (size_t)(pos[row0 + seqs[s].n - 1] + 1);
+      ws.next_kv.push_back({kv.k_data(l + 1), bytes});
+      ws.next_kv.push_back({kv.v_data(l + 1), bytes});
+    }
+  }
+  const cpu::SidePrefetch next{ws.next_kv.data(), (int)ws.next_kv.size()};
+  project_seqs({&w.w_down}, ws.h.data(), ws.proj.data(), nullptr, ws, seqs, n_seqs, &next);
   for (size_t i = 0; i < (size_t)n * E; ++i) x[i] += ws.proj[i];
 }
 

@@ -41,6 +41,8 @@ struct Workspace {
   // Kernels of multi-row (prefill) products: the quantised GEMM (8-bit activations) or
   // dequantise + SGEMM (F32 activations); cpu::default_prefill_kernel() explains the default.
   cpu::PrefillKernel prefill_kernel = cpu::default_prefill_kernel();
+  // The spans a decode step's down projection prefetches (the next layer's K/V caches).
+  std::vector<cpu::SidePrefetch::Span> next_kv;
 };
 
 // Optional observation points of one layer's forward.

@@ -800,6 +800,39 @@ std::vector<uint8_t> random_blocks(GgmlType t, int rows, int cols, uint32_t seed
   return packed;
 }
 
+TEST(QGemv, SidePrefetchChangesNoResult) {
+  // Spans of every shape the fetch loop walks: empty ones (at the start, between, at the end), one
+  // shorter than a cache line, an unaligned start, and in all far more lines than output rows
+  // (several lines per row) or far fewer (most rows fetch none); one row and 8 (the lane form).
+  const int rows = 70, cols = 256;
+  const GgmlType t = GgmlType::Q4_1;
+  auto packed = random_blocks(t, rows, cols, 50);
+  const QMatrix w{t, packed.data(), rows, cols, ggml_row_bytes(t, cols)};
+  const QMatrix* ws[1] = {&w};
+  std::vector<char> mem(1 << 20);
+  for (size_t lines : {size_t{3}, size_t{5000}}) {
+    const SidePrefetch::Span spans[] = {{mem.data(), 0},
+                                        {mem.data() + 1, 40},
+                                        {mem.data() + 100, 0},
+                                        {mem.data() + 4096, lines * 64 - 7},
+                                        {mem.data() + 999, 0}};
+    const SidePrefetch side{spans, 5};
+    for (int n : {1, 8}) {
+      auto x = randn((size_t)n * cols, 51 + n);
+      std::vector<float> plain((size_t)n * rows), fetched((size_t)n * rows, -1.0f);
+      qgemv_batch(ws, 1, x.data(), n, plain.data(), rows);
+      qgemv_batch(ws, 1, x.data(), n, fetched.data(), rows, QgemvPath::kNative, &side);
+      ASSERT_EQ(fetched, plain) << "lines=" << lines << " n=" << n;
+      if (n == 1) {
+        std::vector<float> many(rows, -1.0f);
+        float* ys[1] = {many.data()};
+        qgemv_many(ws, ys, 1, x.data(), QgemvPath::kNative, &side);
+        ASSERT_EQ(many, plain) << "lines=" << lines;
+      }
+    }
+  }
+}
+
 TEST(QGemv, MultiRowFormsEqualOneRowFormOnEveryQuantPattern) {
   // Random blocks reach every quant (Q8_0's -128 included; every K-quant scale, min and high-bit
   // pattern) and the inputs their +-127 ends (one element per 32 is the block's largest): 8, 13

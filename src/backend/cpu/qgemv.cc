@@ -430,7 +430,7 @@ struct Inputs {
 // y0[m][r + i * y_stride] = (W_m x_i)[r] for i < n_rows: the one implementation behind qgemv,
 // qgemv_many and qgemv_batch. Each output row's arithmetic depends only on its own input row.
 void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* const* y0,
-                size_t y_stride, QgemvPath path) {
+                size_t y_stride, QgemvPath path, const SidePrefetch* side) {
   CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany && n_rows >= 1 && n_rows <= kMaxBatchRows,
             "qgemv: {} matrices, {} rows", n_mats, n_rows);
   int offset[kMaxMany + 1] = {0};
@@ -545,7 +545,29 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
                             &inr.lh16[o * 2], &inr.lsx[o]);
   };
   const int total = offset[n_mats];
+  // The side spans' lines, numbered across the spans: span k holds [side_first[k],
+  // side_first[k + 1]); output row t fetches [L t / total, L (t + 1) / total) of the L lines.
+  thread_local std::vector<size_t> side_first;
+  const int n_side = side != nullptr ? side->n : 0;
+  side_first.assign(n_side + 1, 0);
+  for (int k = 0; k < n_side; ++k) {
+    side_first[k + 1] = side_first[k] + (side->spans[k].bytes + 63) / 64;
+  }
+  const size_t side_lines = side_first[n_side];
+  const size_t* first = side_first.data();
+  auto fetch_side = [&](int t) {
+    size_t at = side_lines * t / total;
+    const size_t end = side_lines * (t + 1) / total;
+    if (at == end) return;
+    int k = (int)(std::upper_bound(first, first + n_side + 1, at) - first) - 1;
+    for (; at < end; ++at) {
+      while (at >= first[k + 1]) ++k;
+      const char* line = static_cast<const char*>(side->spans[k].p) + (at - first[k]) * 64;
+      asm volatile("prefetcht1 %0" : : "m"(*line));  // as asm: see prefetch_ahead
+    }
+  };
   auto one_row = [&](int t) {
+    if (side_lines > 0) fetch_side(t);
     int m = 0;
     while (t >= offset[m + 1]) ++m;
     const int r = t - offset[m];
@@ -589,15 +611,16 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
 void qgemv(const QMatrix& w, const float* x, float* y, QgemvPath path) {
   const QMatrix* ws[1] = {&w};
   float* ys[1] = {y};
-  qgemv_rows(ws, 1, x, 1, ys, 0, path);
+  qgemv_rows(ws, 1, x, 1, ys, 0, path, nullptr);
 }
 
-void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x, QgemvPath path) {
-  qgemv_rows(ws, n, x, 1, ys, 0, path);
+void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x, QgemvPath path,
+                const SidePrefetch* side) {
+  qgemv_rows(ws, n, x, 1, ys, 0, path, side);
 }
 
 void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
-                 int y_stride, QgemvPath path) {
+                 int y_stride, QgemvPath path, const SidePrefetch* side) {
   CT_ASSERT(n_mats >= 1 && n_mats <= kMaxMany, "qgemv_batch: {} matrices", n_mats);
   float* y0[kMaxMany];
   int off = 0;
@@ -606,7 +629,7 @@ void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_row
     off += ws[m]->rows;
   }
   CT_ASSERT(off <= y_stride, "qgemv_batch: {} output columns in a stride of {}", off, y_stride);
-  qgemv_rows(ws, n_mats, x, n_rows, y0, (size_t)y_stride, path);
+  qgemv_rows(ws, n_mats, x, n_rows, y0, (size_t)y_stride, path, side);
 }
 
 void qgemv_input(GgmlType t, const float* x, int cols, float* x_used, QgemvPath path) {

@@ -36,11 +36,25 @@ enum class QgemvPath { kNative, kAvx2, kF32 };
 
 // y[rows] = W x. cols must be a multiple of the type's block size.
 void qgemv(const QMatrix& w, const float* x, float* y, QgemvPath path = QgemvPath::kNative);
+// Memory that a product's threads prefetch while they multiply: what the caller reads next (a
+// decode step's next-layer K/V caches, which attention would otherwise wait on). The spans' cache
+// lines are spread evenly over the product's weight rows, each thread fetching the share that
+// falls on its rows, so the fetches run while the product computes; with several input rows the
+// product is compute-bound and the memory idle. Prefetches never fault and change no result.
+struct SidePrefetch {
+  struct Span {
+    const void* p;
+    size_t bytes;
+  };
+  const Span* spans = nullptr;
+  int n = 0;
+};
+
 // y_m = W_m x for n <= kMaxMany matrices sharing the input (Q, K, V; gate, up), in one parallel
 // region. Every W_m must have the same cols. Results equal n qgemv calls bit for bit.
 constexpr int kMaxMany = 4;
 void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* x,
-                QgemvPath path = QgemvPath::kNative);
+                QgemvPath path = QgemvPath::kNative, const SidePrefetch* side = nullptr);
 // Several input rows through the same matrices (a decode step over a batch of sequences):
 // for each row i < n_rows, y[i*y_stride + off_m + r] = (W_m x_i)[r], where off_m is the total rows
 // of W_0..W_{m-1}. Each row's results equal qgemv_many on that row alone, bit for bit, so a
@@ -48,7 +62,8 @@ void qgemv_many(const QMatrix* const* ws, float* const* ys, int n, const float* 
 // Each weight block is decoded once for all the rows (weights read from memory once per step).
 constexpr int kMaxBatchRows = 16;
 void qgemv_batch(const QMatrix* const* ws, int n_mats, const float* x, int n_rows, float* y,
-                 int y_stride, QgemvPath path = QgemvPath::kNative);
+                 int y_stride, QgemvPath path = QgemvPath::kNative,
+                 const SidePrefetch* side = nullptr);
 // True for the types whose kNative/kAvx2 kernels round the input to 8 bits (listed above).
 bool qgemv_uses_8bit_input(GgmlType t);
 // True where kNative uses VNNI (__AVX512VNNI__ with __AVX512VL__, or __AVXVNNI__).
