@@ -46,7 +46,10 @@ constexpr int kQKK = (int)kGgmlQK_K;
 // the memory's rate: this took one-thread decode on a Xeon up by 26-36% on the three registry
 // models (docs/PERFORMANCE.md, "Prefetching the weights"), where 1 and 4 KiB ahead measured
 // slightly slower than 2 KiB. Prefetches do not change results. Only bytes of the matrix are
-// named (its last rows prefetch less).
+// named (its last rows prefetch less). One input row only: with more, the product is
+// compute-bound, the hardware prefetchers keep up, and these prefetches stalled the core when the
+// fill buffers were full (on the EPYC, Qwen2.5-0.5B's 8-sequence steps 1.08x faster without them;
+// docs/PERFORMANCE.md).
 constexpr size_t kPrefetchAhead = 2048;
 
 inline void prefetch_ahead(const QMatrix& w, int r) {
@@ -572,7 +575,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     while (t >= offset[m + 1]) ++m;
     const int r = t - offset[m];
     const uint8_t* row = ws[m]->data + (size_t)r * ws[m]->row_bytes;
-    prefetch_ahead(*ws[m], r);
+    if (n_rows == 1) prefetch_ahead(*ws[m], r);
     float* y = y0[m] + r;
     if (dot8[m] != nullptr) {
       dot8[m](row, act, lanes, n_rows, cols, y, y_stride);
