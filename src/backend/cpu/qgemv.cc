@@ -48,7 +48,7 @@ constexpr int kQKK = (int)kGgmlQK_K;
 // slightly slower than 2 KiB. Prefetches do not change results. Only bytes of the matrix are
 // named (its last rows prefetch less). One input row only: with more, the product is
 // compute-bound, the hardware prefetchers keep up, and these prefetches stalled the core when the
-// fill buffers were full (on the EPYC, Qwen2.5-0.5B's 8-sequence steps 1.08x faster without them;
+// fill buffers were full (on the EPYC, Qwen2.5-0.5B's 8-sequence steps 1.16x faster without them;
 // docs/PERFORMANCE.md).
 constexpr size_t kPrefetchAhead = 2048;
 
