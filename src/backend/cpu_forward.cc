@@ -84,7 +84,7 @@ void project(std::initializer_list<const cpu::QMatrix*> mats, const float* x, in
     return;
   }
   if (n == 1 && !ws.use_reference) {
-    cpu::qgemv_many(ms, ys, n_mats, x, ws.decode_path, decode_rows ? side : nullptr);
+    cpu::qgemv_many(ms, ys, n_mats, x, ws.decode_path, side);
     add_bias();
     return;
   }

@@ -800,6 +800,38 @@ std::vector<uint8_t> random_blocks(GgmlType t, int rows, int cols, uint32_t seed
   return packed;
 }
 
+TEST(QGemv, SideLinesGiveEveryLineOnceInOrder) {
+  // The rows of a product, taken in order, fetch each line of each span exactly once (the spans'
+  // lines from their own start, an empty span none), whether the rows outnumber the lines or not.
+  std::vector<char> mem(1 << 16);
+  const SidePrefetch::Span spans[] = {{mem.data(), 0},
+                                      {mem.data() + 1, 40},
+                                      {mem.data() + 100, 0},
+                                      {mem.data() + 4096, 50 * 64 - 7},
+                                      {mem.data() + 999, 129},
+                                      {mem.data() + 5, 0}};
+  std::vector<const char*> want;
+  for (const auto& sp : spans) {
+    for (size_t i = 0; i < (sp.bytes + 63) / 64; ++i) {
+      want.push_back(static_cast<const char*>(sp.p) + 64 * i);
+    }
+  }
+  ASSERT_EQ(want.size(), 1u + 50u + 3u);
+  const SidePrefetch side{spans, 6};
+  SideLines lines;
+  lines.reset(&side);
+  EXPECT_EQ(lines.size(), want.size());
+  for (int total : {1, 7, 54, 70, 20000}) {
+    std::vector<const char*> got;
+    for (int t = 0; t < total; ++t) {
+      lines.each_of_row(t, total, [&](const char* line) { got.push_back(line); });
+    }
+    EXPECT_EQ(got, want) << "total=" << total;
+  }
+  lines.reset(nullptr);
+  EXPECT_EQ(lines.size(), 0u);
+}
+
 TEST(QGemv, SidePrefetchChangesNoResult) {
   // Spans of every shape the fetch loop walks: empty ones (at the start, between, at the end), one
   // shorter than a cache line, an unaligned start, and in all far more lines than output rows

@@ -548,29 +548,17 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
                             &inr.lh16[o * 2], &inr.lsx[o]);
   };
   const int total = offset[n_mats];
-  // The side spans' lines, numbered across the spans: span k holds [side_first[k],
-  // side_first[k + 1]); output row t fetches [L t / total, L (t + 1) / total) of the L lines.
-  thread_local std::vector<size_t> side_first;
-  const int n_side = side != nullptr ? side->n : 0;
-  side_first.assign(n_side + 1, 0);
-  for (int k = 0; k < n_side; ++k) {
-    side_first[k + 1] = side_first[k] + (side->spans[k].bytes + 63) / 64;
-  }
-  const size_t side_lines = side_first[n_side];
-  const size_t* first = side_first.data();
-  auto fetch_side = [&](int t) {
-    size_t at = side_lines * t / total;
-    const size_t end = side_lines * (t + 1) / total;
-    if (at == end) return;
-    int k = (int)(std::upper_bound(first, first + n_side + 1, at) - first) - 1;
-    for (; at < end; ++at) {
-      while (at >= first[k + 1]) ++k;
-      const char* line = static_cast<const char*>(side->spans[k].p) + (at - first[k]) * 64;
-      asm volatile("prefetcht1 %0" : : "m"(*line));  // as asm: see prefetch_ahead
-    }
-  };
+  // The side spans' lines; output row t fetches its share (SideLines). `lines` is this thread's:
+  // the team reaches it through this reference.
+  thread_local SideLines side_lines;
+  side_lines.reset(side);
+  const SideLines& lines = side_lines;
   auto one_row = [&](int t) {
-    if (side_lines > 0) fetch_side(t);
+    if (lines.size() > 0) {
+      lines.each_of_row(t, total, [](const char* line) {
+        asm volatile("prefetcht1 %0" : : "m"(*line));  // as asm: see prefetch_ahead
+      });
+    }
     int m = 0;
     while (t >= offset[m + 1]) ++m;
     const int r = t - offset[m];
@@ -610,6 +598,17 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
 }
 
 }  // namespace
+
+void SideLines::reset(const SidePrefetch* side) {
+  const int n = side != nullptr ? side->n : 0;
+  spans_ = n > 0 ? side->spans : nullptr;
+  first_.assign(n + 1, 0);
+  for (int k = 0; k < n; ++k) first_[k + 1] = first_[k] + (side->spans[k].bytes + 63) / 64;
+}
+
+size_t SideLines::first_span(size_t line) const {
+  return (size_t)(std::upper_bound(first_.begin(), first_.end(), line) - first_.begin()) - 1;
+}
 
 void qgemv(const QMatrix& w, const float* x, float* y, QgemvPath path) {
   const QMatrix* ws[1] = {&w};

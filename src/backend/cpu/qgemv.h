@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/ggml_types.h"
 
@@ -48,6 +49,32 @@ struct SidePrefetch {
   };
   const Span* spans = nullptr;
   int n = 0;
+};
+
+// A SidePrefetch's cache lines numbered across its spans (span k's lines i < ceil(bytes / 64) at
+// p + 64 i), and the share of each of a product's `total` output rows: row t takes lines
+// [L t / total, L (t + 1) / total) of the L, so the rows of a static split fetch every line once.
+class SideLines {
+ public:
+  void reset(const SidePrefetch* side);
+  size_t size() const { return first_.empty() ? 0 : first_.back(); }
+  // Calls f(address of the line) for each line of row t's share, in order.
+  template <class F>
+  void each_of_row(int t, int total, F&& f) const {
+    size_t at = size() * (size_t)t / (size_t)total;
+    const size_t end = size() * (size_t)(t + 1) / (size_t)total;
+    if (at == end) return;
+    size_t k = first_span(at);
+    for (; at < end; ++at) {
+      while (at >= first_[k + 1]) ++k;
+      f(static_cast<const char*>(spans_[k].p) + (at - first_[k]) * 64);
+    }
+  }
+
+ private:
+  size_t first_span(size_t line) const;  // the span holding line (< size())
+  const SidePrefetch::Span* spans_ = nullptr;
+  std::vector<size_t> first_;  // first_[k]: span k's first line; first_[n]: the count
 };
 
 // y_m = W_m x for n <= kMaxMany matrices sharing the input (Q, K, V; gate, up), in one parallel
