@@ -143,6 +143,15 @@ CT_QGEMV_BENCH8(q4_0, GgmlType::Q4_0);
 CT_QGEMV_BENCH8(q4_1, GgmlType::Q4_1);
 CT_QGEMV_BENCH8(q5_0, GgmlType::Q5_0);
 CT_QGEMV_BENCH8(q8_0, GgmlType::Q8_0);
+// Qwen2.5-0.5B's width (896 columns: 28 blocks of 32, no whole super-block): its Q5_0 and Q8_0
+// projections (q, k, v, o, gate, up; the head is Q8_0 at this width too).
+#define CT_QGEMV_BATCH_BENCH896(name, type)                 \
+  BENCHMARK_CAPTURE(BM_QGemvBatch, name##_batch, type, true) \
+      ->Args({1, 896})                                       \
+      ->Args({8, 896})                                       \
+      ->Unit(benchmark::kMicrosecond)
+CT_QGEMV_BATCH_BENCH896(q5_0, GgmlType::Q5_0);
+CT_QGEMV_BATCH_BENCH896(q8_0, GgmlType::Q8_0);
 CT_QGEMV_BENCH8(q4_K, GgmlType::Q4_K);
 CT_QGEMV_BENCH8(q5_K, GgmlType::Q5_K);
 CT_QGEMV_BENCH8(q6_K, GgmlType::Q6_K);

@@ -424,7 +424,7 @@ struct Inputs {
   std::vector<int8_t> q32, qk, lq;
   std::vector<float> d32, sx32, dk, s32, s16f, ld, lsx;
   std::vector<int16_t> s16;
-  std::vector<int32_t> h16, lh16;
+  std::vector<int32_t> h32, lh32;
   std::vector<q8::Act> act;
   std::vector<q8::Lanes32> lanes;
   std::vector<XSums> sums;
@@ -469,7 +469,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     in.q32.resize(n_el);
     in.d32.resize(n_el / 32);
     in.sx32.resize(n_el / 32);
-    in.h16.resize(n_el / 16);
+    in.h32.resize(n_el / 32);
   }
   if (formats & q8::kBlocks256) {
     in.qk.resize(n_el);
@@ -488,9 +488,9 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     q8::Act& a = inr.act[i];
     if (formats & q8::kBlocks32) {
       q8::quantise_blocks32(xi, cols, &inr.q32[e], &inr.d32[e / 32], &inr.sx32[e / 32],
-                            &inr.h16[e / 16]);
+                            &inr.h32[e / 32]);
       a.q32 = &inr.q32[e];
-      a.h16 = &inr.h16[e / 16];
+      a.h32 = &inr.h32[e / 32];
       a.d32 = &inr.d32[e / 32];
       a.sx32 = &inr.sx32[e / 32];
     }
@@ -531,12 +531,12 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
   if (any_lanes) {
     in.lq.resize(tiles * per_tile * 32);
     in.ld.resize(tiles * per_tile);
-    in.lh16.resize(tiles * per_tile * 2);
+    in.lh32.resize(tiles * per_tile);
     in.lsx.resize(tiles * per_tile);
     in.lanes.resize(tiles);
     for (int t = 0; t < tiles; ++t) {
       const size_t o = t * per_tile;
-      in.lanes[t] = q8::Lanes32{&in.lq[o * 32], &in.ld[o], &in.lh16[o * 2], &in.lsx[o]};
+      in.lanes[t] = q8::Lanes32{&in.lq[o * 32], &in.ld[o], &in.lh32[o], &in.lsx[o]};
     }
     lanes = in.lanes.data();
   }
@@ -545,7 +545,7 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
     const size_t o = t * per_tile;
     q8::interleave_blocks32(act + t * q8::kLanes, std::min(q8::kLanes, n_rows - t * q8::kLanes),
                             p * nb / kParts, (p + 1) * nb / kParts, &inr.lq[o * 32], &inr.ld[o],
-                            &inr.lh16[o * 2], &inr.lsx[o]);
+                            &inr.lh32[o], &inr.lsx[o]);
   };
   const int total = offset[n_mats];
   // The side spans' lines; output row t fetches its share (SideLines). `lines` is this thread's:
@@ -592,8 +592,16 @@ void qgemv_rows(const QMatrix* const* ws, int n_mats, const float* x, int n_rows
       for (int u = 0; u < tiles * kParts; ++u) interleave_part(u);
     }
     // nowait: the region's end is the one barrier (a combined `parallel for` has just that one).
+    // One input row: each thread streams a contiguous half of the weights (memory-bound, static).
+    // Several (compute-bound): guided shares, so that a thread the shared host slows down does not
+    // keep the others waiting at the barrier; a row's result does not depend on its thread.
+    if (n_rows == 1) {
 #pragma omp for schedule(static) nowait
-    for (int t = 0; t < total; ++t) one_row(t);
+      for (int t = 0; t < total; ++t) one_row(t);
+    } else {
+#pragma omp for schedule(guided, 16) nowait
+      for (int t = 0; t < total; ++t) one_row(t);
+    }
   }
 }
 
@@ -643,8 +651,8 @@ void qgemv_input(GgmlType t, const float* x, int cols, float* x_used, QgemvPath 
   std::vector<int8_t> q(cols);
   if (f == q8::kBlocks32) {
     std::vector<float> d(cols / 32), sx(cols / 32);
-    std::vector<int32_t> h16(cols / 16);
-    q8::quantise_blocks32(x, cols, q.data(), d.data(), sx.data(), h16.data());
+    std::vector<int32_t> h32(cols / 32);
+    q8::quantise_blocks32(x, cols, q.data(), d.data(), sx.data(), h32.data());
     for (int c = 0; c < cols; ++c) x_used[c] = d[c / 32] * (float)q[c];
   } else {
     std::vector<float> d(cols / 256);

@@ -1,10 +1,10 @@
 // 8-bit-activation decode kernels (qgemv_q8.h). Per 32-element block, Q4_0 and Q5_0 dot their
 // unsigned quants q with the input's q8 and subtract the offset (8 or 16) times the input's
-// 16-element sums in integers; Q8_0 computes sum |w| * (sign(w) q8) (maddubs needs one unsigned
+// block sums in integers; Q8_0 computes sum |w| * (sign(w) q8) (maddubs needs one unsigned
 // operand; |w| <= 128 and |q8| <= 127 keep every pair sum inside int16, so it never saturates);
-// Q4_1 dots its unsigned quants and adds m * d32 * sum(q8). These four convert to float once per
-// four blocks in the one-row-per-register form (sums4), once per block and eight rows in the
-// lane form (Lanes32), with the same float steps per row. K-quants (Q4_K, Q5_K, Q6_K) multiply each
+// Q4_1 dots its unsigned quants and adds m * d32 * sum(q8). These four sum a whole block in
+// integers, then convert to float once per four blocks in the one-row-per-register form (sums4),
+// once per block and eight rows in the lane form (Lanes32), with the same float steps per row. K-quants (Q4_K, Q5_K, Q6_K) multiply each
 // sub-block's int16 pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or
 // the offset 32 (Q6_K) with the input's 16-element sums in integers, and convert once per
 // super-block. Kernels are templates over the number of input rows N (the accumulators stay in
@@ -188,19 +188,21 @@ void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n,
 
 // The 32-element-block types (Q4_0, Q4_1, Q5_0, Q8_0) work on four blocks at a time. Per block
 // and input row, the integer dot product lands in 8 int32 lanes (4 elements each); two rounds of
-// hadd fold the four blocks' lanes into one register, lane j (< 4) holding block j's exact sum
-// over its elements 0..15 and lane 4 + j over 16..31 (sums4). Then one conversion and one float
-// multiply-add per four blocks and row, against the blocks' weight scales times the input's
-// (lane layout [s_0, s_1, s_2, s_3, s_0, s_1, s_2, s_3]), instead of one per block.
-inline __m256i sums4(const __m256i m[4]) {
-  return _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+// hadd and one add of the 128-bit halves fold the four blocks' lanes into one 128-bit register,
+// lane j holding block j's exact sum over its 32 elements (sums4). Then one conversion and one
+// float multiply-add per four blocks and row, against the blocks' weight scales times the
+// input's, instead of one per block: a row's float sums are four, one per block lane, folded as
+// hsum128_ps does at the end.
+inline __m128i sums4(const __m256i m[4]) {
+  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+  return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
-// The fp16 field at byte `off` of nv (<= 4) consecutive blocks of kBytes, as floats in lanes j and
-// 4 + j (lanes of missing blocks 0). The halves go into a register one by one (pinsrw), not
-// through a stack array, whose narrow stores a 16-byte load could not forward from.
+// The fp16 field at byte `off` of nv (<= 4) consecutive blocks of kBytes, as floats in lane j
+// (lanes of missing blocks 0). The halves go into a register one by one (pinsrw), not through a
+// stack array, whose narrow stores a 16-byte load could not forward from.
 template <size_t kBytes>
-inline __m256 scales4(const uint8_t* blk, int off, int nv) {
+inline __m128 scales4(const uint8_t* blk, int off, int nv) {
   __m128i h = _mm_setzero_si128();
   uint16_t v;
   std::memcpy(&v, blk + off, 2);
@@ -217,40 +219,36 @@ inline __m256 scales4(const uint8_t* blk, int off, int nv) {
     std::memcpy(&v, blk + 3 * kBytes + off, 2);
     h = _mm_insert_epi16(h, v, 3);
   }
-  return _mm256_cvtph_ps(_mm_unpacklo_epi64(h, h));
+  return _mm_cvtph_ps(h);
 }
 
-// Four floats v[0..nv) (then zeros) in both 128-bit halves. kFull: all four, read in place.
+// Four values v[0..nv) (then zeros). kFull: all four, read in place.
 template <bool kFull>
-inline __m256 floats4(const float* v, int nv) {
+inline __m128 floats4(const float* v, int nv) {
   if constexpr (kFull) {
-    return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(v));
+    return _mm_loadu_ps(v);
   } else {
     alignas(16) float t[4] = {0, 0, 0, 0};
     for (int j = 0; j < nv; ++j) t[j] = v[j];
-    return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(t));
+    return _mm_load_ps(t);
   }
 }
-
-// The input's per-16-element integer sums of four blocks (h16[2j], h16[2j + 1] for block j) in
-// sums4's lane order.
 template <bool kFull>
-inline __m256i halves4(const int32_t* h16, int nv) {
-  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+inline __m128i ints4(const int32_t* v, int nv) {
   if constexpr (kFull) {
-    return _mm256_permutevar8x32_epi32(load256(h16), order);
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
   } else {
-    alignas(32) int32_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < 2 * nv; ++j) t[j] = h16[j];
-    return _mm256_permutevar8x32_epi32(load256(t), order);
+    alignas(16) int32_t t[4] = {0, 0, 0, 0};
+    for (int j = 0; j < nv; ++j) t[j] = v[j];
+    return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
   }
 }
 
-// Zeroes lanes j and 4 + j of v for j < skip (blocks a group repeats from the one before).
-inline __m256 skip_lanes(__m256 v, int skip) {
+// Zeroes lanes j < skip of v (blocks a group repeats from the one before).
+inline __m128 skip_lanes(__m128 v, int skip) {
   if (skip == 0) return v;
-  const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3);
-  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(j, _mm256_set1_epi32(skip - 1))));
+  const __m128i j = _mm_setr_epi32(0, 1, 2, 3);
+  return _mm_and_ps(v, _mm_castsi128_ps(_mm_cmpgt_epi32(j, _mm_set1_epi32(skip - 1))));
 }
 
 // Runs K's four-block group over a row: full groups, then the last 1-3 blocks. With at least four
@@ -259,8 +257,8 @@ inline __m256 skip_lanes(__m256 v, int skip) {
 // blocks are zero.
 template <class K, bool kVnni, int N>
 CT_Q8_INLINE void blocks32_row(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
-  __m256 acc[N];
-  for (int r = 0; r < N; ++r) acc[r] = _mm256_setzero_ps();
+  __m128 acc[N];
+  for (int r = 0; r < N; ++r) acc[r] = _mm_setzero_ps();
   const int nb = cols / 32;
   int b = 0;
   for (; b + 4 <= nb; b += 4) {
@@ -271,17 +269,17 @@ CT_Q8_INLINE void blocks32_row(const uint8_t* row, const Act* a, int cols, float
   } else if (b < nb) {
     K::template group<kVnni, N, false>(row + (size_t)b * K::kBytes, a, b, nb - b, 0, acc);
   }
-  for (int r = 0; r < N; ++r) y[r * ys] = hsum256_ps(acc[r]);
+  for (int r = 0; r < N; ++r) y[r * ys] = hsum128_ps(acc[r]);
 }
 
 // The four 32-element-block types, one group kernel with per-type hooks:
 //  - Q4_0: d, 16 bytes of nibbles; element d (q - 8).
 //  - Q4_1: d, m, 16 bytes of nibbles; element d q + m, so a block adds d * d32 * sum(q_w q) +
-//    m * sx32 (the min term rides in lanes 0-3 of a second multiply-add, lanes 4-7 zero).
+//    m * sx32 (a second multiply-add into the same lane).
 //  - Q5_0: d, 4 bytes qh, 16 bytes qs; element d (q - 16).
 //  - Q8_0: d, 32 int8; element d q.
-// Q4_0 and Q5_0 multiply the unsigned q and subtract the offset times the input's 16-element
-// sums in integers. Q8_0 multiplies |w| by sign(w) x (maddubs needs one unsigned operand; |w| <=
+// Q4_0 and Q5_0 multiply the unsigned q and subtract the offset times the input's block sums
+// in integers. Q8_0 multiplies |w| by sign(w) x (maddubs needs one unsigned operand; |w| <=
 // 128 and |x| <= 127 keep every pair sum inside int16).
 enum class Type32 { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
 
@@ -311,18 +309,15 @@ struct KBlocks32 {
   }
   template <bool kVnni, int N, bool kFull>
   CT_Q8_INLINE static void group(const uint8_t* blk, const Act* a, int b, int nv, int skip,
-                                 __m256* acc) {
+                                 __m128* acc) {
     __m256i w[4], u[4];
     for (int j = 0; j < 4; ++j) {
       w[j] = kFull || j < nv ? quants(blk + j * kBytes) : _mm256_setzero_si256();
       u[j] = kSigned ? _mm256_sign_epi8(w[j], w[j]) : w[j];  // Q8_0: |w|, -128 -> 128
     }
-    const __m256 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
-    __m256 mw = _mm256_setzero_ps();
-    if constexpr (kMin) {  // the mins in lanes 0-3 only: zero the upper half
-      mw = _mm256_blend_ps(skip_lanes(scales4<kBytes>(blk, 2, kFull ? 4 : nv), skip),
-                           _mm256_setzero_ps(), 0xf0);
-    }
+    const __m128 dw = skip_lanes(scales4<kBytes>(blk, 0, kFull ? 4 : nv), skip);
+    __m128 mw = _mm_setzero_ps();
+    if constexpr (kMin) mw = skip_lanes(scales4<kBytes>(blk, 2, kFull ? 4 : nv), skip);
     for (int r = 0; r < N; ++r) {
       __m256i m[4];
       for (int j = 0; j < 4; ++j) {
@@ -333,13 +328,13 @@ struct KBlocks32 {
         const __m256i x = load256(a[r].q32 + 32 * (b + j));
         m[j] = dot_u8s8<kVnni>(_mm256_setzero_si256(), u[j], kSigned ? _mm256_sign_epi8(x, w[j]) : x);
       }
-      __m256i s = sums4(m);
+      __m128i s = sums4(m);
       if constexpr (kOffsetShift > 0) {
-        s = _mm256_sub_epi32(s, _mm256_slli_epi32(halves4<kFull>(a[r].h16 + 2 * b, nv), kOffsetShift));
+        s = _mm_sub_epi32(s, _mm_slli_epi32(ints4<kFull>(a[r].h32 + b, nv), kOffsetShift));
       }
-      const __m256 dx = floats4<kFull>(a[r].d32 + b, nv);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, dx), acc[r]);
-      if constexpr (kMin) acc[r] = _mm256_fmadd_ps(mw, floats4<kFull>(a[r].sx32 + b, nv), acc[r]);
+      const __m128 dx = floats4<kFull>(a[r].d32 + b, nv);
+      acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, dx), acc[r]);
+      if constexpr (kMin) acc[r] = _mm_fmadd_ps(mw, floats4<kFull>(a[r].sx32 + b, nv), acc[r]);
     }
   }
   template <bool kVnni, int N>
@@ -347,13 +342,13 @@ struct KBlocks32 {
     blocks32_row<KBlocks32, kVnni, N>(row, a, cols, y, ys);
   }
 
-  // The lane form keeps what the register of the one-row form keeps, per row: partial sums
-  // lo[j] and hi[j] (its lanes j and 4 + j: the terms of elements 0..15 and 16..31 of the blocks
-  // in lane j, with Q4_1's min terms in lo), and folds them as hsum256_ps does. Block b lies in
-  // lane b mod 4, except the blocks of the last group of a row whose block count is not a
-  // multiple of 4: that group is the row's last four blocks, so block b lies in lane b - (nb - 4).
+  // The lane form keeps what the register of the one-row form keeps, per row: partial sums s[j]
+  // (its lane j: the terms of the blocks in lane j, Q4_1's min terms included), and folds them as
+  // hsum128_ps does. Block b lies in lane b mod 4, except the blocks of the last group of a row
+  // whose block count is not a multiple of 4: that group is the row's last four blocks, so block b
+  // lies in lane b - (nb - 4).
   struct LaneSums {
-    __m256 lo[4], hi[4];
+    __m256 s[4];
   };
   // Group g (elements 4g..4g+3) of a block's weight quants, broadcast to every lane, as the
   // unsigned operand of dot_u8s8: nibbles masked from the block (group g < 4: the low halves of
@@ -382,7 +377,7 @@ struct KBlocks32 {
   CT_Q8_INLINE static void lanes_block(const uint8_t* blk, const uint8_t* wq, const Lanes32& t,
                                        int b, int j, LaneSums& p) {
     const int8_t* xq = t.q + (size_t)b * 32 * kLanes;
-    __m256i lo, hi;
+    __m256i sum;  // per lane (row), the block's exact integer dot product
     if constexpr (kVnni && CT_Q8_VNNI) {
       // Elements 0..15 (groups 0-3) and 16..31 (4-7), each in two chains of two dot products.
       __m256i c[4];
@@ -392,8 +387,7 @@ struct KBlocks32 {
         c[k] = dot_u8s8<kVnni>(g & 1 ? c[k] : _mm256_setzero_si256(), lane_group(blk, wq, g),
                                load256(xq + 32 * g));
       }
-      lo = _mm256_add_epi32(c[0], c[1]);
-      hi = _mm256_add_epi32(c[2], c[3]);
+      sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
     } else if constexpr (kSigned) {
       // AVX2 Q8_0: maddubs's pair sums of w + 128 (up to 255) would overflow int16, so the
       // one-row form's trick: |w| times sign(w) x (pair sums up to 2 * 128 * 127 = 32,512),
@@ -410,44 +404,46 @@ struct KBlocks32 {
             ones);
         c[g >> 1] = g & 1 ? _mm256_add_epi32(c[g >> 1], m) : m;
       }
-      lo = _mm256_add_epi32(c[0], c[1]);
-      hi = _mm256_add_epi32(c[2], c[3]);
+      sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
     } else {
-      // AVX2: the int16 pair sums of four groups add up in int16 before one madd widens them
-      // (one widening per 16 elements, not per 4). Exact: the unsigned weights are at most 31,
-      // so four pair sums stay within 4 * 2 * 31 * 127 = 31,496.
+      // AVX2: the int16 pair sums of several groups add up in int16 before a madd widens them
+      // (one widening per 16 or 32 elements, not per 4). Exact: a pair sum is at most
+      // 2 * 127 * the largest unsigned weight, so the four groups of Q5_0 (weights up to 31) stay
+      // within 31,496 and the eight of Q4_0 and Q4_1 (up to 15) within 30,480.
       __m256i p[8];
 #pragma GCC unroll 8
       for (int g = 0; g < 8; ++g) {
         p[g] = _mm256_maddubs_epi16(lane_group(blk, wq, g), load256(xq + 32 * g));
       }
       const __m256i ones = _mm256_set1_epi16(1);
-      lo = _mm256_madd_epi16(
-          _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
-      hi = _mm256_madd_epi16(
-          _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])), ones);
+      const __m256i lo16 =
+          _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3]));
+      const __m256i hi16 =
+          _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7]));
+      if constexpr (kT == Type32::kQ5_0) {
+        sum = _mm256_add_epi32(_mm256_madd_epi16(lo16, ones), _mm256_madd_epi16(hi16, ones));
+      } else {
+        sum = _mm256_madd_epi16(_mm256_add_epi16(lo16, hi16), ones);
+      }
     }
     constexpr int kShift = kSigned ? (kVnni && CT_Q8_VNNI ? 7 : 0) : kOffsetShift;
     if constexpr (kShift > 0) {
-      const int32_t* h = t.h16 + (size_t)b * 2 * kLanes;
-      lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(load256(h), kShift));
-      hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(load256(h + kLanes), kShift));
+      sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(load256(t.h32 + (size_t)b * kLanes), kShift));
     }
     const __m256 dd =
         _mm256_mul_ps(_mm256_set1_ps(half(blk)), _mm256_loadu_ps(t.d + (size_t)b * kLanes));
-    p.lo[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), dd, p.lo[j]);
+    p.s[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dd, p.s[j]);
     if constexpr (kMin) {
-      p.lo[j] = _mm256_fmadd_ps(_mm256_set1_ps(half(blk + 2)),
-                                _mm256_loadu_ps(t.sx + (size_t)b * kLanes), p.lo[j]);
+      p.s[j] = _mm256_fmadd_ps(_mm256_set1_ps(half(blk + 2)),
+                               _mm256_loadu_ps(t.sx + (size_t)b * kLanes), p.s[j]);
     }
-    p.hi[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), dd, p.hi[j]);
   }
   // The lane form on one tile (n <= kLanes rows valid).
   template <bool kVnni>
   static void run_lanes(const uint8_t* row, const Lanes32& t, int n, int cols, float* y,
                         size_t ys) {
     LaneSums p;
-    for (int j = 0; j < 4; ++j) p.lo[j] = p.hi[j] = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) p.s[j] = _mm256_setzero_ps();
     const int nb = cols / 32, full = nb / 4 * 4;
     // Q5_0's quants (nibbles and fifth bits) are unpacked into a buffer for a span of blocks
     // first, and the lane loop broadcasts them from L1 like the other types' bytes (unpacked
@@ -476,11 +472,9 @@ struct KBlocks32 {
     for (int b = full; b < nb; ++b) {
       lanes_block<kVnni>(row + (size_t)b * kBytes, wq_of(b), t, b, b - shift, p);
     }
-    // hsum256_ps's order: ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)).
-    __m256 f[4];
-    for (int j = 0; j < 4; ++j) f[j] = _mm256_add_ps(p.lo[j], p.hi[j]);
+    // hsum128_ps's order: (s0 + s1) + (s2 + s3).
     alignas(32) float out[kLanes];
-    _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(f[0], f[1]), _mm256_add_ps(f[2], f[3])));
+    _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(p.s[0], p.s[1]), _mm256_add_ps(p.s[2], p.s[3])));
     for (int i = 0; i < n; ++i) y[i * ys] = out[i];
   }
 };
@@ -755,21 +749,20 @@ void quantise_32(const float* x, int cols, int8_t* q, float* d, Sums sums) {
   }
 }
 
-void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h16) {
-  quantise_32(x, cols, q, d, [sx, h16](int b, float scale, __m256i lo, __m256i hi) {
-    const int s_lo = hsum_epi32(lo), s_hi = hsum_epi32(hi);
-    h16[2 * b] = s_lo;
-    h16[2 * b + 1] = s_hi;
-    sx[b] = scale * (float)(s_lo + s_hi);
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h32) {
+  quantise_32(x, cols, q, d, [sx, h32](int b, float scale, __m256i lo, __m256i hi) {
+    const int s = hsum_epi32(lo) + hsum_epi32(hi);
+    h32[b] = s;
+    sx[b] = scale * (float)s;
   });
 }
 
-void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h16,
+void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h32,
                          float* sx) {
   if (n < kLanes) {
     std::memset(q + (size_t)b0 * 32 * kLanes, 0, (size_t)(b1 - b0) * 32 * kLanes);
     std::fill(d + (size_t)b0 * kLanes, d + (size_t)b1 * kLanes, 0.0f);
-    std::fill(h16 + (size_t)b0 * 2 * kLanes, h16 + (size_t)b1 * 2 * kLanes, 0);
+    std::fill(h32 + (size_t)b0 * kLanes, h32 + (size_t)b1 * kLanes, 0);
     std::fill(sx + (size_t)b0 * kLanes, sx + (size_t)b1 * kLanes, 0.0f);
   }
   for (int i = 0; i < n; ++i) {
@@ -779,8 +772,7 @@ void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float
         std::memcpy(q + (((size_t)b * 8 + g) * kLanes + i) * 4, a.q32 + 32 * b + 4 * g, 4);
       }
       d[(size_t)b * kLanes + i] = a.d32[b];
-      h16[(size_t)b * 2 * kLanes + i] = a.h16[2 * b];
-      h16[(size_t)b * 2 * kLanes + kLanes + i] = a.h16[2 * b + 1];
+      h32[(size_t)b * kLanes + i] = a.h32[b];
       sx[(size_t)b * kLanes + i] = a.sx32[b];
     }
   }

@@ -17,7 +17,7 @@ namespace ct::cpu::q8 {
 // Activation encodings (bit flags: a product whose matrices use both computes both).
 // kBlocks32, for the types with 32-element blocks: each 32 elements x[32b, 32b + 32) as q in
 // [-127, 127] with x ~ d32[b] * q, d32[b] = max|x| / 127, and sx32[b] = d32[b] * sum(q) (what a
-// block's min term needs), h16[j] = sum of q over x[16j, 16j + 16) (the Q4_0/Q5_0 offsets, in
+// block's min term needs), h32[b] = sum of q over the block (the Q4_0/Q5_0 offsets, in
 // integers). kBlocks256, for the K-quants: one scale per 256 elements, so a
 // super-block's sub-block sums stay integers and add up exactly before one float multiply;
 // s16[j] = sum of q over x[16j, 16j + 16) (the mins and the Q6_K offset need them).
@@ -29,7 +29,7 @@ struct Act {
   const int8_t* q32 = nullptr;   // [cols]
   const float* d32 = nullptr;    // [cols / 32]
   const float* sx32 = nullptr;   // [cols / 32]
-  const int32_t* h16 = nullptr;  // [cols / 16]
+  const int32_t* h32 = nullptr;  // [cols / 32]
   const int8_t* qk = nullptr;    // [cols]
   const float* dk = nullptr;     // [cols / 256]
   const int16_t* s16 = nullptr;  // [cols / 16]
@@ -38,7 +38,7 @@ struct Act {
 // The encoding type t's 8-bit kernel reads, kNone for the types that stay on F32 kernels.
 Format format_of(GgmlType t);
 
-void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h16);
+void quantise_blocks32(const float* x, int cols, int8_t* q, float* d, float* sx, int32_t* h32);
 void quantise_blocks256(const float* x, int cols, int8_t* q, float* d, int16_t* s16);
 // The prefill GEMM's encoding (qgemm.h): kBlocks32's q and d (the same rounding), and per 16
 // elements sx16[j] = d[j / 2] * sum of q over x[16j, 16j + 16).
@@ -46,21 +46,20 @@ void quantise_blocks32x16(const float* x, int cols, int8_t* q, float* d, float* 
 
 // The kBlocks32 encoding of up to kLanes input rows (a tile), interleaved so that one 256-bit
 // register holds 4 elements of each row: q[((b * 8 + g) * kLanes + i) * 4 + t] is row i's element
-// 32b + 4g + t; d and sx are [cols / 32][kLanes] (d32, sx32 of row i at [b][i]), h16 is
-// [cols / 32][2][kLanes] (row i's h16[2b] at [b][0][i], h16[2b + 1] at [b][1][i]). Rows past the
-// tile's last are zero.
+// 32b + 4g + t; d, sx and h32 are [cols / 32][kLanes] (d32, sx32, h32 of row i at [b][i]). Rows
+// past the tile's last are zero.
 constexpr int kLanes = 8;
 // The fewest rows a tile runs in the lane form (bench/qgemv_bench.cc, BM_QGemvBatch).
 constexpr int kMinLaneRows = 6;
 struct Lanes32 {
   const int8_t* q = nullptr;
   const float* d = nullptr;
-  const int32_t* h16 = nullptr;
+  const int32_t* h32 = nullptr;
   const float* sx = nullptr;
 };
 // Fills blocks [b0, b1) of a tile from n <= kLanes rows' Act (kBlocks32 fields; lanes of missing
-// rows 0); the tile's q [cols * kLanes], d and sx [cols / 32 * kLanes], h16 [cols / 16 * kLanes].
-void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h16,
+// rows 0); the tile's q [cols * kLanes], d, sx and h32 [cols / 32 * kLanes].
+void interleave_blocks32(const Act* act, int n, int b0, int b1, int8_t* q, float* d, int32_t* h32,
                          float* sx);
 
 // y[i * y_stride] = dot of one packed row (cols elements) with act[i], for i < n (any n >= 1).

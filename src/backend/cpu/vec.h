@@ -9,15 +9,18 @@
 
 namespace ct::cpu {
 
+// (v0 + v1) + (v2 + v3).
+inline float hsum128_ps(__m128 v) {
+  __m128 sh = _mm_movehdup_ps(v);
+  v = _mm_add_ps(v, sh);
+  sh = _mm_movehl_ps(sh, v);
+  v = _mm_add_ss(v, sh);
+  return _mm_cvtss_f32(v);
+}
+
+// ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)).
 inline float hsum256_ps(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  lo = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, lo);
-  lo = _mm_add_ss(lo, sh);
-  return _mm_cvtss_f32(lo);
+  return hsum128_ps(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 inline float vec_dot(const float* a, const float* b, int n) {
