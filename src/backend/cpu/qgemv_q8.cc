@@ -53,10 +53,11 @@ using simd::nibbles32;
 using simd::q5_high_bits;
 namespace {
 
-// Rows per kernel call: the accumulators of a tile stay in registers. 8 rows (AVX-512VL has 32
-// vector registers) measured slower than 4 on Q4_K with 256-bit sums: 188 vs 141 us per row
-// (bench/qgemv_bench.cc); with the 512-bit sums (CT_Q8_ZMM) 8 rows measure faster, so the
-// K-quants (kWideTile) run tiles of 2 * kTile there.
+// Rows per kernel call: the accumulators of a tile stay in registers. The K-quants (kWideTile)
+// run tiles of 2 * kTile first: on the Xeon, 8 rows measured slower than 4 on Q4_K with the
+// 256-bit VNNI sums (188 vs 141 us per row, bench/qgemv_bench.cc) but faster with the 512-bit ones
+// (CT_Q8_ZMM); on the AVX2-only EPYC (Zen 3) the AVX2 kernel's 8-row tile is 1.12x (Q4_K) and
+// 1.15x (Q6_K) faster than two of 4 (bench/ab_micro.py, 11 rounds, forty-second session).
 constexpr int kTile = 4;
 
 inline __m256i load256(const void* p) {
@@ -149,8 +150,8 @@ inline __m512i zload(const void* p) { return _mm512_loadu_si512(p); }
 
 // Runs K's kernel over n rows: tiles of kLanes rows in K's lane form where K has one and the
 // caller built the tiles (at least kMinLaneRows rows in the tile), the others in tiles of
-// 2 * kTile (K::kWideTile, VNNI kernel only), then of kTile, then the remainder of 1-3. Each
-// row's arithmetic is the same in every form.
+// 2 * kTile (K::kWideTile, except with the 256-bit VNNI sums), then of kTile, then the remainder
+// of 1-3. Each row's arithmetic is the same in every form.
 template <class K, bool kVnni>
 void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n, int cols, float* y,
                 size_t ys) {
@@ -163,7 +164,7 @@ void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n,
       }
     }
   }
-  if constexpr (kVnni && K::kWideTile) {
+  if constexpr (K::kWideTile && (CT_Q8_ZMM || !kVnni)) {
     for (; i + 2 * kTile <= n; i += 2 * kTile) {
       K::template run<kVnni, 2 * kTile>(row, act + i, cols, y + i * ys, ys);
     }
@@ -485,7 +486,7 @@ struct KBlocks32 {
 template <bool kFive>
 struct KQ45K {
   static constexpr bool kHasLanes = false;
-  static constexpr bool kWideTile = CT_Q8_ZMM;
+  static constexpr bool kWideTile = true;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     constexpr size_t kBytes = kFive ? 176 : 144;
@@ -586,7 +587,7 @@ struct KQ45K {
 // subtracted in integers as 32 * sum_g scales[g] * s16[g].
 struct KQ6K {
   static constexpr bool kHasLanes = false;
-  static constexpr bool kWideTile = CT_Q8_ZMM;
+  static constexpr bool kWideTile = true;
   template <bool kVnni, int N>
   static void run(const uint8_t* row, const Act* a, int cols, float* y, size_t ys) {
     const __m256i mask4 = _mm256_set1_epi8(0x0f), mask2 = _mm256_set1_epi8(3);
