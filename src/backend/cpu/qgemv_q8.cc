@@ -4,15 +4,15 @@
 // operand; |w| <= 128 and |q8| <= 127 keep every pair sum inside int16, so it never saturates);
 // Q4_1 dots its unsigned quants and adds m * d32 * sum(q8). These four sum a whole block in
 // integers, then convert to float once per four blocks in the one-row-per-register form (sums4),
-// once per block and eight rows in the lane form (Lanes32), with the same float steps per row. K-quants (Q4_K, Q5_K, Q6_K) multiply each
-// sub-block's int16 pair sums by its integer scale into int32 lanes, subtract mins (Q4_K, Q5_K) or
-// the offset 32 (Q6_K) with the input's 16-element sums in integers, and convert once per
-// super-block. Kernels are templates over the number of input rows N (the accumulators stay in
-// registers): more rows run in tiles of 4, re-reading the weight row from L1, not memory, or
+// once per block and eight rows in the lane form (Lanes32), with the same float steps per row.
+// K-quants (Q4_K, Q5_K, Q6_K) multiply each sub-block's int16 pair sums by its integer scale
+// into int32 lanes, subtract mins (Q4_K, Q5_K) or the offset 32 (Q6_K) with the input's
+// 16-element sums in integers, and convert once per super-block. Kernels are templates over the
+// number of input rows N (the accumulators stay in registers): more rows run in tiles (the
+// K-quants 8 rows, then 4; the others 4), re-reading the weight row from L1, not memory, or
 // (32-element types, kMinLaneRows rows or more) in the lane form, eight rows per register. With
-// AVX-512 (BW, VNNI) the K-quants' integer sums take two sub-blocks per 512-bit register, and
-// their tiles are 8 rows, then 4 (the halves add up exactly to the 256-bit sums, so the bits do
-// not change).
+// AVX-512 (BW, VNNI) the K-quants' integer sums take two sub-blocks per 512-bit register (the
+// halves add up exactly to the 256-bit sums, so the bits do not change).
 #include "backend/cpu/qgemv_q8.h"
 
 #include <immintrin.h>
@@ -195,7 +195,8 @@ void rows_tiled(const uint8_t* row, const Act* act, const Lanes32* lanes, int n,
 // input's, instead of one per block: a row's float sums are four, one per block lane, folded as
 // hsum128_ps does at the end.
 inline __m128i sums4(const __m256i m[4]) {
-  const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+  const __m256i s =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
   return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
@@ -223,7 +224,7 @@ inline __m128 scales4(const uint8_t* blk, int off, int nv) {
   return _mm_cvtph_ps(h);
 }
 
-// Four values v[0..nv) (then zeros). kFull: all four, read in place.
+// Four values v[0..nv) (then zeros), floats or int32. kFull: all four, read in place.
 template <bool kFull>
 inline __m128 floats4(const float* v, int nv) {
   if constexpr (kFull) {
@@ -475,7 +476,8 @@ struct KBlocks32 {
     }
     // hsum128_ps's order: (s0 + s1) + (s2 + s3).
     alignas(32) float out[kLanes];
-    _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(p.s[0], p.s[1]), _mm256_add_ps(p.s[2], p.s[3])));
+    _mm256_store_ps(out,
+                    _mm256_add_ps(_mm256_add_ps(p.s[0], p.s[1]), _mm256_add_ps(p.s[2], p.s[3])));
     for (int i = 0; i < n; ++i) y[i * ys] = out[i];
   }
 };
