@@ -4,7 +4,7 @@
 On a shared machine a kernel change of 10% hides in the noise of timed runs; llvm-mca's model
 of the core (its ports, latencies and throughputs) gives a deterministic estimate. For each
 revision this extracts src/ (`git archive`), compiles FILE to assembly with the
-project's flags (-O3 -march=native, or --mcpu's), finds the functions whose mangled names match
+project's flags (-O3, -march from --march: native by default), finds the functions whose mangled names match
 --function, takes each one's largest loop (the instructions between a label and the last
 backward jump to it) and prints llvm-mca's cycles for --iterations runs of it and its
 instruction count. Compare revisions only on loops that do the same work (same unrolling:

@@ -224,26 +224,22 @@ inline __m128 scales4(const uint8_t* blk, int off, int nv) {
   return _mm_cvtph_ps(h);
 }
 
-// Four values v[0..nv) (then zeros), floats or int32. kFull: all four, read in place.
-template <bool kFull>
-inline __m128 floats4(const float* v, int nv) {
-  if constexpr (kFull) {
-    return _mm_loadu_ps(v);
-  } else {
-    alignas(16) float t[4] = {0, 0, 0, 0};
-    for (int j = 0; j < nv; ++j) t[j] = v[j];
-    return _mm_load_ps(t);
-  }
-}
-template <bool kFull>
-inline __m128i ints4(const int32_t* v, int nv) {
+// Four 32-bit values v[0..nv) (then zeros), floats or int32, as their bits. kFull: all four,
+// read in place.
+template <bool kFull, class T>
+inline __m128i load4(const T* v, int nv) {
+  static_assert(sizeof(T) == 4);
   if constexpr (kFull) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
   } else {
-    alignas(16) int32_t t[4] = {0, 0, 0, 0};
+    alignas(16) T t[4] = {};
     for (int j = 0; j < nv; ++j) t[j] = v[j];
     return _mm_load_si128(reinterpret_cast<const __m128i*>(t));
   }
+}
+template <bool kFull>
+inline __m128 floats4(const float* v, int nv) {
+  return _mm_castsi128_ps(load4<kFull>(v, nv));
 }
 
 // Zeroes lanes j < skip of v (blocks a group repeats from the one before).
@@ -332,7 +328,7 @@ struct KBlocks32 {
       }
       __m128i s = sums4(m);
       if constexpr (kOffsetShift > 0) {
-        s = _mm_sub_epi32(s, _mm_slli_epi32(ints4<kFull>(a[r].h32 + b, nv), kOffsetShift));
+        s = _mm_sub_epi32(s, _mm_slli_epi32(load4<kFull>(a[r].h32 + b, nv), kOffsetShift));
       }
       const __m128 dx = floats4<kFull>(a[r].d32 + b, nv);
       acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, dx), acc[r]);
